@@ -1,0 +1,39 @@
+//! The agent's local API: a unix socket (mode 0600) speaking JSON lines. The client sends one
+//! request line; the agent answers with one JSON document (`status`) or a stream of events, one per
+//! line (`events`), until the client hangs up. `kstall status` is its client.
+
+pub mod server;
+
+use serde::{Deserialize, Serialize};
+
+use crate::probes::ProbeStatus;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "request", rename_all = "snake_case")]
+pub enum Request {
+    Status,
+    /// Every decoded event as it arrives (unfiltered; `kstall trace` builds on this).
+    Events,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StatusReport {
+    pub version: String,
+    pub kernel: String,
+    pub uptime_secs: u64,
+    pub probes: Vec<ProbeReport>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProbeReport {
+    #[serde(flatten)]
+    pub status: ProbeStatus,
+    pub events: u64,
+    pub lost: u64,
+}
+
+/// Sent instead of a document when a request is not understood.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ErrorReply {
+    pub error: String,
+}

@@ -1,0 +1,136 @@
+//! Serves the API socket. A slow client never slows the agent: events reach each client through a
+//! bounded broadcast, and a client that falls behind loses events (counted), not the agent.
+
+use std::{
+    io,
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader},
+    net::{UnixListener, UnixStream},
+    sync::broadcast,
+};
+use tokio_util::sync::CancellationToken;
+
+use super::{ErrorReply, ProbeReport, Request, StatusReport};
+use crate::{events::Event, export::metrics::Metrics, probes::ProbeStatus};
+
+/// What the API reads from the running agent.
+pub struct AgentState {
+    pub started: Instant,
+    pub kernel: String,
+    pub probes: Vec<ProbeStatus>,
+    pub metrics: Arc<Metrics>,
+    pub events: broadcast::Sender<Arc<Event>>,
+}
+
+impl AgentState {
+    pub fn status(&self) -> StatusReport {
+        StatusReport {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            kernel: self.kernel.clone(),
+            uptime_secs: self.started.elapsed().as_secs(),
+            probes: self
+                .probes
+                .iter()
+                .map(|s| ProbeReport {
+                    status: s.clone(),
+                    events: self.metrics.events(&s.name),
+                    lost: self.metrics.lost(&s.name),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Binds the socket: creates its directory, replaces a stale socket, refuses to steal a live one.
+pub async fn bind(path: &Path) -> io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    if path.exists() {
+        let alive = tokio::time::timeout(Duration::from_secs(1), UnixStream::connect(path)).await;
+        if matches!(alive, Ok(Ok(_))) {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("another kstall agent is serving {}", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+pub async fn serve(
+    listener: UnixListener,
+    path: PathBuf,
+    state: Arc<AgentState>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    tokio::spawn(handle(stream, state.clone(), shutdown.clone()));
+                }
+                Err(e) => tracing::warn!(error = %e, "API accept failed"),
+            },
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+async fn handle(stream: UnixStream, state: Arc<AgentState>, shutdown: CancellationToken) {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    // A client that connects and says nothing must not hold a task forever.
+    let request =
+        tokio::time::timeout(Duration::from_secs(5), BufReader::new(read).read_line(&mut line)).await;
+    let request = match request {
+        Ok(Ok(n)) if n > 0 => serde_json::from_str::<Request>(line.trim()),
+        _ => return,
+    };
+    let result = match request {
+        Ok(Request::Status) => write_json(&mut write, &state.status()).await,
+        Ok(Request::Events) => stream_events(&mut write, &state, &shutdown).await,
+        Err(e) => write_json(&mut write, &ErrorReply { error: format!("bad request: {e}") }).await,
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "API client gone");
+    }
+}
+
+async fn stream_events(
+    write: &mut tokio::net::unix::OwnedWriteHalf,
+    state: &AgentState,
+    shutdown: &CancellationToken,
+) -> io::Result<()> {
+    let mut events = state.events.subscribe();
+    loop {
+        let event = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            event = events.recv() => event,
+        };
+        match event {
+            Ok(event) => write_json(write, &*event).await?,
+            Err(broadcast::error::RecvError::Lagged(n)) => state.metrics.subscriber_dropped("events", n),
+            Err(broadcast::error::RecvError::Closed) => return Ok(()),
+        }
+    }
+}
+
+async fn write_json<T: serde::Serialize>(
+    write: &mut tokio::net::unix::OwnedWriteHalf,
+    value: &T,
+) -> io::Result<()> {
+    let mut line = serde_json::to_vec(value).map_err(io::Error::other)?;
+    line.push(b'\n');
+    write.write_all(&line).await
+}

@@ -1,0 +1,132 @@
+//! `kstall status`: every probe, loaded or not and why, from the running agent.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    os::unix::net::UnixStream,
+    path::PathBuf,
+    process::ExitCode,
+    time::Duration,
+};
+
+use super::EXIT_RUNTIME;
+use crate::{
+    api::{ErrorReply, Request, StatusReport},
+    config::DEFAULT_API_SOCKET,
+};
+
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// The agent's API socket.
+    #[arg(long, env = "KSTALL_API_SOCKET", default_value = DEFAULT_API_SOCKET, value_name = "PATH")]
+    pub api_socket: PathBuf,
+    /// text or json.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub output: String,
+}
+
+pub fn run(args: StatusArgs) -> ExitCode {
+    match fetch(&args.api_socket) {
+        Ok(report) => {
+            if args.output == "json" {
+                println!("{}", serde_json::to_string_pretty(&report).expect("serializable"));
+            } else {
+                print!("{}", render(&report));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kstall: {e}");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
+}
+
+fn fetch(socket: &PathBuf) -> Result<StatusReport, String> {
+    let unreachable = |e: std::io::Error| {
+        format!(
+            "cannot reach the agent at {} ({e}); start it with `kstall agent` (or `cargo xtask run`)",
+            socket.display()
+        )
+    };
+    let mut stream = UnixStream::connect(socket).map_err(unreachable)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(unreachable)?;
+    let mut request = serde_json::to_vec(&Request::Status).expect("serializable");
+    request.push(b'\n');
+    stream.write_all(&request).map_err(unreachable)?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).map_err(unreachable)?;
+    if let Ok(err) = serde_json::from_str::<ErrorReply>(&line) {
+        return Err(format!("the agent refused the request: {}", err.error));
+    }
+    serde_json::from_str(&line).map_err(|e| format!("unexpected answer from the agent: {e}"))
+}
+
+fn render(report: &StatusReport) -> String {
+    let mut out = format!(
+        "kstall {} · kernel {} · up {}s\n\n{:<12} {:<6} {:>10} {:>8}  HOOK / REASON\n",
+        report.version, report.kernel, report.uptime_secs, "PROBE", "STATE", "EVENTS", "LOST"
+    );
+    for p in &report.probes {
+        let s = &p.status;
+        let (state, detail) = if s.up {
+            ("up", s.hook.clone().unwrap_or_default())
+        } else {
+            ("down", s.reason.clone().unwrap_or_default())
+        };
+        out.push_str(&format!("{:<12} {:<6} {:>10} {:>8}  {detail}\n", s.name, state, p.events, p.lost));
+        for note in &s.notes {
+            out.push_str(&format!("{:<12} {:<6} {:>10} {:>8}  {note}\n", "", "", "", ""));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{api::ProbeReport, probes::ProbeStatus};
+
+    #[test]
+    fn lists_up_and_down_probes_with_hook_or_reason() {
+        let report = StatusReport {
+            version: "0.1.0".into(),
+            kernel: "6.18.44".into(),
+            uptime_secs: 3,
+            probes: vec![
+                ProbeReport {
+                    status: ProbeStatus {
+                        name: "tcp-reset".into(),
+                        up: true,
+                        hook: Some("tp_btf/tcp_send_reset".into()),
+                        reason: None,
+                        notes: vec!["original destination: conntrack (vmlinux BTF)".into()],
+                    },
+                    events: 12,
+                    lost: 0,
+                },
+                ProbeReport {
+                    status: ProbeStatus {
+                        name: "other".into(),
+                        up: false,
+                        hook: None,
+                        reason: Some("BTF has no tracepoint x".into()),
+                        notes: vec![],
+                    },
+                    events: 0,
+                    lost: 0,
+                },
+            ],
+        };
+        let text = render(&report);
+        assert!(text.contains("tcp-reset    up             12        0  tp_btf/tcp_send_reset"), "{text}");
+        assert!(text.contains("original destination: conntrack"), "{text}");
+        assert!(text.contains("other        down            0        0  BTF has no tracepoint x"), "{text}");
+    }
+
+    #[test]
+    fn unreachable_socket_says_how_to_start_the_agent() {
+        let err = fetch(&PathBuf::from("/nonexistent/kstall.sock")).unwrap_err();
+        assert!(err.contains("kstall agent"), "{err}");
+        assert!(!err.contains('\n'));
+    }
+}

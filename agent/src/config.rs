@@ -1,0 +1,316 @@
+//! The agent's configuration: flags, `KSTALL_*` environment variables and an optional TOML file
+//! (flags and env win over the file), validated in one place before anything touches the kernel.
+//! A bad value is one line naming the field; the caller exits 64.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use serde::Deserialize;
+
+use crate::probes;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9700";
+pub const DEFAULT_API_SOCKET: &str = "/run/kstall/kstall.sock";
+const DEFAULT_RING_BUFFER_BYTES: u32 = 1 << 20;
+const PAGE_SIZE: u64 = 4096;
+const MAX_RING_BUFFER_BYTES: u64 = 1 << 30;
+
+#[derive(Debug, Default, clap::Args)]
+pub struct AgentArgs {
+    /// TOML file with any of the settings below (snake_case keys); flags and env win over it.
+    #[arg(long, env = "KSTALL_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address for /metrics and /healthz [default: 127.0.0.1:9700].
+    #[arg(long, env = "KSTALL_LISTEN", value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Unix socket of the agent's API (`kstall status`) [default: /run/kstall/kstall.sock].
+    #[arg(long, env = "KSTALL_API_SOCKET", value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+    /// Probes to load, comma-separated [default: all].
+    #[arg(long, env = "KSTALL_PROBES", value_name = "LIST", value_delimiter = ',')]
+    pub probes: Option<Vec<String>>,
+    /// Size of the kernel-to-agent event ring buffer: a power of two, at least 4096; K/M/G suffixes
+    /// allowed [default: 1M].
+    #[arg(long, env = "KSTALL_RING_BUFFER_BYTES", value_name = "BYTES")]
+    pub ring_buffer_bytes: Option<String>,
+    /// Log format: auto (text on a terminal, JSON otherwise), text or json [default: auto].
+    #[arg(long, env = "KSTALL_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<String>,
+    /// Log filter in tracing's env-filter syntax, e.g. `info` or `kstall=debug` [default: info].
+    #[arg(long, env = "KSTALL_LOG_LEVEL", value_name = "FILTER")]
+    pub log_level: Option<String>,
+    /// Hook for sent resets: auto, tcp-send-reset (>= 6.10) or kfree-skb (the pre-6.10 fallback
+    /// for socket-less resets) [default: auto].
+    #[arg(long, env = "KSTALL_TCP_RESET_HOOK", value_name = "HOOK")]
+    pub tcp_reset_hook: Option<String>,
+}
+
+/// The file form: same settings, native TOML types. Unknown keys are errors (a typo must not be
+/// silently ignored on a production node).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    api_socket: Option<PathBuf>,
+    probes: Option<Vec<String>>,
+    ring_buffer_bytes: Option<toml::Value>,
+    log_format: Option<String>,
+    log_level: Option<String>,
+    tcp_reset_hook: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Auto,
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcpResetHook {
+    Auto,
+    TcpSendReset,
+    KfreeSkb,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub api_socket: PathBuf,
+    pub probes: Vec<String>,
+    pub ring_buffer_bytes: u32,
+    pub log_format: LogFormat,
+    pub log_level: String,
+    pub tcp_reset_hook: TcpResetHook,
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration: {field}: {message}")]
+pub struct ConfigError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
+    // One line, always: errors from parsers (TOML) can span several.
+    let message = message.into().split_whitespace().collect::<Vec<_>>().join(" ");
+    ConfigError { field, message }
+}
+
+impl Config {
+    pub fn resolve(args: AgentArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| invalid("config", format!("cannot read {}: {e}", path.display())))?;
+                toml::from_str::<FileConfig>(&text)
+                    .map_err(|e| invalid("config", format!("{}: {}", path.display(), e.message())))?
+            }
+            None => FileConfig::default(),
+        };
+
+        let listen = args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.into());
+        let listen = listen
+            .parse::<SocketAddr>()
+            .map_err(|_| invalid("listen", format!("{listen:?} is not an address like 127.0.0.1:9700")))?;
+
+        let api_socket = args.api_socket.or(file.api_socket).unwrap_or_else(|| DEFAULT_API_SOCKET.into());
+        if !api_socket.is_absolute() {
+            return Err(invalid("api_socket", format!("{} is not an absolute path", api_socket.display())));
+        }
+
+        let probes = match args.probes.or(file.probes) {
+            None => probes::names().map(String::from).collect(),
+            Some(list) => validate_probes(list)?,
+        };
+
+        let ring_buffer_bytes = match (args.ring_buffer_bytes, file.ring_buffer_bytes) {
+            (Some(s), _) => parse_size(&s)?,
+            (None, Some(toml::Value::Integer(n))) => {
+                check_ring_size(u64::try_from(n).unwrap_or(0), &n.to_string())?
+            }
+            (None, Some(toml::Value::String(s))) => parse_size(&s)?,
+            (None, Some(other)) => {
+                return Err(invalid("ring_buffer_bytes", format!("{other} is not a size")));
+            }
+            (None, None) => DEFAULT_RING_BUFFER_BYTES,
+        };
+
+        let log_format = match args.log_format.or(file.log_format).as_deref() {
+            None | Some("auto") => LogFormat::Auto,
+            Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                return Err(invalid("log_format", format!("{other:?} is not one of auto, text, json")));
+            }
+        };
+
+        let log_level = args.log_level.or(file.log_level).unwrap_or_else(|| "info".into());
+        tracing_subscriber::EnvFilter::try_new(&log_level)
+            .map_err(|e| invalid("log_level", format!("{log_level:?}: {e}")))?;
+
+        let tcp_reset_hook = match args.tcp_reset_hook.or(file.tcp_reset_hook).as_deref() {
+            None | Some("auto") => TcpResetHook::Auto,
+            Some("tcp-send-reset") => TcpResetHook::TcpSendReset,
+            Some("kfree-skb") => TcpResetHook::KfreeSkb,
+            Some(other) => {
+                return Err(invalid(
+                    "tcp_reset_hook",
+                    format!("{other:?} is not one of auto, tcp-send-reset, kfree-skb"),
+                ));
+            }
+        };
+
+        Ok(Config { listen, api_socket, probes, ring_buffer_bytes, log_format, log_level, tcp_reset_hook })
+    }
+}
+
+fn validate_probes(list: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    let valid = || probes::names().collect::<Vec<_>>().join(", ");
+    let mut out: Vec<String> = Vec::new();
+    for name in list.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        if !probes::names().any(|n| n == name) {
+            return Err(invalid("probes", format!("unknown probe {name:?} (valid: {})", valid())));
+        }
+        if !out.iter().any(|n| n == name) {
+            out.push(name.to_string());
+        }
+    }
+    if out.is_empty() {
+        return Err(invalid("probes", format!("no probe named (valid: {})", valid())));
+    }
+    Ok(out)
+}
+
+/// `4096`, `256K`, `1M`, `1G` (binary units).
+fn parse_size(text: &str) -> Result<u32, ConfigError> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, ""),
+    };
+    let multiplier: u64 = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        _ => return Err(invalid("ring_buffer_bytes", format!("{text:?} is not a size like 1M"))),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| invalid("ring_buffer_bytes", format!("{text:?} is not a size like 1M")))?;
+    check_ring_size(n.saturating_mul(multiplier), text)
+}
+
+fn check_ring_size(bytes: u64, text: &str) -> Result<u32, ConfigError> {
+    if bytes < PAGE_SIZE || !bytes.is_power_of_two() || bytes > MAX_RING_BUFFER_BYTES {
+        return Err(invalid(
+            "ring_buffer_bytes",
+            format!(
+                "{text} is not a power of two between 4K and 1G (the kernel requires a power-of-two number of pages)"
+            ),
+        ));
+    }
+    Ok(bytes as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    fn resolve(args: AgentArgs) -> Result<Config, ConfigError> {
+        Config::resolve(args)
+    }
+
+    #[test]
+    fn defaults_need_nothing() {
+        let c = resolve(AgentArgs::default()).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:9700".parse().unwrap());
+        assert_eq!(c.api_socket, PathBuf::from("/run/kstall/kstall.sock"));
+        assert_eq!(c.probes, vec!["tcp-reset".to_string()]);
+        assert_eq!(c.ring_buffer_bytes, 1 << 20);
+        assert_eq!(c.tcp_reset_hook, TcpResetHook::Auto);
+    }
+
+    #[test]
+    fn each_bad_value_names_its_field() {
+        let cases: Vec<(AgentArgs, &str)> = vec![
+            (AgentArgs { listen: Some("localhost".into()), ..Default::default() }, "listen"),
+            (AgentArgs { api_socket: Some("rel/sock".into()), ..Default::default() }, "api_socket"),
+            (
+                AgentArgs { probes: Some(vec!["tcp-reset".into(), "nope".into()]), ..Default::default() },
+                "probes",
+            ),
+            (AgentArgs { probes: Some(vec![" ".into()]), ..Default::default() }, "probes"),
+            (AgentArgs { ring_buffer_bytes: Some("3000".into()), ..Default::default() }, "ring_buffer_bytes"),
+            (AgentArgs { ring_buffer_bytes: Some("2K".into()), ..Default::default() }, "ring_buffer_bytes"),
+            (AgentArgs { ring_buffer_bytes: Some("1X".into()), ..Default::default() }, "ring_buffer_bytes"),
+            (
+                AgentArgs { ring_buffer_bytes: Some("99999999999999999999".into()), ..Default::default() },
+                "ring_buffer_bytes",
+            ),
+            (AgentArgs { log_format: Some("xml".into()), ..Default::default() }, "log_format"),
+            (AgentArgs { log_level: Some("kstall=loud".into()), ..Default::default() }, "log_level"),
+            (AgentArgs { tcp_reset_hook: Some("kprobe".into()), ..Default::default() }, "tcp_reset_hook"),
+            (AgentArgs { config: Some("/nonexistent/kstall.toml".into()), ..Default::default() }, "config"),
+        ];
+        for (args, field) in cases {
+            let err = resolve(args).expect_err(field);
+            assert_eq!(err.field, field, "{err}");
+            assert!(!err.to_string().contains('\n'), "one line: {err}");
+        }
+    }
+
+    #[test]
+    fn unknown_probe_lists_the_valid_ones() {
+        let err =
+            resolve(AgentArgs { probes: Some(vec!["oom-kil".into()]), ..Default::default() }).unwrap_err();
+        assert!(err.message.contains("tcp-reset"), "{err}");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("256K").unwrap(), 256 << 10);
+        assert_eq!(parse_size("1M").unwrap(), 1 << 20);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert!(parse_size("2G").is_err());
+        assert!(parse_size("").is_err());
+    }
+
+    fn file(contents: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(contents.as_bytes()).unwrap();
+        f
+    }
+
+    #[test]
+    fn file_values_apply_and_flags_win() {
+        let f = file("listen = \"127.0.0.1:9800\"\nring_buffer_bytes = 262144\nprobes = [\"tcp-reset\"]\n");
+        let c = resolve(AgentArgs { config: Some(f.path().into()), ..Default::default() }).unwrap();
+        assert_eq!(c.listen.port(), 9800);
+        assert_eq!(c.ring_buffer_bytes, 262144);
+        let c = resolve(AgentArgs {
+            config: Some(f.path().into()),
+            listen: Some("127.0.0.1:9900".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.listen.port(), 9900);
+    }
+
+    #[test]
+    fn bad_files_are_one_line_config_errors() {
+        for contents in ["listen = ", "lisen = \"127.0.0.1:1\"", "ring_buffer_bytes = true", "[[[["] {
+            let f = file(contents);
+            let err = resolve(AgentArgs { config: Some(f.path().into()), ..Default::default() })
+                .expect_err(contents);
+            assert!(matches!(err.field, "config" | "ring_buffer_bytes"), "{contents}: {err}");
+            assert!(!err.to_string().contains('\n'), "{err}");
+        }
+        let f = file("ring_buffer_bytes = \"3K\"");
+        let err = resolve(AgentArgs { config: Some(f.path().into()), ..Default::default() }).unwrap_err();
+        assert_eq!(err.field, "ring_buffer_bytes");
+    }
+}

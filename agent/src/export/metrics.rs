@@ -1,0 +1,211 @@
+//! Prometheus metrics. Label values are bounded: ports in the ephemeral range collapse to
+//! `ephemeral`, reasons are kernel enum names.
+
+use std::ops::RangeInclusive;
+
+use prometheus::{Encoder as _, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+
+use crate::{
+    events::{Event, Payload},
+    probes::{ProbeStatus, tcp_reset::Direction},
+};
+
+pub struct Metrics {
+    registry: Registry,
+    probe_up: IntGaugeVec,
+    events_total: IntCounterVec,
+    events_lost_total: IntCounterVec,
+    decode_errors_total: IntCounterVec,
+    subscriber_drops_total: IntCounterVec,
+    tcp_resets_total: IntCounterVec,
+    ephemeral_ports: RangeInclusive<u16>,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+impl Metrics {
+    pub fn new(ephemeral_ports: RangeInclusive<u16>) -> Self {
+        let registry = Registry::new();
+        let probe_up = IntGaugeVec::new(
+            Opts::new(
+                "kstall_probe_up",
+                "1 when the probe is loaded and attached, 0 when it is not (see `kstall status`).",
+            ),
+            &["probe"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(probe_up.clone())).expect("unique metric");
+        let build_info = IntGaugeVec::new(Opts::new("kstall_build_info", "kstall version."), &["version"])
+            .expect("valid metric");
+        registry.register(Box::new(build_info.clone())).expect("unique metric");
+        build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        Self {
+            probe_up,
+            events_total: counter(
+                &registry,
+                "kstall_events_total",
+                "Events received from the kernel.",
+                &["probe"],
+            ),
+            events_lost_total: counter(
+                &registry,
+                "kstall_events_lost_total",
+                "Events the kernel could not queue because the ring buffer was full.",
+                &["probe"],
+            ),
+            decode_errors_total: counter(
+                &registry,
+                "kstall_event_decode_errors_total",
+                "Ring buffer records that could not be decoded.",
+                &["error"],
+            ),
+            subscriber_drops_total: counter(
+                &registry,
+                "kstall_api_events_dropped_total",
+                "Events not delivered to an API client that fell behind.",
+                &["stream"],
+            ),
+            tcp_resets_total: counter(
+                &registry,
+                "kstall_tcp_resets_total",
+                "TCP resets. port: the refusing local port (sent) or the remote port (received); \
+                 original_port: pre-NAT destination port of a redirected connection, empty otherwise.",
+                &["direction", "port", "original_port", "reason"],
+            ),
+            registry,
+            ephemeral_ports,
+        }
+    }
+
+    pub fn set_probe_statuses(&self, statuses: &[ProbeStatus]) {
+        for s in statuses {
+            self.probe_up.with_label_values(&[s.name.as_str()]).set(i64::from(s.up));
+        }
+    }
+
+    pub fn observe(&self, event: &Event) {
+        self.events_total.with_label_values(&[event.header.probe]).inc();
+        match &event.payload {
+            Payload::TcpReset(reset) => {
+                let port = match reset.direction {
+                    Direction::Sent => reset.local_port,
+                    Direction::Received => reset.remote_port,
+                };
+                let original = reset.original_dst_port.map(|p| self.port_label(p)).unwrap_or_default();
+                self.tcp_resets_total
+                    .with_label_values(&[
+                        reset.direction.as_str(),
+                        &self.port_label(port),
+                        &original,
+                        reset.reason.as_deref().unwrap_or(""),
+                    ])
+                    .inc();
+            }
+        }
+    }
+
+    pub fn decode_error(&self, label: &str) {
+        self.decode_errors_total.with_label_values(&[label]).inc();
+    }
+
+    pub fn add_lost(&self, probe: &str, n: u64) {
+        self.events_lost_total.with_label_values(&[probe]).inc_by(n);
+    }
+
+    pub fn subscriber_dropped(&self, stream: &str, n: u64) {
+        self.subscriber_drops_total.with_label_values(&[stream]).inc_by(n);
+    }
+
+    pub fn events(&self, probe: &str) -> u64 {
+        self.events_total.with_label_values(&[probe]).get()
+    }
+
+    pub fn lost(&self, probe: &str) -> u64 {
+        self.events_lost_total.with_label_values(&[probe]).get()
+    }
+
+    fn port_label(&self, port: u16) -> String {
+        if self.ephemeral_ports.contains(&port) { "ephemeral".into() } else { port.to_string() }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding");
+        String::from_utf8(out).expect("prometheus text is UTF-8")
+    }
+}
+
+/// The node's ephemeral port range (`net.ipv4.ip_local_port_range`), Linux's default if unreadable.
+pub fn ephemeral_port_range() -> RangeInclusive<u16> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| parse_port_range(&s))
+        .unwrap_or(32768..=60999)
+}
+
+fn parse_port_range(text: &str) -> Option<RangeInclusive<u16>> {
+    let mut it = text.split_whitespace().map(str::parse::<u16>);
+    let (lo, hi) = (it.next()?.ok()?, it.next()?.ok()?);
+    (lo <= hi).then_some(lo..=hi)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{events::Decoder, probes::tcp_reset::tests::redirected_syn_reset};
+
+    fn event(mutate: impl Fn(&mut kstall_common::tcp_reset::TcpResetEvent)) -> Event {
+        let mut raw = redirected_syn_reset();
+        mutate(&mut raw);
+        let bytes = unsafe { std::slice::from_raw_parts((&raw as *const _ as *const u8), size_of_val(&raw)) };
+        Decoder::new().decode(bytes).unwrap()
+    }
+
+    #[test]
+    fn reset_labels() {
+        let m = Metrics::new(32768..=60999);
+        m.observe(&event(|_| {}));
+        m.observe(&event(|e| {
+            e.direction = kstall_common::tcp_reset::DIRECTION_RECEIVED;
+            e.hook = kstall_common::tcp_reset::HOOK_TCP_RECEIVE_RESET;
+            e.flags = 0;
+            e.local_port = 40001;
+            e.remote_port = 2049;
+        }));
+        m.observe(&event(|e| {
+            e.local_port = 45000;
+            e.flags = 0;
+        }));
+        let text = m.render();
+        assert!(
+            text.contains(
+                r#"kstall_tcp_resets_total{direction="sent",original_port="2049",port="15001",reason="1"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"kstall_tcp_resets_total{direction="received",original_port="",port="2049",reason=""} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"kstall_tcp_resets_total{direction="sent",original_port="",port="ephemeral",reason=""} 1"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains(r#"kstall_events_total{probe="tcp-reset"} 3"#), "{text}");
+    }
+
+    #[test]
+    fn port_range_parsing() {
+        assert_eq!(parse_port_range("32768\t60999\n"), Some(32768..=60999));
+        assert_eq!(parse_port_range("x"), None);
+        assert_eq!(parse_port_range("5 4"), None);
+    }
+}

@@ -1,0 +1,2 @@
+pub mod http;
+pub mod metrics;

@@ -1,0 +1,51 @@
+//! kstall: eBPF node agent that explains why pods and nodes stall.
+
+mod api;
+mod cli;
+mod config;
+mod daemon;
+mod events;
+mod export;
+mod kernel;
+mod kernel_btf;
+mod probes;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, error::ErrorKind};
+
+#[derive(Debug, Parser)]
+#[command(name = "kstall", version, about = "eBPF node agent: why pods and nodes stall")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the node agent (root): load the probes, serve /metrics and the API socket.
+    Agent(config::AgentArgs),
+    /// Show every probe (loaded or not, and why), events and losses, from the running agent.
+    Status(cli::status::StatusArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // clap's rendering is several lines; the first one names the problem.
+            let rendered = e.render().to_string();
+            let first = rendered.lines().next().unwrap_or("usage error").trim_start_matches("error: ");
+            eprintln!("kstall: {first} (see kstall --help)");
+            return ExitCode::from(cli::EXIT_USAGE);
+        }
+    };
+    match cli.command {
+        Command::Agent(args) => cli::agent::run(args),
+        Command::Status(args) => cli::status::run(args),
+    }
+}

@@ -1,0 +1,263 @@
+//! The probe registry: each probe plans its programs from the running kernel's BTF, then loads and
+//! attaches independently. A probe that cannot run here (missing tracepoint or BTF type, verifier
+//! rejection) is reported down with its reason and the others run on.
+
+pub mod tcp_reset;
+
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    maps::{MapData, PerCpuArray, RingBuf},
+    programs::BtfTracePoint,
+};
+use kstall_common::kind;
+use serde::{Deserialize, Serialize};
+
+use crate::{config::Config, events::Decoder, kernel_btf::KernelBtf};
+
+/// The kernel programs, built by build.rs (empty when built with `AYA_BUILD_SKIP=1`).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/kstall"));
+
+/// Every probe kstall has, in the order `kstall status` lists them.
+pub const ALL: &[ProbeInfo] = &[ProbeInfo { name: tcp_reset::NAME, kind: kind::TCP_RESET }];
+
+pub struct ProbeInfo {
+    pub name: &'static str,
+    /// The event kind its programs emit (indexes the kernel's loss counters).
+    pub kind: u32,
+}
+
+pub fn names() -> impl Iterator<Item = &'static str> {
+    ALL.iter().map(|p| p.name)
+}
+
+/// One tp_btf program of a probe and the tracepoint it attaches to.
+#[derive(Debug, Clone, Copy)]
+pub struct ProgramSpec {
+    pub program: &'static str,
+    pub tracepoint: &'static str,
+}
+
+/// What a probe needs loaded: its resolved-offsets global and its programs.
+pub struct Plan {
+    pub global: &'static str,
+    pub global_value: Vec<u8>,
+    pub programs: Vec<ProgramSpec>,
+    /// Human description of the hooks in use, for `kstall status`.
+    pub hook: String,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProbeStatus {
+    pub name: String,
+    pub up: bool,
+    pub hook: Option<String>,
+    /// Why the probe is down.
+    pub reason: Option<String>,
+    pub notes: Vec<String>,
+}
+
+impl ProbeStatus {
+    fn down(name: &str, reason: impl Into<String>) -> Self {
+        Self { name: name.to_string(), up: false, hook: None, reason: Some(reason.into()), notes: Vec::new() }
+    }
+}
+
+/// The loaded kernel side: programs, the event ring buffer and the loss counters.
+pub struct Loaded {
+    ebpf: Option<Ebpf>,
+    attached: Vec<ProgramSpec>,
+    pub statuses: Vec<ProbeStatus>,
+    pub decoder: Decoder,
+    pub events: Option<RingBuf<MapData>>,
+    pub lost: Option<PerCpuArray<MapData, u64>>,
+}
+
+pub fn load(config: &Config) -> Loaded {
+    raise_memlock_limit();
+    let mut statuses: Vec<ProbeStatus> = ALL
+        .iter()
+        .map(|p| {
+            let reason =
+                if config.probes.iter().any(|n| n == p.name) { "not loaded" } else { "disabled by --probes" };
+            ProbeStatus::down(p.name, reason)
+        })
+        .collect();
+    let loaded = |statuses| Loaded {
+        ebpf: None,
+        attached: Vec::new(),
+        statuses,
+        decoder: Decoder::new(),
+        events: None,
+        lost: None,
+    };
+    let enabled = |name: &str| config.probes.iter().any(|n| n == name);
+    let mark_enabled_down = |statuses: &mut Vec<ProbeStatus>, reason: &str| {
+        for s in statuses.iter_mut().filter(|s| enabled(&s.name)) {
+            s.reason = Some(reason.to_string());
+        }
+    };
+
+    if OBJECT.is_empty() {
+        mark_enabled_down(
+            &mut statuses,
+            "this kstall binary was built with AYA_BUILD_SKIP=1 and carries no eBPF programs",
+        );
+        return loaded(statuses);
+    }
+    let vmlinux = match KernelBtf::vmlinux_from_sys_fs() {
+        Ok(btf) => btf,
+        Err(e) => {
+            mark_enabled_down(&mut statuses, &format!("no kernel BTF: {e}"));
+            return loaded(statuses);
+        }
+    };
+
+    let mut decoder = Decoder::new();
+    let mut plans: Vec<(usize, Plan)> = Vec::new();
+    if enabled(tcp_reset::NAME) {
+        let idx = index_of(tcp_reset::NAME);
+        match tcp_reset::plan(&vmlinux, config.tcp_reset_hook) {
+            Ok((plan, names)) => {
+                decoder.tcp_reset = names;
+                plans.push((idx, plan));
+            }
+            Err(e) => statuses[idx].reason = Some(e),
+        }
+    }
+    if plans.is_empty() {
+        return loaded(statuses);
+    }
+
+    let mut loader = EbpfLoader::new();
+    loader.map_max_entries("EVENTS", config.ring_buffer_bytes);
+    for (_, plan) in &plans {
+        loader.override_global(plan.global, plan.global_value.as_slice(), true);
+    }
+    let mut ebpf = match loader.load(OBJECT) {
+        Ok(ebpf) => ebpf,
+        Err(e) => {
+            let reason = format!("loading the eBPF object failed: {}", error_chain(&e));
+            for (idx, _) in &plans {
+                statuses[*idx].reason = Some(reason.clone());
+            }
+            return loaded(statuses);
+        }
+    };
+    let aya_btf = match Btf::from_sys_fs() {
+        Ok(btf) => btf,
+        Err(e) => {
+            mark_enabled_down(&mut statuses, &format!("no kernel BTF: {e}"));
+            return loaded(statuses);
+        }
+    };
+
+    let mut attached = Vec::new();
+    for (idx, plan) in plans {
+        match attach(&mut ebpf, &plan, &aya_btf) {
+            Ok(()) => {
+                tracing::info!(probe = ALL[idx].name, hook = %plan.hook, "probe attached");
+                attached.extend(plan.programs.iter().copied());
+                statuses[idx] = ProbeStatus {
+                    name: ALL[idx].name.to_string(),
+                    up: true,
+                    hook: Some(plan.hook),
+                    reason: None,
+                    notes: plan.notes,
+                };
+            }
+            Err(e) => {
+                statuses[idx].reason = Some(e);
+                statuses[idx].notes = plan.notes;
+            }
+        }
+    }
+    let events = ebpf.take_map("EVENTS").and_then(|m| RingBuf::try_from(m).ok());
+    let lost = ebpf.take_map("LOST").and_then(|m| PerCpuArray::try_from(m).ok());
+    Loaded { ebpf: Some(ebpf), attached, statuses, decoder, events, lost }
+}
+
+fn index_of(name: &str) -> usize {
+    ALL.iter().position(|p| p.name == name).expect("registered probe")
+}
+
+/// Loads and attaches every program of `plan`; on failure unloads the ones already loaded, so a
+/// probe is either fully on or fully off.
+fn attach(ebpf: &mut Ebpf, plan: &Plan, btf: &Btf) -> Result<(), String> {
+    for (i, spec) in plan.programs.iter().enumerate() {
+        if let Err(e) = attach_one(ebpf, spec, btf) {
+            for done in &plan.programs[..i] {
+                unload(ebpf, done);
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+fn attach_one(ebpf: &mut Ebpf, spec: &ProgramSpec, btf: &Btf) -> Result<(), String> {
+    let context = |what: &str, e: &dyn std::error::Error| {
+        let full = error_chain(e);
+        tracing::debug!(program = spec.program, error = %full, "{what} failed");
+        format!("{} ({}): {what}: {}", spec.tracepoint, spec.program, summarize(&full))
+    };
+    let program: &mut BtfTracePoint = ebpf
+        .program_mut(spec.program)
+        .ok_or_else(|| format!("program {} missing from the eBPF object", spec.program))?
+        .try_into()
+        .map_err(|e| context("program type", &e))?;
+    program.load(spec.tracepoint, btf).map_err(|e| context("load", &e))?;
+    program.attach().map_err(|e| context("attach", &e))?;
+    Ok(())
+}
+
+fn unload(ebpf: &mut Ebpf, spec: &ProgramSpec) {
+    if let Some(program) = ebpf.program_mut(spec.program)
+        && let Ok(program) = <&mut BtfTracePoint>::try_from(program)
+        && let Err(e) = program.unload()
+    {
+        tracing::warn!(program = spec.program, error = %e, "unload failed");
+    }
+}
+
+impl Loaded {
+    /// Detaches and unloads every program (stops intake); maps stay readable for the final drain.
+    pub fn detach_all(&mut self) -> usize {
+        let Some(ebpf) = self.ebpf.as_mut() else { return 0 };
+        let programs = std::mem::take(&mut self.attached);
+        for spec in &programs {
+            unload(ebpf, spec);
+        }
+        programs.len()
+    }
+}
+
+/// Below 5.11 BPF memory is charged to RLIMIT_MEMLOCK; on newer kernels (memcg accounting) a
+/// failure here is harmless, and where CAP_SYS_RESOURCE is dropped it always fails.
+fn raise_memlock_limit() {
+    let rlim = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) } != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "cannot raise RLIMIT_MEMLOCK; fine on kernels >= 5.11");
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+/// A verifier log is hundreds of lines; status shows the first line and the verifier's verdict.
+fn summarize(full: &str) -> String {
+    let mut lines = full.lines().filter(|l| !l.trim().is_empty());
+    let first = lines.next().unwrap_or_default().to_string();
+    match lines.last() {
+        Some(last) => format!("{first} … {}", last.trim()),
+        None => first,
+    }
+}

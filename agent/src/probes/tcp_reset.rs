@@ -1,0 +1,375 @@
+//! TCP resets, sent and received. Kernel half: `ebpf/src/probes/tcp_reset.rs`; event:
+//! `common/src/tcp_reset.rs`.
+//!
+//! Hook choice: on kernels whose `tcp_send_reset` tracepoint carries a reason (>= 6.10) it also
+//! fires for resets sent without a socket (the SYN redirected to a port where nothing listens), so
+//! it is used alone. Before that it fires only with a full socket, and the no-socket resets are
+//! caught as `kfree_skb` drops with reason NO_SOCKET.
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use kstall_common::tcp_reset::{
+    self as raw, DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6, FLAG_HAS_CONNTRACK,
+    FLAG_HAS_REASON, FLAG_HAS_SOCKET, TcpResetConfig, TcpResetEvent,
+};
+use serde::Serialize;
+
+use super::{Plan, ProgramSpec};
+use crate::{config::TcpResetHook, events::DecodeError, kernel_btf::KernelBtf};
+
+pub const NAME: &str = "tcp-reset";
+
+const GLOBAL: &str = "TCP_RESET_CONFIG";
+const PROG_SEND: ProgramSpec = ProgramSpec { program: "tcp_send_reset", tracepoint: "tcp_send_reset" };
+const PROG_RECEIVE: ProgramSpec =
+    ProgramSpec { program: "tcp_receive_reset", tracepoint: "tcp_receive_reset" };
+const PROG_NO_SOCKET: ProgramSpec = ProgramSpec { program: "kfree_skb_no_socket", tracepoint: "kfree_skb" };
+
+/// Kernel enum names for the reason values the programs report, read from BTF.
+#[derive(Debug, Default, Clone)]
+pub struct Names {
+    rst_reasons: HashMap<u32, String>,
+    drop_reasons: HashMap<u32, String>,
+}
+
+/// Resolves everything the kernel half needs from BTF and picks the hooks.
+pub fn plan(vmlinux: &KernelBtf, hook: TcpResetHook) -> Result<(Plan, Names), String> {
+    let send_has_reason = vmlinux.tracepoint_arg_count("tcp_send_reset").map_err(|e| e.to_string())? >= 3;
+    vmlinux.tracepoint_arg_count("tcp_receive_reset").map_err(|e| e.to_string())?;
+    let use_kfree_skb = match hook {
+        TcpResetHook::Auto => !send_has_reason,
+        TcpResetHook::TcpSendReset if !send_has_reason => {
+            return Err(
+                "--tcp-reset-hook tcp-send-reset needs kernel >= 6.10 (tcp_send_reset without reason)".into(),
+            );
+        }
+        TcpResetHook::TcpSendReset => false,
+        TcpResetHook::KfreeSkb => true,
+    };
+
+    let mut names = Names::default();
+    let mut cfg = resolve_offsets(vmlinux).map_err(|e| e.to_string())?;
+    cfg.send_reset_skips_no_socket = u32::from(use_kfree_skb);
+    if send_has_reason {
+        names.rst_reasons = enum_names(vmlinux, "sk_rst_reason", "SK_RST_REASON_")?;
+    }
+    let mut notes = Vec::new();
+    if use_kfree_skb {
+        let drop_reasons = enum_names(vmlinux, "skb_drop_reason", "SKB_DROP_REASON_")?;
+        cfg.drop_reason_no_socket = *drop_reasons
+            .iter()
+            .find(|(_, name)| name.as_str() == "NO_SOCKET")
+            .ok_or("BTF enum skb_drop_reason has no SKB_DROP_REASON_NO_SOCKET")?
+            .0;
+        names.drop_reasons = drop_reasons;
+    }
+    match resolve_conntrack(vmlinux, &mut cfg) {
+        Ok(source) => notes.push(format!("original destination: conntrack ({source})")),
+        Err(e) => notes.push(format!("original destination: unavailable ({e}); original_port stays empty")),
+    }
+
+    let mut programs = vec![PROG_SEND, PROG_RECEIVE];
+    let hook_desc = if use_kfree_skb {
+        programs.push(PROG_NO_SOCKET);
+        "tp_btf/tcp_send_reset (socket resets) + tp_btf/kfree_skb reason=NO_SOCKET (no-socket resets) + tp_btf/tcp_receive_reset"
+    } else {
+        "tp_btf/tcp_send_reset + tp_btf/tcp_receive_reset"
+    };
+    cfg.valid = 1;
+    let plan =
+        Plan { global: GLOBAL, global_value: bytes_of(&cfg), programs, hook: hook_desc.to_string(), notes };
+    Ok((plan, names))
+}
+
+fn bytes_of(cfg: &TcpResetConfig) -> Vec<u8> {
+    // SAFETY: repr(C) struct of u32s without padding.
+    unsafe {
+        std::slice::from_raw_parts((cfg as *const TcpResetConfig).cast::<u8>(), size_of::<TcpResetConfig>())
+    }
+    .to_vec()
+}
+
+fn enum_names(btf: &KernelBtf, name: &str, prefix: &str) -> Result<HashMap<u32, String>, String> {
+    Ok(btf
+        .enum_values(name)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|(n, v)| (v as u32, n.strip_prefix(prefix).unwrap_or(&n).to_string()))
+        .collect())
+}
+
+fn resolve_offsets(btf: &KernelBtf) -> Result<TcpResetConfig, crate::kernel_btf::BtfError> {
+    let sk = |path: &str| btf.offset_of("sock", &format!("__sk_common.{path}"));
+    Ok(TcpResetConfig {
+        sk_family: sk("skc_family")?,
+        sk_state: sk("skc_state")?,
+        sk_num: sk("skc_num")?,
+        sk_dport: sk("skc_dport")?,
+        sk_rcv_saddr: sk("skc_rcv_saddr")?,
+        sk_daddr: sk("skc_daddr")?,
+        sk_v6_rcv_saddr: sk("skc_v6_rcv_saddr")?,
+        sk_v6_daddr: sk("skc_v6_daddr")?,
+        sk_net: sk("skc_net")?,
+        net_ns_inum: btf.offset_of("net", "ns.inum")?,
+        skb_head: btf.offset_of("sk_buff", "head")?,
+        skb_network_header: btf.offset_of("sk_buff", "network_header")?,
+        skb_transport_header: btf.offset_of("sk_buff", "transport_header")?,
+        skb_protocol: btf.offset_of("sk_buff", "protocol")?,
+        skb_dev: btf.offset_of("sk_buff", "dev")?,
+        dev_nd_net: btf.offset_of("net_device", "nd_net")?,
+        ..TcpResetConfig::default()
+    })
+}
+
+/// Conntrack offsets: `nf_conn` is in vmlinux when conntrack is built in, else in the loaded
+/// `nf_conntrack` module's BTF. Returns where they came from.
+fn resolve_conntrack(vmlinux: &KernelBtf, cfg: &mut TcpResetConfig) -> Result<&'static str, String> {
+    let skb_nfct = vmlinux.offset_of("sk_buff", "_nfct").map_err(|e| e.to_string())?;
+    let module;
+    let (btf, source) = if vmlinux.has_field("nf_conn", "tuplehash") {
+        (vmlinux, "vmlinux BTF")
+    } else {
+        module = vmlinux
+            .module_from_sys_fs("nf_conntrack")
+            .map_err(|e| format!("nf_conntrack module not loaded: {e}"))?;
+        (&module, "nf_conntrack module BTF")
+    };
+    fill_conntrack_offsets(btf, cfg).map_err(|e| e.to_string())?;
+    cfg.skb_nfct = skb_nfct;
+    cfg.conntrack = 1;
+    Ok(source)
+}
+
+fn fill_conntrack_offsets(
+    btf: &KernelBtf,
+    cfg: &mut TcpResetConfig,
+) -> Result<(), crate::kernel_btf::BtfError> {
+    // IP_CT_DIR_ORIGINAL = 0, IP_CT_DIR_REPLY = 1.
+    cfg.ct_orig_dst_addr = btf.offset_of("nf_conn", "tuplehash[0].tuple.dst.u3")?;
+    cfg.ct_orig_dst_port = btf.offset_of("nf_conn", "tuplehash[0].tuple.dst.u.all")?;
+    cfg.ct_reply_src_port = btf.offset_of("nf_conn", "tuplehash[1].tuple.src.u.all")?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    Sent,
+    Received,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Sent => "sent",
+            Direction::Received => "received",
+        }
+    }
+}
+
+/// A decoded reset. `local_*` is this host's end (for a sent reset: the port that refused, after
+/// NAT), `remote_*` the peer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TcpReset {
+    pub direction: Direction,
+    pub hook: &'static str,
+    pub local_addr: IpAddr,
+    pub local_port: u16,
+    pub remote_addr: IpAddr,
+    pub remote_port: u16,
+    /// Pre-NAT destination when the packet's conntrack entry shows it was rewritten.
+    pub original_dst_addr: Option<IpAddr>,
+    pub original_dst_port: Option<u16>,
+    /// Where NAT sent the connection (conntrack reply source port), when rewritten.
+    pub redirect_port: Option<u16>,
+    /// Kernel reason name (`NO_SOCKET`, ...), when the hook carries one.
+    pub reason: Option<String>,
+    pub tcp_state: Option<&'static str>,
+    pub has_socket: bool,
+}
+
+pub fn decode(ev: &TcpResetEvent, names: &Names) -> Result<TcpReset, DecodeError> {
+    let direction = match ev.direction {
+        DIRECTION_SENT => Direction::Sent,
+        DIRECTION_RECEIVED => Direction::Received,
+        other => return Err(DecodeError::BadField { field: "tcp_reset.direction", value: other.into() }),
+    };
+    let hook = match ev.hook {
+        raw::HOOK_TCP_SEND_RESET => "tcp_send_reset",
+        raw::HOOK_TCP_RECEIVE_RESET => "tcp_receive_reset",
+        raw::HOOK_KFREE_SKB_NO_SOCKET => "kfree_skb",
+        other => return Err(DecodeError::BadField { field: "tcp_reset.hook", value: other.into() }),
+    };
+    let addr = |bytes: &[u8; 16]| -> Result<IpAddr, DecodeError> {
+        match ev.family {
+            FAMILY_INET => Ok(IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))),
+            FAMILY_INET6 => Ok(IpAddr::V6(Ipv6Addr::from(*bytes))),
+            other => Err(DecodeError::BadField { field: "tcp_reset.family", value: other.into() }),
+        }
+    };
+    let local_addr = addr(&ev.local_addr)?;
+    let remote_addr = addr(&ev.remote_addr)?;
+    let (mut original_dst_addr, mut original_dst_port, mut redirect_port) = (None, None, None);
+    if ev.flags & FLAG_HAS_CONNTRACK != 0 {
+        let orig_addr = addr(&ev.orig_dst_addr)?;
+        // Only a rewritten destination is news; an untouched one equals the local end.
+        if ev.orig_dst_port != ev.local_port || orig_addr != local_addr {
+            original_dst_addr = Some(orig_addr);
+            original_dst_port = Some(ev.orig_dst_port);
+            redirect_port = Some(ev.redirect_port);
+        }
+    }
+    let reason = (ev.flags & FLAG_HAS_REASON != 0).then(|| {
+        let table =
+            if ev.hook == raw::HOOK_KFREE_SKB_NO_SOCKET { &names.drop_reasons } else { &names.rst_reasons };
+        table.get(&ev.reason).cloned().unwrap_or_else(|| ev.reason.to_string())
+    });
+    Ok(TcpReset {
+        direction,
+        hook,
+        local_addr,
+        local_port: ev.local_port,
+        remote_addr,
+        remote_port: ev.remote_port,
+        original_dst_addr,
+        original_dst_port,
+        redirect_port,
+        reason,
+        tcp_state: tcp_state_name(ev.state),
+        has_socket: ev.flags & FLAG_HAS_SOCKET != 0,
+    })
+}
+
+/// Kernel `TCP_*` socket states (include/net/tcp_states.h; stable ABI, also in uapi).
+fn tcp_state_name(state: u8) -> Option<&'static str> {
+    Some(match state {
+        1 => "ESTABLISHED",
+        2 => "SYN_SENT",
+        3 => "SYN_RECV",
+        4 => "FIN_WAIT1",
+        5 => "FIN_WAIT2",
+        6 => "TIME_WAIT",
+        7 => "CLOSE",
+        8 => "CLOSE_WAIT",
+        9 => "LAST_ACK",
+        10 => "LISTEN",
+        11 => "CLOSING",
+        12 => "NEW_SYN_RECV",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use kstall_common::{EventHeader, kind};
+
+    use super::*;
+    use crate::kernel_btf::tests::{kernel, testdata};
+
+    pub(crate) fn redirected_syn_reset() -> TcpResetEvent {
+        let mut header = EventHeader::zeroed();
+        header.kind = kind::TCP_RESET;
+        header.version = raw::VERSION;
+        header.netns_ino = 4026532999;
+        let mut ev = TcpResetEvent {
+            header,
+            direction: DIRECTION_SENT,
+            hook: raw::HOOK_TCP_SEND_RESET,
+            family: FAMILY_INET,
+            flags: FLAG_HAS_CONNTRACK | FLAG_HAS_REASON,
+            state: 0,
+            _pad: [0; 3],
+            reason: 1,
+            _pad2: 0,
+            local_port: 15001,
+            remote_port: 40000,
+            orig_dst_port: 2049,
+            redirect_port: 15001,
+            local_addr: [0; 16],
+            remote_addr: [0; 16],
+            orig_dst_addr: [0; 16],
+        };
+        ev.local_addr[..4].copy_from_slice(&[127, 0, 0, 1]);
+        ev.remote_addr[..4].copy_from_slice(&[127, 0, 0, 1]);
+        ev.orig_dst_addr[..4].copy_from_slice(&[10, 0, 0, 5]);
+        ev
+    }
+
+    fn names_6_18() -> Names {
+        plan(&kernel("6.18"), TcpResetHook::TcpSendReset).unwrap().1
+    }
+
+    #[test]
+    fn decodes_a_redirected_reset() {
+        let reset = decode(&redirected_syn_reset(), &names_6_18()).unwrap();
+        assert_eq!(reset.direction, Direction::Sent);
+        assert_eq!(reset.local_port, 15001);
+        assert_eq!(reset.original_dst_port, Some(2049));
+        assert_eq!(reset.original_dst_addr, Some("10.0.0.5".parse().unwrap()));
+        assert_eq!(reset.redirect_port, Some(15001));
+        assert_eq!(reset.reason.as_deref(), Some("NO_SOCKET"));
+    }
+
+    #[test]
+    fn an_untouched_conntrack_destination_is_not_a_redirect() {
+        let mut ev = redirected_syn_reset();
+        ev.orig_dst_port = ev.local_port;
+        ev.orig_dst_addr = ev.local_addr;
+        let reset = decode(&ev, &names_6_18()).unwrap();
+        assert_eq!(reset.original_dst_port, None);
+    }
+
+    #[test]
+    fn bad_enum_bytes_are_errors() {
+        for (mutate, field) in [
+            (
+                Box::new(|e: &mut TcpResetEvent| e.direction = 9) as Box<dyn Fn(&mut TcpResetEvent)>,
+                "tcp_reset.direction",
+            ),
+            (Box::new(|e: &mut TcpResetEvent| e.hook = 0), "tcp_reset.hook"),
+            (Box::new(|e: &mut TcpResetEvent| e.family = 3), "tcp_reset.family"),
+        ] {
+            let mut ev = redirected_syn_reset();
+            mutate(&mut ev);
+            match decode(&ev, &Names::default()) {
+                Err(DecodeError::BadField { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn picks_the_no_socket_fallback_before_6_10() {
+        let (plan_6_1, names) = plan(&kernel("6.1"), TcpResetHook::Auto).unwrap();
+        assert!(plan_6_1.programs.iter().any(|p| p.tracepoint == "kfree_skb"), "{:?}", plan_6_1.hook);
+        assert_eq!(names.drop_reasons.get(&2).map(String::as_str), Some("NO_SOCKET"));
+        let (plan_6_12, _) = plan(&kernel("6.12"), TcpResetHook::Auto).unwrap();
+        assert!(!plan_6_12.programs.iter().any(|p| p.tracepoint == "kfree_skb"), "{:?}", plan_6_12.hook);
+        assert!(plan(&kernel("6.1"), TcpResetHook::TcpSendReset).is_err());
+        let (forced, _) = plan(&kernel("6.18"), TcpResetHook::KfreeSkb).unwrap();
+        assert!(forced.programs.iter().any(|p| p.tracepoint == "kfree_skb"));
+    }
+
+    #[test]
+    fn offsets_resolve_on_every_kernel_and_differ_where_kernels_differ() {
+        let mut seen = Vec::new();
+        for k in crate::kernel_btf::tests::KERNELS {
+            let btf = kernel(k);
+            let mut cfg = resolve_offsets(&btf).unwrap_or_else(|e| panic!("{k}: {e}"));
+            let ct = if btf.has_field("nf_conn", "tuplehash") {
+                btf
+            } else {
+                btf.module_from_bytes(&testdata(k, "nf_conntrack")).unwrap()
+            };
+            fill_conntrack_offsets(&ct, &mut cfg).unwrap();
+            assert_eq!(cfg.sk_num, cfg.sk_dport + 2, "{k}");
+            assert!(cfg.ct_reply_src_port > cfg.ct_orig_dst_port, "{k}");
+            seen.push(cfg);
+        }
+        // The point of resolving at load time: one binary, different layouts.
+        assert!(seen.windows(2).any(|w| w[0] != w[1]));
+    }
+}

@@ -1,0 +1,18 @@
+//! Event types shared by kstall's kernel programs and its agent.
+//!
+//! Everything here crosses the kernel/user boundary as raw bytes: `#[repr(C)]`, `Copy`, fixed-width
+//! integers only (no `bool`, no Rust enums in kernel-written fields), padding written out, and the
+//! size pinned by a compile-time assertion. Kind ids are stable and never reused.
+#![no_std]
+
+pub mod header;
+pub mod tcp_reset;
+
+pub use header::{EventHeader, TASK_COMM_LEN};
+
+/// Stable event kind ids (`EventHeader::kind`). Never reuse a retired number.
+pub mod kind {
+    pub const TCP_RESET: u32 = 1;
+    /// One past the highest kind: sizes the per-kind loss counter map.
+    pub const COUNT: u32 = 8;
+}

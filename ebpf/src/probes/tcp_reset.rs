@@ -1,0 +1,271 @@
+//! TCP resets. Agent half: `agent/src/probes/tcp_reset.rs`; event: `common/src/tcp_reset.rs`.
+//!
+//! Hooks (match-proto, grep the kernel for these):
+//! - `tp_btf/tcp_send_reset`: `TP_PROTO(const struct sock *sk, const struct sk_buff *skb,
+//!   const enum sk_rst_reason reason)` (>= 6.10; fires also with `sk == NULL`, the no-listener
+//!   reset). Before 6.10 `TP_PROTO(const struct sock *sk, const struct sk_buff *skb)`, full
+//!   sockets only: the agent then sets `send_reset_skips_no_socket` and attaches `kfree_skb` too.
+//! - `tp_btf/kfree_skb`: `TP_PROTO(struct sk_buff *skb, void *location, enum skb_drop_reason
+//!   reason[, struct sock *rx_sk])` (reason >= 5.17): a TCP segment dropped with NO_SOCKET that is
+//!   not itself a RST was answered with a RST by `tcp_v{4,6}_send_reset(NULL, skb)`.
+//! - `tp_btf/tcp_receive_reset`: `TP_PROTO(struct sock *sk)` (>= 4.15): the client side; its
+//!   `skc_dport` is the destination the application dialled (NAT is invisible to it).
+
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_ktime_get_boot_ns},
+    macros::btf_tracepoint,
+    programs::BtfTracePointContext,
+};
+use kstall_common::{
+    EventHeader, kind,
+    tcp_reset::{
+        DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6, FLAG_HAS_CONNTRACK, FLAG_HAS_REASON,
+        FLAG_HAS_SOCKET, HOOK_KFREE_SKB_NO_SOCKET, HOOK_TCP_RECEIVE_RESET, HOOK_TCP_SEND_RESET,
+        TcpResetConfig, TcpResetEvent, VERSION,
+    },
+};
+
+use crate::{maps::emit, read::at};
+
+/// Filled by the agent from the running kernel's BTF before load.
+#[unsafe(no_mangle)]
+static TCP_RESET_CONFIG: TcpResetConfig = TcpResetConfig {
+    valid: 0,
+    send_reset_skips_no_socket: 0,
+    drop_reason_no_socket: 0,
+    conntrack: 0,
+    sk_family: 0,
+    sk_state: 0,
+    sk_num: 0,
+    sk_dport: 0,
+    sk_rcv_saddr: 0,
+    sk_daddr: 0,
+    sk_v6_rcv_saddr: 0,
+    sk_v6_daddr: 0,
+    sk_net: 0,
+    net_ns_inum: 0,
+    skb_head: 0,
+    skb_network_header: 0,
+    skb_transport_header: 0,
+    skb_protocol: 0,
+    skb_dev: 0,
+    skb_nfct: 0,
+    dev_nd_net: 0,
+    ct_orig_dst_addr: 0,
+    ct_orig_dst_port: 0,
+    ct_reply_src_port: 0,
+};
+
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+const IPPROTO_TCP: u8 = 6;
+const TCP_FLAG_RST: u8 = 0x04;
+/// `skb->transport_header` when unset.
+const HEADER_UNSET: u16 = 0xffff;
+/// `IP_CT_IS_REPLY`: ctinfo values from here on are reply-direction packets.
+const IP_CT_IS_REPLY: usize = 3;
+const IP_CT_UNTRACKED: usize = 7;
+const NFCT_INFOMASK: usize = 7;
+
+#[inline(always)]
+fn config() -> TcpResetConfig {
+    // Volatile: the verifier must see a load from .rodata the agent patched, not a folded zero.
+    unsafe { core::ptr::read_volatile(&TCP_RESET_CONFIG) }
+}
+
+#[btf_tracepoint(function = "tcp_send_reset")]
+pub fn tcp_send_reset(ctx: BtfTracePointContext) -> u32 {
+    let cfg = config();
+    if cfg.valid == 0 {
+        return 0;
+    }
+    let sk: *const u8 = ctx.arg(0);
+    let skb: *const u8 = ctx.arg(1);
+    if sk.is_null() && cfg.send_reset_skips_no_socket != 0 {
+        return 0;
+    }
+    let mut ev = new_event(&ctx, DIRECTION_SENT, HOOK_TCP_SEND_RESET);
+    if cfg.send_reset_skips_no_socket == 0 {
+        // The three-argument form (>= 6.10); the agent only clears the flag on such kernels.
+        ev.reason = ctx.arg::<u32>(2);
+        ev.flags |= FLAG_HAS_REASON;
+    }
+    let filled = if !skb.is_null() { fill_from_incoming_skb(&cfg, &mut ev, skb).is_ok() } else { false };
+    if !sk.is_null() {
+        ev.flags |= FLAG_HAS_SOCKET;
+        if fill_from_sock(&cfg, &mut ev, sk, !filled).is_err() && !filled {
+            return 0;
+        }
+    } else if !filled {
+        return 0;
+    }
+    emit(kind::TCP_RESET, &ev);
+    0
+}
+
+#[btf_tracepoint(function = "kfree_skb")]
+pub fn kfree_skb_no_socket(ctx: BtfTracePointContext) -> u32 {
+    let cfg = config();
+    if cfg.valid == 0 {
+        return 0;
+    }
+    let reason: u32 = ctx.arg(2);
+    if reason != cfg.drop_reason_no_socket {
+        return 0;
+    }
+    let skb: *const u8 = ctx.arg(0);
+    let mut ev = new_event(&ctx, DIRECTION_SENT, HOOK_KFREE_SKB_NO_SOCKET);
+    ev.reason = reason;
+    ev.flags |= FLAG_HAS_REASON;
+    match fill_from_incoming_skb(&cfg, &mut ev, skb) {
+        // A RST is never answered with a RST.
+        Ok(tcp_flags) if tcp_flags & TCP_FLAG_RST == 0 => emit(kind::TCP_RESET, &ev),
+        _ => {}
+    }
+    0
+}
+
+#[btf_tracepoint(function = "tcp_receive_reset")]
+pub fn tcp_receive_reset(ctx: BtfTracePointContext) -> u32 {
+    let cfg = config();
+    if cfg.valid == 0 {
+        return 0;
+    }
+    let sk: *const u8 = ctx.arg(0);
+    let mut ev = new_event(&ctx, DIRECTION_RECEIVED, HOOK_TCP_RECEIVE_RESET);
+    ev.flags |= FLAG_HAS_SOCKET;
+    if fill_from_sock(&cfg, &mut ev, sk, true).is_ok() {
+        emit(kind::TCP_RESET, &ev);
+    }
+    0
+}
+
+#[inline(always)]
+fn new_event(ctx: &BtfTracePointContext, direction: u8, hook: u8) -> TcpResetEvent {
+    let mut header = EventHeader::zeroed();
+    header.kind = kind::TCP_RESET;
+    header.version = VERSION;
+    header.timestamp_ns = unsafe { bpf_ktime_get_boot_ns() };
+    header.tgid = ctx.tgid();
+    header.pid = ctx.pid();
+    header.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    header.comm = bpf_get_current_comm().unwrap_or_default();
+    TcpResetEvent {
+        header,
+        direction,
+        hook,
+        family: 0,
+        flags: 0,
+        state: 0,
+        _pad: [0; 3],
+        reason: 0,
+        _pad2: 0,
+        local_port: 0,
+        remote_port: 0,
+        orig_dst_port: 0,
+        redirect_port: 0,
+        local_addr: [0; 16],
+        remote_addr: [0; 16],
+        orig_dst_addr: [0; 16],
+    }
+}
+
+/// Fills addresses and ports from a socket (`sock_common` is the first member of full, request
+/// and timewait sockets alike, so this is valid for all three). With `addresses == false` only the
+/// netns and state are taken (the packet already gave the rest).
+#[inline(always)]
+fn fill_from_sock(
+    cfg: &TcpResetConfig,
+    ev: &mut TcpResetEvent,
+    sk: *const u8,
+    addresses: bool,
+) -> Result<(), i32> {
+    let net: *const u8 = at(sk, cfg.sk_net)?;
+    ev.header.netns_ino = at(net, cfg.net_ns_inum).unwrap_or(0);
+    ev.state = at(sk, cfg.sk_state).unwrap_or(0);
+    if !addresses {
+        return Ok(());
+    }
+    let family: u16 = at(sk, cfg.sk_family)?;
+    ev.local_port = at(sk, cfg.sk_num)?;
+    ev.remote_port = u16::from_be(at(sk, cfg.sk_dport)?);
+    if family == AF_INET {
+        ev.family = FAMILY_INET;
+        ev.local_addr[..4].copy_from_slice(&at::<[u8; 4]>(sk, cfg.sk_rcv_saddr)?);
+        ev.remote_addr[..4].copy_from_slice(&at::<[u8; 4]>(sk, cfg.sk_daddr)?);
+    } else if family == AF_INET6 {
+        ev.family = FAMILY_INET6;
+        ev.local_addr = at(sk, cfg.sk_v6_rcv_saddr)?;
+        ev.remote_addr = at(sk, cfg.sk_v6_daddr)?;
+    } else {
+        return Err(-1);
+    }
+    Ok(())
+}
+
+/// Fills the event from the segment that provoked the reset: its destination is the local end,
+/// its source the peer. Takes the netns from the receiving device and the original destination
+/// from the conntrack entry (kept on the no-socket path). Returns the segment's TCP flags.
+#[inline(always)]
+fn fill_from_incoming_skb(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *const u8) -> Result<u8, i32> {
+    let head: *const u8 = at(skb, cfg.skb_head)?;
+    let network: u16 = at(skb, cfg.skb_network_header)?;
+    let transport: u16 = at(skb, cfg.skb_transport_header)?;
+    if transport == HEADER_UNSET {
+        return Err(-1);
+    }
+    let protocol = u16::from_be(at(skb, cfg.skb_protocol)?);
+    let ip = head.wrapping_add(network as usize);
+    if protocol == ETH_P_IP {
+        if at::<u8>(ip, 9)? != IPPROTO_TCP {
+            return Err(-1);
+        }
+        ev.family = FAMILY_INET;
+        ev.remote_addr[..4].copy_from_slice(&at::<[u8; 4]>(ip, 12)?);
+        ev.local_addr[..4].copy_from_slice(&at::<[u8; 4]>(ip, 16)?);
+    } else if protocol == ETH_P_IPV6 {
+        // Extension headers may sit between; the transport header offset skips them for us, so
+        // only the first next-header is checked here.
+        if at::<u8>(ip, 6)? != IPPROTO_TCP {
+            return Err(-1);
+        }
+        ev.family = FAMILY_INET6;
+        ev.remote_addr = at(ip, 8)?;
+        ev.local_addr = at(ip, 24)?;
+    } else {
+        return Err(-1);
+    }
+    let tcp = head.wrapping_add(transport as usize);
+    ev.remote_port = u16::from_be(at(tcp, 0)?);
+    ev.local_port = u16::from_be(at(tcp, 2)?);
+    let tcp_flags: u8 = at(tcp, 13)?;
+
+    if let Ok(dev) = at::<*const u8>(skb, cfg.skb_dev)
+        && let Ok(net) = at::<*const u8>(dev, cfg.dev_nd_net)
+    {
+        ev.header.netns_ino = at(net, cfg.net_ns_inum).unwrap_or(0);
+    }
+    if cfg.conntrack != 0 {
+        let _ = fill_conntrack(cfg, ev, skb);
+    }
+    Ok(tcp_flags)
+}
+
+#[inline(always)]
+fn fill_conntrack(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *const u8) -> Result<(), i32> {
+    let nfct: usize = at(skb, cfg.skb_nfct)?;
+    let ctinfo = nfct & NFCT_INFOMASK;
+    // Only original-direction packets have "the destination the client dialled" in ORIGINAL.dst.
+    if ctinfo >= IP_CT_IS_REPLY || ctinfo == IP_CT_UNTRACKED {
+        return Ok(());
+    }
+    let ct = (nfct & !NFCT_INFOMASK) as *const u8;
+    ev.orig_dst_port = u16::from_be(at(ct, cfg.ct_orig_dst_port)?);
+    ev.redirect_port = u16::from_be(at(ct, cfg.ct_reply_src_port)?);
+    ev.orig_dst_addr = at(ct, cfg.ct_orig_dst_addr)?;
+    ev.flags |= FLAG_HAS_CONNTRACK;
+    Ok(())
+}
