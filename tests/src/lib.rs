@@ -1,1 +1,305 @@
+//! Helpers for kstall's kernel integration tests: they need root and a real kernel, trigger the
+//! real thing, and assert on what a real `kstall agent` saw. Everything a test creates (network
+//! namespaces, iptables rules inside them, the agent process) is owned by a guard that removes it
+//! on drop, also when the test fails.
 
+use std::{
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    os::{fd::AsRawFd as _, unix::net::UnixStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// Returns false (after printing why) when kernel tests cannot run here; panics instead when they
+/// are required (`KSTALL_KERNEL_TESTS=require`, set by `cargo xtask test` as root and in CI).
+pub fn kernel_tests_can_run(test: &str) -> bool {
+    let required = std::env::var("KSTALL_KERNEL_TESTS").as_deref() == Ok("require");
+    let reason = if unsafe { libc::geteuid() } != 0 {
+        Some("needs root".to_string())
+    } else if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        Some("kernel has no BTF".to_string())
+    } else if !agent_binary().exists() {
+        Some(format!("no agent binary at {} (run `cargo xtask test`)", agent_binary().display()))
+    } else {
+        None
+    };
+    match reason {
+        None => true,
+        Some(reason) if required => panic!("{test}: kernel tests are required here but {reason}"),
+        Some(reason) => {
+            println!("skipping {test}: {reason}");
+            false
+        }
+    }
+}
+
+/// The release agent: `KSTALL_BIN`, or target/release/kstall of this workspace.
+pub fn agent_binary() -> PathBuf {
+    std::env::var_os("KSTALL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/kstall"))
+}
+
+pub fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(out.status.success(), "{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A named network namespace (`ip netns add`), deleted on drop with everything in it (its
+/// iptables rules and loopback).
+pub struct NetNs {
+    pub name: String,
+}
+
+impl NetNs {
+    pub fn new(tag: &str) -> Self {
+        let name = format!("kstall-{tag}-{}", std::process::id());
+        run("ip", &["netns", "add", &name]);
+        let ns = NetNs { name };
+        ns.exec("ip", &["link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn exec(&self, cmd: &str, args: &[&str]) -> String {
+        let mut full = vec!["netns", "exec", &self.name, cmd];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    pub fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.name)
+    }
+
+    /// The namespace's inode: what kstall reports as `netns`.
+    pub fn inode(&self) -> u64 {
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(self.path()).expect("netns file"))
+    }
+
+    /// Runs `f` on a thread that has entered this namespace (setns is per thread).
+    pub fn run_inside<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let file = std::fs::File::open(self.path()).expect("open netns");
+        thread::spawn(move || {
+            // SAFETY: valid fd; CLONE_NEWNET only affects this thread.
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            f()
+        })
+        .join()
+        .expect("netns thread")
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// Inode of the root network namespace (the test process's own).
+pub fn own_netns_inode() -> u64 {
+    std::os::unix::fs::MetadataExt::ino(&std::fs::metadata("/proc/self/ns/net").expect("own netns"))
+}
+
+/// `n` TCP connects to `addr`, each of which must be refused (answered with a RST).
+pub fn refused_connects(addr: SocketAddr, n: usize) {
+    for i in 0..n {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+            other => panic!("connect #{i} to {addr}: expected a refusal (RST), got {other:?}"),
+        }
+    }
+}
+
+/// A local TCP port nothing listens on, outside the ephemeral range (so kstall labels it).
+pub fn closed_low_port() -> u16 {
+    (20000..30000)
+        .find(|&p| TcpListener::bind((Ipv4Addr::LOCALHOST, p)).is_ok())
+        .expect("a free port between 20000 and 30000")
+}
+
+/// A running `kstall agent` with its own metrics port and API socket; SIGTERM (then SIGKILL) on
+/// drop. Its log is kept for failure messages.
+pub struct Agent {
+    child: Child,
+    pub socket: PathBuf,
+    pub listen: SocketAddr,
+    dir: PathBuf,
+    log: Arc<Mutex<String>>,
+}
+
+impl Agent {
+    pub fn start(extra_args: &[&str]) -> Self {
+        let dir = std::env::temp_dir().join(format!("kstall-test-{}-{}", std::process::id(), unique()));
+        std::fs::create_dir_all(&dir).expect("agent dir");
+        let socket = dir.join("kstall.sock");
+        let listen: SocketAddr = {
+            let l = TcpListener::bind("127.0.0.1:0").expect("free port");
+            l.local_addr().unwrap()
+        };
+        let mut child = Command::new(agent_binary())
+            .arg("agent")
+            .args(["--listen", &listen.to_string(), "--api-socket", socket.to_str().unwrap()])
+            .args(["--log-format", "json"])
+            .args(extra_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start kstall agent");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let mut agent = Agent { child, socket, listen, dir, log };
+        agent.wait_ready();
+        agent
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("agent exited early ({status}):\n{}", self.log());
+            }
+            if self.request(r#"{"request":"status"}"#).is_ok() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        panic!("agent not ready after 30 s:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn request(&self, line: &str) -> std::io::Result<Value> {
+        let mut stream = UnixStream::connect(&self.socket)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        stream.write_all(line.as_bytes())?;
+        stream.write_all(b"\n")?;
+        let mut answer = String::new();
+        BufReader::new(stream).read_line(&mut answer)?;
+        serde_json::from_str(&answer).map_err(std::io::Error::other)
+    }
+
+    pub fn status(&self) -> Value {
+        self.request(r#"{"request":"status"}"#).expect("status")
+    }
+
+    /// Subscribes to the agent's event stream; events are collected in the background.
+    pub fn subscribe(&self) -> EventStream {
+        let mut stream = UnixStream::connect(&self.socket).expect("API socket");
+        stream.write_all(b"{\"request\":\"events\"}\n").expect("subscribe");
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sink = events.clone();
+        let reader = stream.try_clone().expect("clone stream");
+        thread::spawn(move || {
+            for line in BufReader::new(reader).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    sink.lock().unwrap().push(v);
+                }
+            }
+        });
+        // The server subscribes after reading the request line; give it that moment.
+        thread::sleep(Duration::from_millis(200));
+        EventStream { events, _stream: stream }
+    }
+
+    pub fn metrics(&self) -> String {
+        let mut stream = TcpStream::connect(self.listen).expect("metrics port");
+        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+    }
+
+    /// Value of the sample whose name and labels are exactly `series` (as Prometheus prints it).
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        self.metrics().lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+    }
+
+    /// SIGTERM and wait; returns the exit status code.
+    pub fn stop(mut self) -> Option<i32> {
+        self.terminate()
+    }
+
+    fn terminate(&mut self) -> Option<i32> {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        None
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.terminate();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub struct EventStream {
+    events: Arc<Mutex<Vec<Value>>>,
+    _stream: UnixStream,
+}
+
+impl EventStream {
+    /// Waits until `count` events match `pred` (or `timeout`), then a little longer to catch any
+    /// extra ones, and returns every matching event.
+    pub fn collect(&self, pred: impl Fn(&Value) -> bool, count: usize, timeout: Duration) -> Vec<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let n = self.events.lock().unwrap().iter().filter(|e| pred(e)).count();
+            if n >= count || Instant::now() >= deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        thread::sleep(Duration::from_millis(500));
+        self.events.lock().unwrap().iter().filter(|e| pred(e)).cloned().collect()
+    }
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Packets that matched the nat OUTPUT rule for `--dport port` in `ns`: the kernel's own count of
+/// redirected connections (only a connection's first packet traverses the nat table).
+pub fn nat_rule_packets(ns: &NetNs, port: u16) -> u64 {
+    let listing = ns.exec("iptables", &["-t", "nat", "-L", "OUTPUT", "-v", "-x", "-n"]);
+    listing
+        .lines()
+        .find(|l| l.contains("REDIRECT") && l.contains(&format!("dpt:{port}")))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no REDIRECT rule for port {port} in:\n{listing}"))
+}

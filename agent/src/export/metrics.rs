@@ -161,7 +161,7 @@ mod tests {
     fn event(mutate: impl Fn(&mut kstall_common::tcp_reset::TcpResetEvent)) -> Event {
         let mut raw = redirected_syn_reset();
         mutate(&mut raw);
-        let bytes = unsafe { std::slice::from_raw_parts((&raw as *const _ as *const u8), size_of_val(&raw)) };
+        let bytes = unsafe { std::slice::from_raw_parts(&raw as *const _ as *const u8, size_of_val(&raw)) };
         Decoder::new().decode(bytes).unwrap()
     }
 

@@ -256,7 +256,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 fn summarize(full: &str) -> String {
     let mut lines = full.lines().filter(|l| !l.trim().is_empty());
     let first = lines.next().unwrap_or_default().to_string();
-    match lines.last() {
+    match lines.next_back() {
         Some(last) => format!("{first} … {}", last.trim()),
         None => first,
     }

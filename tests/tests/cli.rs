@@ -1,0 +1,54 @@
+//! The binary's contract with a user: bad input is one clear line and exit 64, nothing loaded.
+//! These need no root.
+
+use std::process::Command;
+
+use kstall_tests::agent_binary;
+
+fn kstall(args: &[&str]) -> (i32, String) {
+    let binary = agent_binary();
+    if !binary.exists() {
+        // Same rule as the kernel tests: required under `cargo xtask test`.
+        assert!(
+            std::env::var("KSTALL_KERNEL_TESTS").as_deref() != Ok("require"),
+            "no kstall binary at {}",
+            binary.display()
+        );
+        println!("skipping: no kstall binary at {} (run `cargo xtask test`)", binary.display());
+        return (64, "skipped\n".into());
+    }
+    let out = Command::new(binary).args(args).env_clear().output().expect("run kstall");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn assert_usage_error(args: &[&str], field: &str) {
+    let (code, stderr) = kstall(args);
+    if stderr == "skipped\n" {
+        return;
+    }
+    assert_eq!(code, 64, "{args:?}: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains(field), "{args:?} must name {field}: {stderr}");
+}
+
+#[test]
+fn bad_values_exit_64_naming_the_field() {
+    assert_usage_error(&["agent", "--listen", "nowhere"], "listen");
+    assert_usage_error(&["agent", "--probes", "tcp-reset,oom-kil"], "probes");
+    assert_usage_error(&["agent", "--ring-buffer-bytes", "1000"], "ring_buffer_bytes");
+    assert_usage_error(&["agent", "--tcp-reset-hook", "kprobe"], "tcp_reset_hook");
+    assert_usage_error(&["agent", "--config", "/nonexistent.toml"], "config");
+    assert_usage_error(&["agent", "--no-such-flag"], "--no-such-flag");
+    assert_usage_error(&["frobnicate"], "frobnicate");
+}
+
+#[test]
+fn status_without_an_agent_says_how_to_start_one() {
+    let (code, stderr) = kstall(&["status", "--api-socket", "/nonexistent/kstall.sock"]);
+    if stderr == "skipped\n" {
+        return;
+    }
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("kstall agent"), "{stderr}");
+}

@@ -1,0 +1,42 @@
+//! `cargo xtask test`: the second README command and what CI runs. Bootstrap, build, format and
+//! lint checks, every unit test, every kernel integration test.
+//!
+//! As root (always so in CI) the kernel tests are required: one that cannot run fails instead of
+//! skipping.
+
+use std::process::Command;
+
+use anyhow::{Context as _, bail};
+
+use crate::{bootstrap, build};
+
+pub fn run() -> anyhow::Result<()> {
+    let env = bootstrap::run()?;
+    build::release(&env)?;
+    let root = build::workspace_root();
+
+    step("cargo fmt --check", Command::new("cargo").args(["fmt", "--all", "--", "--check"]))?;
+    let mut clippy = Command::new("cargo");
+    clippy.args(["clippy", "--all-targets", "--", "-D", "warnings"]);
+    env.apply(&mut clippy);
+    step("cargo clippy", &mut clippy)?;
+
+    let mut test = Command::new("cargo");
+    test.args(["test", "--", "--test-threads=1"])
+        .env("KSTALL_BIN", build::release_binary())
+        .current_dir(&root);
+    if bootstrap::is_root() || std::env::var_os("CI").is_some() {
+        test.env("KSTALL_KERNEL_TESTS", "require");
+    }
+    env.apply(&mut test);
+    step("cargo test (unit and kernel integration tests)", &mut test)
+}
+
+fn step(what: &str, cmd: &mut Command) -> anyhow::Result<()> {
+    println!("==> {what}");
+    let status = cmd.status().with_context(|| format!("cannot run {what}"))?;
+    if !status.success() {
+        bail!("{what} failed");
+    }
+    Ok(())
+}
