@@ -83,7 +83,11 @@ impl Metrics {
 
     pub fn set_probe_statuses(&self, statuses: &[ProbeStatus]) {
         for s in statuses {
-            self.probe_up.with_label_values(&[s.name.as_str()]).set(i64::from(s.up));
+            let probe = [s.name.as_str()];
+            self.probe_up.with_label_values(&probe).set(i64::from(s.up));
+            // Present from the start, so a dashboard's rate() has a zero to begin from.
+            self.events_total.with_label_values(&probe);
+            self.events_lost_total.with_label_values(&probe);
         }
     }
 
