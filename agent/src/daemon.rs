@@ -20,6 +20,9 @@ use crate::{
 /// Events buffered per API subscriber before a slow one starts losing them.
 const SUBSCRIBER_BUFFER: usize = 4096;
 const LOSS_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// The kernel only wakes the reader once a quarter of the ring buffer is queued (see
+/// `ebpf/src/maps.rs`); below that, events wait at most this long.
+const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // Endpoints first: a port or socket in use must fail before anything is loaded into the kernel.
@@ -34,6 +37,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let kernel_release = kernel::release();
     let metrics = Arc::new(Metrics::new(crate::export::metrics::ephemeral_port_range()));
     let mut loaded = probes::load(&config);
+    // Loading parsed the kernel's BTF several times (tens of MB, now freed): hand it back to the
+    // system instead of keeping it as the agent's resident size for its whole life.
+    // SAFETY: no preconditions.
+    unsafe { libc::malloc_trim(0) };
     metrics.set_probe_statuses(&loaded.statuses);
     for s in loaded.statuses.iter().filter(|s| !s.up) {
         tracing::warn!(probe = %s.name, reason = s.reason.as_deref().unwrap_or(""), "probe unavailable");
@@ -125,9 +132,17 @@ async fn read_events(ring: RingBuf<MapData>, pipeline: Pipeline, stop: Cancellat
             return 0;
         }
     };
+    let mut drain_tick = tokio::time::interval(DRAIN_INTERVAL);
+    drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
+            _ = drain_tick.tick() => {
+                let ring = fd.get_mut();
+                while let Some(item) = ring.next() {
+                    pipeline.handle(&item);
+                }
+            }
             guard = fd.readable_mut() => match guard {
                 Ok(mut guard) => {
                     let ring = guard.get_inner_mut();

@@ -303,3 +303,37 @@ pub fn nat_rule_packets(ns: &NetNs, port: u16) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no REDIRECT rule for port {port} in:\n{listing}"))
 }
+
+/// Sets a sysctl for the guard's lifetime and restores the previous value on drop.
+pub struct Sysctl {
+    path: PathBuf,
+    previous: String,
+}
+
+impl Sysctl {
+    pub fn set(name: &str, value: &str) -> Self {
+        let path = Path::new("/proc/sys").join(name.replace('.', "/"));
+        let previous = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        std::fs::write(&path, value).unwrap_or_else(|e| panic!("set {name}={value}: {e}"));
+        Sysctl { path, previous: previous.trim().to_string() }
+    }
+}
+
+impl Drop for Sysctl {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.path, &self.previous);
+    }
+}
+
+/// BPF programs whose (15-character) kernel name starts with one of `names`, as bpftool's JSON.
+pub fn bpf_programs(names: &[&str]) -> Vec<Value> {
+    let progs: Value =
+        serde_json::from_str(&run("bpftool", &["prog", "show", "--json"])).expect("bpftool json");
+    progs
+        .as_array()
+        .expect("bpftool prints an array")
+        .iter()
+        .filter(|p| names.iter().any(|n| p["name"].as_str().is_some_and(|s| s.starts_with(n))))
+        .cloned()
+        .collect()
+}

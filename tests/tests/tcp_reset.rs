@@ -4,8 +4,8 @@
 use std::{net::SocketAddr, time::Duration};
 
 use kstall_tests::{
-    Agent, NetNs, closed_low_port, kernel_tests_can_run, nat_rule_packets, own_netns_inode, refused_connects,
-    run,
+    Agent, NetNs, bpf_programs, closed_low_port, kernel_tests_can_run, nat_rule_packets, own_netns_inode,
+    refused_connects, run,
 };
 use serde_json::Value;
 
@@ -149,19 +149,7 @@ fn sigterm_detaches_every_program() {
     }
     // Program ids carrying the probe's program names (the kernel keeps 15 characters of a name).
     let ours = || -> std::collections::BTreeSet<u64> {
-        let progs: Value =
-            serde_json::from_str(&run("bpftool", &["prog", "show", "--json"])).expect("bpftool json");
-        progs
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|p| {
-                ["tcp_send_reset", "tcp_receive_res"]
-                    .iter()
-                    .any(|n| p["name"].as_str().is_some_and(|s| s.starts_with(n)))
-            })
-            .filter_map(|p| p["id"].as_u64())
-            .collect()
+        bpf_programs(&["tcp_send_reset", "tcp_receive_res"]).iter().filter_map(|p| p["id"].as_u64()).collect()
     };
     let before = ours();
     let agent = Agent::start(&[]);

@@ -3,6 +3,7 @@
 //! `cargo xtask run` and `cargo xtask test` are the README's two set-up commands: both bootstrap
 //! what is missing first, so a fresh Debian 12 machine needs nothing else.
 
+mod bench;
 mod bootstrap;
 mod build;
 mod run;
@@ -32,6 +33,8 @@ enum Command {
     },
     /// Bootstrap, build, then fmt/clippy checks, every unit test and every kernel integration test.
     Test,
+    /// Bootstrap, build, then the benchmarks (root): a reset storm through a real agent.
+    Bench,
 }
 
 fn main() -> ExitCode {
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
         Command::Build => bootstrap::run().and_then(|env| build::release(&env)),
         Command::Run { agent_args } => run::run(&agent_args),
         Command::Test => test::run(),
+        Command::Bench => bench::run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,138 @@
+//! Reset storm: how many TCP resets per second the agent takes without loss, what it costs in CPU
+//! and memory, and how much it slows the traffic it watches. Real kernel, real agent, real
+//! iptables REDIRECT (root). Prints its figures; `KSTALL_BENCH_SECS` sets each phase's length.
+
+use std::{
+    net::{SocketAddr, TcpStream},
+    sync::atomic::{AtomicU64, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use kstall_tests::{Agent, NetNs, Sysctl, bpf_programs, kernel_tests_can_run};
+
+const THREADS: usize = 2;
+
+fn main() {
+    if !kernel_tests_can_run("reset_storm") {
+        return;
+    }
+    let secs: u64 = std::env::var("KSTALL_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
+    let ns = NetNs::new("bench");
+    ns.exec(
+        "iptables",
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "--dport",
+            "2049",
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            "15001",
+        ],
+    );
+
+    let baseline = storm(&ns, secs);
+    println!("without agent: {:.0} refused connects/s", baseline.rate());
+
+    let agent = Agent::start(&[]);
+    // Per-program run time in the kernel; restored when the guard drops.
+    let _stats = Sysctl::set("kernel.bpf_stats_enabled", "1");
+    let events_before = events(&agent);
+    let cpu_before = cpu_ticks(agent.pid());
+    let run = storm(&ns, secs);
+    thread::sleep(Duration::from_secs(1)); // let the reader finish
+    let cpu_ticks_used = cpu_ticks(agent.pid()) - cpu_before;
+    let received = events(&agent) - events_before;
+    let lost = agent.metric(r#"kstall_events_lost_total{probe="tcp-reset"}"#).unwrap_or(f64::NAN);
+    let (rss, hwm) = memory_kib(agent.pid());
+    let expected = 2 * run.connects; // one sent and one received reset per connect
+    let ticks_per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+
+    println!("with agent:    {:.0} refused connects/s ({:.0} reset events/s)", run.rate(), 2.0 * run.rate());
+    println!(
+        "traffic slowdown with the agent attached: {:.1}%",
+        100.0 * (1.0 - run.rate() / baseline.rate())
+    );
+    println!("events: {received:.0} received, {lost:.0} lost, {expected} expected");
+    println!(
+        "agent CPU: {:.1}% of one core at {:.0} events/s",
+        100.0 * cpu_ticks_used / ticks_per_sec / run.elapsed.as_secs_f64(),
+        received / run.elapsed.as_secs_f64()
+    );
+    println!("agent memory: VmRSS {rss} KiB, VmHWM {hwm} KiB");
+    for p in bpf_programs(&["tcp_send_reset", "tcp_receive_res"]) {
+        let (ns, runs) = (p["run_time_ns"].as_f64().unwrap_or(0.0), p["run_cnt"].as_f64().unwrap_or(0.0));
+        println!("kernel program {}: {:.0} ns per run over {runs:.0} runs", p["name"], ns / runs.max(1.0));
+    }
+    assert_eq!(received + lost, expected as f64, "every reset is either received or counted as lost");
+}
+
+struct Storm {
+    connects: u64,
+    elapsed: Duration,
+}
+
+impl Storm {
+    fn rate(&self) -> f64 {
+        self.connects as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// `THREADS` threads in the namespace connecting to the redirected port for `secs` seconds.
+fn storm(ns: &NetNs, secs: u64) -> Storm {
+    let connects = AtomicU64::new(0);
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(secs);
+    thread::scope(|s| {
+        for _ in 0..THREADS {
+            let connects = &connects;
+            s.spawn(move || {
+                let n = ns.run_inside(move || {
+                    let addr = SocketAddr::from(([127, 0, 0, 1], 2049));
+                    let mut n = 0u64;
+                    while Instant::now() < deadline {
+                        let refused = TcpStream::connect(addr)
+                            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
+                        assert!(refused, "connect to the redirected port must be refused");
+                        n += 1;
+                    }
+                    n
+                });
+                connects.fetch_add(n, Ordering::Relaxed);
+            });
+        }
+    });
+    Storm { connects: connects.into_inner(), elapsed: start.elapsed() }
+}
+
+fn events(agent: &Agent) -> f64 {
+    agent.metric(r#"kstall_events_total{probe="tcp-reset"}"#).unwrap_or(0.0)
+}
+
+/// utime + stime of `pid`, in clock ticks.
+fn cpu_ticks(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("agent stat");
+    // Fields after the parenthesised comm; utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()
+}
+
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("agent status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
