@@ -24,6 +24,9 @@ pub const NAME: &str = "tcp-reset";
 
 const GLOBAL: &str = "TCP_RESET_CONFIG";
 const PROG_SEND: ProgramSpec = ProgramSpec { program: "tcp_send_reset", tracepoint: "tcp_send_reset" };
+/// The same hook before 6.10, without the reason argument.
+const PROG_SEND_SK_ONLY: ProgramSpec =
+    ProgramSpec { program: "tcp_send_reset_sk_only", tracepoint: "tcp_send_reset" };
 const PROG_RECEIVE: ProgramSpec =
     ProgramSpec { program: "tcp_receive_reset", tracepoint: "tcp_receive_reset" };
 const PROG_NO_SOCKET: ProgramSpec = ProgramSpec { program: "kfree_skb_no_socket", tracepoint: "kfree_skb" };
@@ -71,7 +74,7 @@ pub fn plan(vmlinux: &KernelBtf, hook: TcpResetHook) -> Result<(Plan, Names), St
         Err(e) => notes.push(format!("original destination: unavailable ({e}); original_port stays empty")),
     }
 
-    let mut programs = vec![PROG_SEND, PROG_RECEIVE];
+    let mut programs = vec![if send_has_reason { PROG_SEND } else { PROG_SEND_SK_ONLY }, PROG_RECEIVE];
     let hook_desc = if use_kfree_skb {
         programs.push(PROG_NO_SOCKET);
         "tp_btf/tcp_send_reset (socket resets) + tp_btf/kfree_skb reason=NO_SOCKET (no-socket resets) + tp_btf/tcp_receive_reset"
@@ -345,6 +348,9 @@ pub(crate) mod tests {
     fn picks_the_no_socket_fallback_before_6_10() {
         let (plan_6_1, names) = plan(&kernel("6.1"), TcpResetHook::Auto).unwrap();
         assert!(plan_6_1.programs.iter().any(|p| p.tracepoint == "kfree_skb"), "{:?}", plan_6_1.hook);
+        // 6.1's tcp_send_reset has no reason argument: the program must not touch one.
+        assert!(plan_6_1.programs.iter().any(|p| p.program == "tcp_send_reset_sk_only"));
+        assert!(!plan_6_1.programs.iter().any(|p| p.program == "tcp_send_reset"));
         assert_eq!(names.drop_reasons.get(&2).map(String::as_str), Some("NO_SOCKET"));
         let (plan_6_12, _) = plan(&kernel("6.12"), TcpResetHook::Auto).unwrap();
         assert!(!plan_6_12.programs.iter().any(|p| p.tracepoint == "kfree_skb"), "{:?}", plan_6_12.hook);

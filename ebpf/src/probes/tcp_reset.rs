@@ -4,7 +4,7 @@
 //! - `tp_btf/tcp_send_reset`: `TP_PROTO(const struct sock *sk, const struct sk_buff *skb,
 //!   const enum sk_rst_reason reason)` (>= 6.10; fires also with `sk == NULL`, the no-listener
 //!   reset). Before 6.10 `TP_PROTO(const struct sock *sk, const struct sk_buff *skb)`, full
-//!   sockets only: the agent then sets `send_reset_skips_no_socket` and attaches `kfree_skb` too.
+//!   sockets only (`tcp_send_reset_sk_only`): the agent then attaches `kfree_skb` too.
 //! - `tp_btf/kfree_skb`: `TP_PROTO(struct sk_buff *skb, void *location, enum skb_drop_reason
 //!   reason[, struct sock *rx_sk])` (reason >= 5.17): a TCP segment dropped with NO_SOCKET that is
 //!   not itself a RST was answered with a RST by `tcp_v{4,6}_send_reset(NULL, skb)`.
@@ -76,8 +76,22 @@ fn config() -> TcpResetConfig {
     unsafe { core::ptr::read_volatile(&TCP_RESET_CONFIG) }
 }
 
+/// >= 6.10: `(sk, skb, reason)`, fires also without a socket.
 #[btf_tracepoint(function = "tcp_send_reset")]
 pub fn tcp_send_reset(ctx: BtfTracePointContext) -> u32 {
+    let reason: u32 = ctx.arg(2);
+    send_reset(&ctx, Some(reason))
+}
+
+/// Before 6.10: `(sk, skb)`, full sockets only. A separate program because the verifier rejects
+/// any access to a third argument the tracepoint does not have, even on a path never taken.
+#[btf_tracepoint(function = "tcp_send_reset")]
+pub fn tcp_send_reset_sk_only(ctx: BtfTracePointContext) -> u32 {
+    send_reset(&ctx, None)
+}
+
+#[inline(always)]
+fn send_reset(ctx: &BtfTracePointContext, reason: Option<u32>) -> u32 {
     let cfg = config();
     if cfg.valid == 0 {
         return 0;
@@ -87,10 +101,9 @@ pub fn tcp_send_reset(ctx: BtfTracePointContext) -> u32 {
     if sk.is_null() && cfg.send_reset_skips_no_socket != 0 {
         return 0;
     }
-    let mut ev = new_event(&ctx, DIRECTION_SENT, HOOK_TCP_SEND_RESET);
-    if cfg.send_reset_skips_no_socket == 0 {
-        // The three-argument form (>= 6.10); the agent only clears the flag on such kernels.
-        ev.reason = ctx.arg::<u32>(2);
+    let mut ev = new_event(ctx, DIRECTION_SENT, HOOK_TCP_SEND_RESET);
+    if let Some(reason) = reason {
+        ev.reason = reason;
         ev.flags |= FLAG_HAS_REASON;
     }
     let filled = if !skb.is_null() { fill_from_incoming_skb(&cfg, &mut ev, skb).is_ok() } else { false };
