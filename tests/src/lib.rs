@@ -222,12 +222,17 @@ impl Agent {
         EventStream { events, _stream: stream }
     }
 
-    pub fn metrics(&self) -> String {
+    /// Body of an HTTP GET on the agent's metrics address.
+    pub fn get(&self, path: &str) -> String {
         let mut stream = TcpStream::connect(self.listen).expect("metrics port");
-        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
         response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+    }
+
+    pub fn metrics(&self) -> String {
+        self.get("/metrics")
     }
 
     /// Value of the sample whose name and labels are exactly `series` (as Prometheus prints it).
@@ -294,8 +299,8 @@ fn unique() -> u64 {
 
 /// Packets that matched the nat OUTPUT rule for `--dport port` in `ns`: the kernel's own count of
 /// redirected connections (only a connection's first packet traverses the nat table).
-pub fn nat_rule_packets(ns: &NetNs, port: u16) -> u64 {
-    let listing = ns.exec("iptables", &["-t", "nat", "-L", "OUTPUT", "-v", "-x", "-n"]);
+pub fn nat_rule_packets(ns: &NetNs, iptables: &str, port: u16) -> u64 {
+    let listing = ns.exec(iptables, &["-t", "nat", "-L", "OUTPUT", "-v", "-x", "-n"]);
     listing
         .lines()
         .find(|l| l.contains("REDIRECT") && l.contains(&format!("dpt:{port}")))

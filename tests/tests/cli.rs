@@ -6,6 +6,10 @@ use std::process::Command;
 use kstall_tests::agent_binary;
 
 fn kstall(args: &[&str]) -> (i32, String) {
+    kstall_with_env(args, &[])
+}
+
+fn kstall_with_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let binary = agent_binary();
     if !binary.exists() {
         // Same rule as the kernel tests: required under `cargo xtask test`.
@@ -17,12 +21,17 @@ fn kstall(args: &[&str]) -> (i32, String) {
         println!("skipping: no kstall binary at {} (run `cargo xtask test`)", binary.display());
         return (64, "skipped\n".into());
     }
-    let out = Command::new(binary).args(args).env_clear().output().expect("run kstall");
+    let out =
+        Command::new(binary).args(args).env_clear().envs(env.iter().copied()).output().expect("run kstall");
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 fn assert_usage_error(args: &[&str], field: &str) {
-    let (code, stderr) = kstall(args);
+    assert_usage_error_with_env(args, &[], field);
+}
+
+fn assert_usage_error_with_env(args: &[&str], env: &[(&str, &str)], field: &str) {
+    let (code, stderr) = kstall_with_env(args, env);
     if stderr == "skipped\n" {
         return;
     }
@@ -40,6 +49,13 @@ fn bad_values_exit_64_naming_the_field() {
     assert_usage_error(&["agent", "--config", "/nonexistent.toml"], "config");
     assert_usage_error(&["agent", "--no-such-flag"], "--no-such-flag");
     assert_usage_error(&["frobnicate"], "frobnicate");
+}
+
+#[test]
+fn environment_values_are_validated_like_flags() {
+    assert_usage_error_with_env(&["agent"], &[("KSTALL_LISTEN", "nowhere")], "listen");
+    assert_usage_error_with_env(&["agent"], &[("KSTALL_PROBES", "nfs-typo")], "probes");
+    assert_usage_error_with_env(&["agent"], &[("KSTALL_RING_BUFFER_BYTES", "12K")], "ring_buffer_bytes");
 }
 
 #[test]

@@ -1,7 +1,10 @@
 //! The TCP-reset probe against the real kernel: a SYN to NFS port 2049 redirected by iptables to
 //! local port 15001, where nothing listens, answered with a RST — incident 1's signature.
 
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    time::Duration,
+};
 
 use kstall_tests::{
     Agent, NetNs, bpf_programs, closed_low_port, kernel_tests_can_run, nat_rule_packets, own_netns_inode,
@@ -10,6 +13,8 @@ use kstall_tests::{
 use serde_json::Value;
 
 const CONNECTS: usize = 20;
+const V4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+const V6: IpAddr = IpAddr::V6(Ipv6Addr::LOCALHOST);
 const WAIT: Duration = Duration::from_secs(10);
 
 fn is_sent_redirect(e: &Value, netns: u64) -> bool {
@@ -29,15 +34,16 @@ fn is_received_from_2049(e: &Value, netns: u64) -> bool {
 
 /// Runs the redirect scenario against an agent started with `agent_args` and checks every count
 /// against the number of connects made and the kernel's own iptables rule counter.
-fn redirect_scenario(test: &str, agent_args: &[&str], expected_hook: &str) {
+fn redirect_scenario(test: &str, agent_args: &[&str], expected_hook: &str, loopback: IpAddr) {
     if !kernel_tests_can_run(test) {
         return;
     }
     let agent = Agent::start(agent_args);
     let events = agent.subscribe();
     let ns = NetNs::new("redirect");
+    let iptables = if loopback.is_ipv4() { "iptables" } else { "ip6tables" };
     ns.exec(
-        "iptables",
+        iptables,
         &[
             "-t",
             "nat",
@@ -55,7 +61,7 @@ fn redirect_scenario(test: &str, agent_args: &[&str], expected_hook: &str) {
     );
     let netns = ns.inode();
 
-    ns.run_inside(|| refused_connects(SocketAddr::from(([127, 0, 0, 1], 2049)), CONNECTS));
+    ns.run_inside(move || refused_connects(SocketAddr::new(loopback, 2049), CONNECTS));
 
     let sent = events.collect(|e| is_sent_redirect(e, netns), CONNECTS, WAIT);
     let received = events.collect(|e| is_received_from_2049(e, netns), CONNECTS, WAIT);
@@ -64,13 +70,14 @@ fn redirect_scenario(test: &str, agent_args: &[&str], expected_hook: &str) {
     assert_eq!(received.len(), CONNECTS, "received resets:\n{received:#?}");
     for e in &sent {
         assert_eq!(e["redirect_port"], 15001, "{e}");
-        assert_eq!(e["original_dst_addr"], "127.0.0.1", "{e}");
+        assert_eq!(e["original_dst_addr"], loopback.to_string(), "{e}");
+        assert_eq!(e["local_addr"], loopback.to_string(), "{e}");
         assert_eq!(e["reason"], "NO_SOCKET", "{e}");
         assert_eq!(e["hook"], expected_hook, "{e}");
         assert_eq!(e["has_socket"], false, "{e}");
     }
     // The kernel's own count of redirected connections.
-    assert_eq!(nat_rule_packets(&ns, 2049), CONNECTS as u64);
+    assert_eq!(nat_rule_packets(&ns, iptables, 2049), CONNECTS as u64);
 
     let series =
         r#"kstall_tcp_resets_total{direction="sent",original_port="2049",port="15001",reason="NO_SOCKET"}"#;
@@ -84,7 +91,7 @@ fn redirect_scenario(test: &str, agent_args: &[&str], expected_hook: &str) {
 
 #[test]
 fn redirected_syn_to_2049_is_reset_from_15001() {
-    redirect_scenario("redirected_syn_to_2049_is_reset_from_15001", &[], "tcp_send_reset");
+    redirect_scenario("redirected_syn_to_2049_is_reset_from_15001", &[], "tcp_send_reset", V4);
 }
 
 /// Kernels before 6.10 do not fire tcp_send_reset for socket-less resets; the fallback hook
@@ -95,6 +102,22 @@ fn no_socket_fallback_hook_sees_the_same_resets() {
         "no_socket_fallback_hook_sees_the_same_resets",
         &["--tcp-reset-hook", "kfree-skb"],
         "kfree_skb",
+        V4,
+    );
+}
+
+#[test]
+fn ipv6_redirect_is_seen_the_same_way() {
+    redirect_scenario("ipv6_redirect_is_seen_the_same_way", &[], "tcp_send_reset", V6);
+}
+
+#[test]
+fn ipv6_redirect_on_the_fallback_hook() {
+    redirect_scenario(
+        "ipv6_redirect_on_the_fallback_hook",
+        &["--tcp-reset-hook", "kfree-skb"],
+        "kfree_skb",
+        V6,
     );
 }
 
@@ -139,6 +162,7 @@ fn status_lists_the_probe_and_its_hook() {
     assert!(line.contains(" up "), "{out}");
     assert!(line.contains("tp_btf/tcp_send_reset"), "{out}");
     assert!(out.contains("original destination: conntrack"), "{out}");
+    assert_eq!(agent.get("/healthz"), "ok\n");
 }
 
 /// SIGTERM detaches every program: the programs the agent loaded are gone after it exits.
