@@ -20,6 +20,12 @@ pub fn run() -> anyhow::Result<()> {
     clippy.args(["clippy", "--all-targets", "--", "-D", "warnings"]);
     env.apply(&mut clippy);
     step("cargo clippy", &mut clippy)?;
+    // The kernel programs are outside default-members: lint them for their own target.
+    let mut clippy_ebpf = Command::new("rustup");
+    clippy_ebpf
+        .args(["run", &env.ebpf_toolchain, "cargo", "clippy", "--package", "kstall-ebpf", "--release"])
+        .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core", "--", "-D", "warnings"]);
+    step("cargo clippy (eBPF programs)", &mut clippy_ebpf)?;
 
     let mut test = Command::new("cargo");
     test.args(["test", "--", "--test-threads=1"])
