@@ -55,22 +55,17 @@ fn apt_packages() -> anyhow::Result<()> {
         bail!("bootstrap: apt packages {} are missing and installing them needs root", missing.join(" "));
     }
     println!("bootstrap: installing apt packages: {}", missing.join(" "));
-    let quiet = |cmd: &mut Command| {
-        cmd.env("DEBIAN_FRONTEND", "noninteractive").stdout(Stdio::null());
-    };
-    let mut update = Command::new("apt-get");
-    update.args(["update", "-q"]);
-    quiet(&mut update);
-    if !update.status().context("bootstrap: cannot run apt-get")?.success() {
-        bail!("bootstrap: apt-get update failed (no network to the Debian mirror?)");
-    }
-    let mut install = Command::new("apt-get");
-    install.args(["install", "-y", "-q", "--no-install-recommends"]).args(&missing);
-    quiet(&mut install);
-    if !install.status().context("bootstrap: cannot run apt-get")?.success() {
-        bail!("bootstrap: apt-get install {} failed", missing.join(" "));
-    }
-    Ok(())
+    run_step(
+        Command::new("apt-get").args(["update", "-q"]).env("DEBIAN_FRONTEND", "noninteractive"),
+        "apt-get update (no network to the Debian mirror?)",
+    )?;
+    run_step(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+        &format!("apt-get install {}", missing.join(" ")),
+    )
 }
 
 fn dpkg_installed(package: &str) -> bool {
@@ -155,10 +150,23 @@ fn bpf_linker() -> anyhow::Result<()> {
     )
 }
 
+/// Runs an install step with its output in target/bootstrap.log, so that a failure is one line
+/// here (and the details are in the log).
 fn run_step(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
-    let status = cmd.status().with_context(|| format!("bootstrap: cannot run {what}"))?;
+    let log_path = crate::build::workspace_root().join("target/bootstrap.log");
+    std::fs::create_dir_all(log_path.parent().expect("target dir")).context("bootstrap: create target/")?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("bootstrap: open {}", log_path.display()))?;
+    let status = cmd
+        .stdout(log.try_clone().context("bootstrap: log")?)
+        .stderr(log)
+        .status()
+        .with_context(|| format!("bootstrap: cannot run {what}"))?;
     if !status.success() {
-        bail!("bootstrap: {what} failed ({status})");
+        bail!("bootstrap: {what} failed ({status}); details in {}", log_path.display());
     }
     Ok(())
 }
