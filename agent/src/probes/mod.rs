@@ -125,11 +125,21 @@ pub fn load(config: &Config) -> Loaded {
             Err(e) => statuses[idx].reason = Some(e),
         }
     }
+    // Offsets are resolved; the parsed BTF is large, don't hold it through the load.
+    drop(vmlinux);
     if plans.is_empty() {
         return loaded(statuses);
     }
+    let aya_btf = match Btf::from_sys_fs() {
+        Ok(btf) => btf,
+        Err(e) => {
+            mark_enabled_down(&mut statuses, &format!("no kernel BTF: {e}"));
+            return loaded(statuses);
+        }
+    };
 
     let mut loader = EbpfLoader::new();
+    loader.btf(Some(&aya_btf));
     loader.map_max_entries("EVENTS", config.ring_buffer_bytes);
     let wakeup_bytes = u64::from(config.ring_buffer_bytes / 4);
     loader.override_global("WAKEUP_BYTES", &wakeup_bytes, true);
@@ -146,14 +156,6 @@ pub fn load(config: &Config) -> Loaded {
             return loaded(statuses);
         }
     };
-    let aya_btf = match Btf::from_sys_fs() {
-        Ok(btf) => btf,
-        Err(e) => {
-            mark_enabled_down(&mut statuses, &format!("no kernel BTF: {e}"));
-            return loaded(statuses);
-        }
-    };
-
     let mut attached = Vec::new();
     for (idx, plan) in plans {
         match attach(&mut ebpf, &plan, &aya_btf) {
