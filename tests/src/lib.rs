@@ -132,6 +132,7 @@ pub struct Agent {
     pub listen: SocketAddr,
     dir: PathBuf,
     log: Arc<Mutex<String>>,
+    log_reader: Option<thread::JoinHandle<()>>,
 }
 
 impl Agent {
@@ -155,14 +156,14 @@ impl Agent {
         let log = Arc::new(Mutex::new(String::new()));
         let stderr = child.stderr.take().unwrap();
         let sink = log.clone();
-        thread::spawn(move || {
+        let log_reader = thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 let mut log = sink.lock().unwrap();
                 log.push_str(&line);
                 log.push('\n');
             }
         });
-        let mut agent = Agent { child, socket, listen, dir, log };
+        let mut agent = Agent { child, socket, listen, dir, log, log_reader: Some(log_reader) };
         agent.wait_ready();
         agent
     }
@@ -240,9 +241,13 @@ impl Agent {
         self.metrics().lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
     }
 
-    /// SIGTERM and wait; returns the exit status code.
-    pub fn stop(mut self) -> Option<i32> {
-        self.terminate()
+    /// SIGTERM and wait; returns the exit status code. The whole log is readable afterwards.
+    pub fn stop(&mut self) -> Option<i32> {
+        let code = self.terminate();
+        if let Some(reader) = self.log_reader.take() {
+            let _ = reader.join();
+        }
+        code
     }
 
     fn terminate(&mut self) -> Option<i32> {

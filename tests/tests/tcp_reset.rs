@@ -38,7 +38,7 @@ fn redirect_scenario(test: &str, agent_args: &[&str], expected_hook: &str, loopb
     if !kernel_tests_can_run(test) {
         return;
     }
-    let agent = Agent::start(agent_args);
+    let mut agent = Agent::start(agent_args);
     let events = agent.subscribe();
     let ns = NetNs::new("redirect");
     let iptables = if loopback.is_ipv4() { "iptables" } else { "ip6tables" };
@@ -176,11 +176,21 @@ fn sigterm_detaches_every_program() {
         bpf_programs(&["tcp_send_reset", "tcp_receive_res"]).iter().filter_map(|p| p["id"].as_u64()).collect()
     };
     let before = ours();
-    let agent = Agent::start(&[]);
+    let mut agent = Agent::start(&[]);
     let loaded: Vec<u64> = ours().difference(&before).copied().collect();
     assert_eq!(loaded.len(), 2, "the agent's programs: {loaded:?}");
     let log = agent.log();
     assert_eq!(agent.stop(), Some(0), "{log}");
-    let left: Vec<u64> = ours().into_iter().filter(|id| loaded.contains(id)).collect();
-    assert!(left.is_empty(), "still loaded after SIGTERM: {left:?}");
+    // The kernel frees a released program after an RCU grace period: give it a moment.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let left = loop {
+        let left: Vec<u64> = ours().into_iter().filter(|id| loaded.contains(id)).collect();
+        if left.is_empty() || std::time::Instant::now() > deadline {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(left.is_empty(), "still loaded 5 s after SIGTERM: {left:?}");
+    let log = agent.log();
+    assert!(log.contains(r#""detached":2"#), "the agent reports what it detached:\n{log}");
 }
