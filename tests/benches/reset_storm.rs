@@ -19,23 +19,7 @@ fn main() {
     }
     let secs: u64 = std::env::var("KSTALL_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
     let ns = NetNs::new("bench");
-    ns.exec(
-        "iptables",
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "OUTPUT",
-            "-p",
-            "tcp",
-            "--dport",
-            "2049",
-            "-j",
-            "REDIRECT",
-            "--to-ports",
-            "15001",
-        ],
-    );
+    ns.redirect_tcp("iptables", 2049, 15001);
 
     let baseline = storm(&ns, secs);
     println!("without agent: {:.0} refused connects/s", baseline.rate());

@@ -73,6 +73,29 @@ impl NetNs {
         run("ip", &full)
     }
 
+    /// The sidecar's rule: nat OUTPUT REDIRECT of tcp/`from` to local port `to` (`iptables` or
+    /// `ip6tables`).
+    pub fn redirect_tcp(&self, iptables: &str, from: u16, to: u16) {
+        let (from, to) = (from.to_string(), to.to_string());
+        self.exec(
+            iptables,
+            &[
+                "-t",
+                "nat",
+                "-A",
+                "OUTPUT",
+                "-p",
+                "tcp",
+                "--dport",
+                &from,
+                "-j",
+                "REDIRECT",
+                "--to-ports",
+                &to,
+            ],
+        );
+    }
+
     pub fn path(&self) -> PathBuf {
         Path::new("/run/netns").join(&self.name)
     }

@@ -42,23 +42,7 @@ fn redirect_scenario(test: &str, agent_args: &[&str], expected_hook: &str, loopb
     let events = agent.subscribe();
     let ns = NetNs::new("redirect");
     let iptables = if loopback.is_ipv4() { "iptables" } else { "ip6tables" };
-    ns.exec(
-        iptables,
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "OUTPUT",
-            "-p",
-            "tcp",
-            "--dport",
-            "2049",
-            "-j",
-            "REDIRECT",
-            "--to-ports",
-            "15001",
-        ],
-    );
+    ns.redirect_tcp(iptables, 2049, 15001);
     let netns = ns.inode();
 
     ns.run_inside(move || refused_connects(SocketAddr::new(loopback, 2049), CONNECTS));
