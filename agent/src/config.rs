@@ -42,6 +42,10 @@ pub struct AgentArgs {
     /// for socket-less resets) [default: auto].
     #[arg(long, env = "KSTALL_TCP_RESET_HOOK", value_name = "HOOK")]
     pub tcp_reset_hook: Option<String>,
+    /// Set kernel.hung_task_timeout_secs to this many seconds while the agent runs (restored at
+    /// exit). Unset: the agent leaves the sysctl alone.
+    #[arg(long, env = "KSTALL_HUNG_TASK_TIMEOUT_SECS", value_name = "SECS")]
+    pub hung_task_timeout_secs: Option<String>,
 }
 
 /// The file form: same settings, native TOML types. Unknown keys are errors (a typo must not be
@@ -56,6 +60,7 @@ struct FileConfig {
     log_format: Option<String>,
     log_level: Option<String>,
     tcp_reset_hook: Option<String>,
+    hung_task_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +86,7 @@ pub struct Config {
     pub log_format: LogFormat,
     pub log_level: String,
     pub tcp_reset_hook: TcpResetHook,
+    pub hung_task_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -160,7 +166,33 @@ impl Config {
             }
         };
 
-        Ok(Config { listen, api_socket, probes, ring_buffer_bytes, log_format, log_level, tcp_reset_hook })
+        let hung_task_timeout_secs = match (args.hung_task_timeout_secs, file.hung_task_timeout_secs) {
+            (Some(s), _) => Some(check_hung_task_timeout(s.trim().parse().ok(), &s)?),
+            (None, Some(n)) => Some(check_hung_task_timeout(Some(n), &n.to_string())?),
+            (None, None) => None,
+        };
+
+        Ok(Config {
+            listen,
+            api_socket,
+            probes,
+            ring_buffer_bytes,
+            log_format,
+            log_level,
+            tcp_reset_hook,
+            hung_task_timeout_secs,
+        })
+    }
+}
+
+/// 0 would disable the detector: that is not what a user of this flag wants.
+fn check_hung_task_timeout(secs: Option<u64>, text: &str) -> Result<u64, ConfigError> {
+    match secs {
+        Some(s @ 1..=86_400) => Ok(s),
+        _ => Err(invalid(
+            "hung_task_timeout_secs",
+            format!("{text} is not a number of seconds from 1 to 86400"),
+        )),
     }
 }
 
@@ -228,7 +260,8 @@ mod tests {
         let c = resolve(AgentArgs::default()).unwrap();
         assert_eq!(c.listen, "127.0.0.1:9700".parse().unwrap());
         assert_eq!(c.api_socket, PathBuf::from("/run/kstall/kstall.sock"));
-        assert_eq!(c.probes, vec!["tcp-reset".to_string()]);
+        assert_eq!(c.probes, vec!["tcp-reset".to_string(), "hung-task".to_string()]);
+        assert_eq!(c.hung_task_timeout_secs, None, "the sysctl is left alone unless asked");
         assert_eq!(c.ring_buffer_bytes, 1 << 20);
         assert_eq!(c.tcp_reset_hook, TcpResetHook::Auto);
     }
@@ -254,6 +287,14 @@ mod tests {
             (AgentArgs { log_level: Some("kstall=loud".into()), ..Default::default() }, "log_level"),
             (AgentArgs { tcp_reset_hook: Some("kprobe".into()), ..Default::default() }, "tcp_reset_hook"),
             (AgentArgs { config: Some("/nonexistent/kstall.toml".into()), ..Default::default() }, "config"),
+            (
+                AgentArgs { hung_task_timeout_secs: Some("0".into()), ..Default::default() },
+                "hung_task_timeout_secs",
+            ),
+            (
+                AgentArgs { hung_task_timeout_secs: Some("3s".into()), ..Default::default() },
+                "hung_task_timeout_secs",
+            ),
         ];
         for (args, field) in cases {
             let err = resolve(args).expect_err(field);

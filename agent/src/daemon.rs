@@ -2,7 +2,10 @@
 //! (ring buffer -> decode -> metrics + API subscribers) and shuts down cleanly on SIGTERM/SIGINT:
 //! stop intake (detach), drain what the kernel already queued, then exit.
 
-use std::{sync::Arc, time::Duration, time::Instant};
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 use aya::maps::{MapData, PerCpuArray, RingBuf};
@@ -12,9 +15,12 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     api::{self, server::AgentState},
     config::Config,
-    events::{Decoder, Event},
+    events::{Decoder, Event, Payload},
     export::{http, metrics::Metrics},
-    kernel, probes,
+    hung_tasks::{self, HungTaskTracker},
+    kernel,
+    probes::{self, hung_task},
+    symbols::Symbols,
 };
 
 /// Events buffered per API subscriber before a slow one starts losing them.
@@ -23,8 +29,14 @@ const LOSS_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// The kernel only wakes the reader once a quarter of the ring buffer is queued (see
 /// `ebpf/src/maps.rs`); below that, events wait at most this long.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
+/// How often hung tasks are checked for having left D state.
+const HUNG_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+const SYMBOLS_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    // First of all: a SIGTERM that arrives while starting must still end in a clean shutdown
+    // (sysctl restored, programs detached), not in the default action.
+    let signals = Signals::install()?;
     // Endpoints first: a port or socket in use must fail before anything is loaded into the kernel.
     let http_listener = TcpListener::bind(config.listen)
         .await
@@ -36,7 +48,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     kernel::ensure_tracefs();
     let kernel_release = kernel::release();
     let metrics = Arc::new(Metrics::new(crate::export::metrics::ephemeral_port_range()));
+    let hung_task_timeout = match config.hung_task_timeout_secs {
+        Some(secs) => {
+            Some(kernel::HungTaskTimeout::set(secs).context("cannot set kernel.hung_task_timeout_secs")?)
+        }
+        None => None,
+    };
     let mut loaded = probes::load(&config);
+    describe_hung_task_detector(&mut loaded.statuses, hung_task_timeout.as_ref());
     // Loading parsed the kernel's BTF several times (tens of MB, now freed): hand it back to the
     // system instead of keeping it as the agent's resident size for its whole life.
     // SAFETY: no preconditions.
@@ -63,15 +82,28 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let api_task =
         tokio::spawn(api::server::serve(api_listener, config.api_socket.clone(), state, shutdown.clone()));
     let stop_intake = CancellationToken::new();
+    let symbols = Arc::new(Symbols::default());
+    let refresher = tokio::spawn(refresh_symbols(symbols.clone(), stop_intake.clone()));
+    let mut decoder = loaded.decoder.clone();
+    decoder.symbols = symbols;
+    decoder.clock =
+        hung_task::Clock { hz: tokio::task::spawn_blocking(kernel::tick_rate).await.unwrap_or(None) };
+    if decoder.clock.hz.is_none() {
+        tracing::warn!(
+            "cannot measure the kernel tick rate (/proc/timer_list): hung-task blocked times unknown"
+        );
+    }
+    let hung = Arc::new(Mutex::new(HungTaskTracker::default()));
+    let sweeper =
+        tokio::spawn(sweep_hung_tasks(hung.clone(), metrics.clone(), events_tx.clone(), stop_intake.clone()));
     let reader = loaded.events.take().map(|ring| {
-        let pipeline =
-            Pipeline { decoder: loaded.decoder.clone(), metrics: metrics.clone(), events: events_tx };
+        let pipeline = Pipeline { decoder, metrics: metrics.clone(), events: events_tx, hung };
         tokio::spawn(read_events(ring, pipeline, stop_intake.clone()))
     });
     let loss =
         loaded.lost.take().map(|lost| tokio::spawn(poll_losses(lost, metrics.clone(), stop_intake.clone())));
 
-    wait_for_signal().await?;
+    signals.wait().await;
     tracing::info!("shutting down: detaching probes");
     let detached = loaded.detach_all();
     stop_intake.cancel();
@@ -82,6 +114,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(loss) = loss {
         let _ = loss.await;
     }
+    let _ = tokio::join!(sweeper, refresher);
+    drop(hung_task_timeout);
     shutdown.cancel();
     let _ = tokio::join!(http_task, api_task);
     drop(loaded);
@@ -89,26 +123,47 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
-    let mut term = tokio::signal::unix::signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut int = tokio::signal::unix::signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        Ok(Self {
+            term: tokio::signal::unix::signal(SignalKind::terminate()).context("SIGTERM handler")?,
+            int: tokio::signal::unix::signal(SignalKind::interrupt()).context("SIGINT handler")?,
+        })
     }
-    Ok(())
+
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {},
+            _ = self.int.recv() => {},
+        }
+    }
 }
 
 struct Pipeline {
     decoder: Decoder,
     metrics: Arc<Metrics>,
     events: broadcast::Sender<Arc<Event>>,
+    hung: Arc<Mutex<HungTaskTracker>>,
 }
 
 impl Pipeline {
     fn handle(&self, bytes: &[u8]) {
         match self.decoder.decode(bytes) {
             Ok(event) => {
+                self.metrics.received(event.header.probe);
+                if matches!(event.payload, Payload::HungTask(_)) {
+                    let mut hung = self.hung.lock().expect("hung-task tracker");
+                    let news = hung.observe(&event);
+                    self.metrics.set_hung_tasks(&hung);
+                    if !news {
+                        return;
+                    }
+                }
                 self.metrics.observe(&event);
                 // No subscriber is not an error.
                 let _ = self.events.send(Arc::new(event));
@@ -188,4 +243,86 @@ async fn poll_losses(lost: PerCpuArray<MapData, u64>, metrics: Arc<Metrics>, sto
             break;
         }
     }
+}
+
+/// Forgets hung tasks that left D state or exited, announcing each. The `/proc` reads run on the
+/// blocking pool with a deadline, so a misbehaving `/proc` cannot stall the agent.
+async fn sweep_hung_tasks(
+    hung: Arc<Mutex<HungTaskTracker>>,
+    metrics: Arc<Metrics>,
+    events: broadcast::Sender<Arc<Event>>,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(HUNG_SWEEP_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let tracked = hung.lock().expect("hung-task tracker").tracked();
+        if tracked.is_empty() {
+            continue;
+        }
+        let read = tokio::task::spawn_blocking(move || {
+            tracked
+                .into_iter()
+                .map(|(tgid, tid)| ((tgid, tid), hung_tasks::read_task_state(tgid, tid)))
+                .collect::<Vec<_>>()
+        });
+        let Ok(Ok(states)) = tokio::time::timeout(Duration::from_secs(2), read).await else {
+            tracing::warn!("reading hung tasks' state from /proc timed out");
+            continue;
+        };
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
+                as u64;
+        let mut tracker = hung.lock().expect("hung-task tracker");
+        for event in tracker.clear(&states, now) {
+            let _ = events.send(Arc::new(event));
+        }
+        metrics.set_hung_tasks(&tracker);
+    }
+}
+
+/// Keeps kernel symbols current: loaded at start, reloaded when modules come or go.
+async fn refresh_symbols(symbols: Arc<Symbols>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(SYMBOLS_REFRESH_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let symbols = symbols.clone();
+        match tokio::task::spawn_blocking(move || symbols.refresh().map(|reloaded| (reloaded, symbols.len())))
+            .await
+        {
+            Ok(Ok((true, 0))) => {
+                tracing::warn!("/proc/kallsyms shows no addresses (kptr_restrict?): stacks stay unsymbolized")
+            }
+            Ok(Ok((true, n))) => tracing::info!(symbols = n, "loaded kernel symbols"),
+            Ok(Ok((false, _))) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot read kernel symbols"),
+            Err(e) => tracing::warn!(error = %e, "symbol refresh task failed"),
+        }
+    }
+}
+
+/// Adds what the hung-task detector is set to, to the probe's status: a probe that is up but
+/// whose detector is off would otherwise look healthy and report nothing.
+fn describe_hung_task_detector(
+    statuses: &mut [probes::ProbeStatus],
+    lowered: Option<&kernel::HungTaskTimeout>,
+) {
+    let Some(status) = statuses.iter_mut().find(|s| s.name == hung_task::NAME && s.up) else { return };
+    let note = match (kernel::hung_task_timeout_secs(), lowered) {
+        (Some(0), _) => {
+            "detector disabled (kernel.hung_task_timeout_secs=0): no hung task will be reported".to_string()
+        }
+        (Some(now), Some(l)) => {
+            format!("detector: kernel.hung_task_timeout_secs={now} (set by kstall, was {})", l.previous())
+        }
+        (Some(now), None) => format!("detector: kernel.hung_task_timeout_secs={now}"),
+        (None, _) => "detector: kernel.hung_task_timeout_secs unreadable".to_string(),
+    };
+    status.notes.push(note);
 }

@@ -1,10 +1,19 @@
 //! The one place raw ring-buffer records become typed events. Nothing downstream sees bytes.
 //! Decoding never panics: short, unknown or garbage records are errors, counted by the caller.
 
-use kstall_common::{EventHeader, kind, tcp_reset::TcpResetEvent};
+use std::sync::Arc;
+
+use kstall_common::{EventHeader, hung_task::HungTaskEvent, kind, tcp_reset::TcpResetEvent};
 use serde::Serialize;
 
-use crate::probes::tcp_reset::{self, TcpReset};
+use crate::{
+    hung_tasks::HungTaskCleared,
+    probes::{
+        hung_task::{self, HungTask},
+        tcp_reset::{self, TcpReset},
+    },
+    symbols::Symbols,
+};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
@@ -47,6 +56,10 @@ pub struct Header {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Payload {
     TcpReset(TcpReset),
+    /// A task newly reported hung (reports of a task already known are folded into it).
+    HungTask(HungTask),
+    /// A hung task that left D state or exited.
+    HungTaskCleared(HungTaskCleared),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -57,10 +70,13 @@ pub struct Event {
     pub payload: Payload,
 }
 
-/// Per-kernel context decoding needs: enum names read from BTF, the boot-to-wall clock offset.
-#[derive(Debug, Clone)]
+/// Per-kernel context decoding needs: enum names read from BTF, kernel symbols, the tick rate,
+/// the boot-to-wall clock offset.
+#[derive(Clone)]
 pub struct Decoder {
     pub tcp_reset: tcp_reset::Names,
+    pub symbols: Arc<Symbols>,
+    pub clock: hung_task::Clock,
     boot_to_unix_ns: i128,
 }
 
@@ -72,7 +88,12 @@ impl Default for Decoder {
 
 impl Decoder {
     pub fn new() -> Self {
-        Self { tcp_reset: tcp_reset::Names::default(), boot_to_unix_ns: boot_to_unix_offset_ns() }
+        Self {
+            tcp_reset: tcp_reset::Names::default(),
+            symbols: Arc::new(Symbols::default()),
+            clock: hung_task::Clock::default(),
+            boot_to_unix_ns: boot_to_unix_offset_ns(),
+        }
     }
 
     pub fn decode(&self, bytes: &[u8]) -> Result<Event, DecodeError> {
@@ -82,6 +103,11 @@ impl Decoder {
                 check_version(&raw_header, kstall_common::tcp_reset::VERSION)?;
                 let raw: TcpResetEvent = read_record(bytes, "tcp_reset event")?;
                 (tcp_reset::NAME, Payload::TcpReset(tcp_reset::decode(&raw, &self.tcp_reset)?))
+            }
+            kind::HUNG_TASK => {
+                check_version(&raw_header, kstall_common::hung_task::VERSION)?;
+                let raw: HungTaskEvent = read_record(bytes, "hung_task event")?;
+                (hung_task::NAME, Payload::HungTask(hung_task::decode(&raw, &self.symbols, self.clock)?))
             }
             other => return Err(DecodeError::UnknownKind(other)),
         };
@@ -119,7 +145,7 @@ fn read_record<T: aya::Pod>(bytes: &[u8], what: &'static str) -> Result<T, Decod
     Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }
 
-fn comm_string(comm: &[u8]) -> String {
+pub fn comm_string(comm: &[u8]) -> String {
     let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
     String::from_utf8_lossy(&comm[..end]).into_owned()
 }
@@ -157,7 +183,7 @@ mod tests {
         assert_eq!((event.header.tgid, event.header.pid, event.header.cgroup_id), (42, 43, 7));
         assert_eq!(event.header.comm, "curl");
         assert_eq!(event.header.netns, 4026532999);
-        let Payload::TcpReset(reset) = &event.payload;
+        let Payload::TcpReset(reset) = &event.payload else { panic!("{event:?}") };
         assert_eq!(reset.original_dst_port, Some(2049));
         let json = serde_json::to_value(&event).unwrap();
         assert_eq!(json["kind"], "tcp_reset");

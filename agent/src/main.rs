@@ -6,9 +6,11 @@ mod config;
 mod daemon;
 mod events;
 mod export;
+mod hung_tasks;
 mod kernel;
 mod kernel_btf;
 mod probes;
+mod symbols;
 
 use std::process::ExitCode;
 

@@ -2,10 +2,10 @@
 
 pub const TASK_COMM_LEN: usize = 16;
 
-/// Common to every event. `tgid`, `pid`, `comm` and `cgroup_id` describe the task the kernel was
-/// running when the hook fired (`current`), which for softirq events (resets) is whoever happened to
-/// be on the CPU; `netns_ino` is the network namespace *of the event* (socket or packet), which is
-/// what attribution must use in those contexts.
+/// Common to every event. `tgid`, `pid`, `comm` and `cgroup_id` describe the task the event is
+/// about: the hung task, the OOM victim — or, for resets handled in softirq context, whichever task
+/// the kernel was running (`current`), a hint only. `netns_ino` is the network namespace *of the
+/// event* (socket, packet, task), which is what attribution must use in softirq context.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EventHeader {

@@ -6,6 +6,8 @@
 #![no_std]
 
 pub mod header;
+pub mod hung_task;
+pub mod task;
 pub mod tcp_reset;
 
 pub use header::{EventHeader, TASK_COMM_LEN};
@@ -13,6 +15,7 @@ pub use header::{EventHeader, TASK_COMM_LEN};
 /// Stable event kind ids (`EventHeader::kind`). Never reuse a retired number.
 pub mod kind {
     pub const TCP_RESET: u32 = 1;
+    pub const HUNG_TASK: u32 = 2;
     /// One past the highest kind: sizes the per-kind loss counter map.
     pub const COUNT: u32 = 8;
 }

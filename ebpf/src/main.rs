@@ -6,6 +6,7 @@
 mod maps;
 mod probes;
 mod read;
+mod task;
 
 #[cfg(not(test))]
 #[panic_handler]

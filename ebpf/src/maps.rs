@@ -4,7 +4,7 @@
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     macros::map,
-    maps::{PerCpuArray, RingBuf},
+    maps::{PerCpuArray, RingBuf, ring_buf::RingBufEntry},
 };
 use kstall_common::kind;
 
@@ -24,15 +24,41 @@ static WAKEUP_BYTES: u64 = 0;
 /// Sends `event` to userspace, or counts it as lost for `kind` when the ring buffer is full.
 #[inline(always)]
 pub fn emit<T: 'static>(kind: u32, event: &T) {
+    if EVENTS.output::<T>(event, wakeup_flags()).is_err() {
+        count_lost(kind);
+    }
+}
+
+/// Room for an event too large for the BPF stack, written in place; `None` (counted as lost for
+/// `kind`) when the ring buffer is full. Finish with [`submit`].
+#[inline(always)]
+pub fn reserve<T: 'static>(kind: u32) -> Option<RingBufEntry<T>> {
+    let entry = EVENTS.reserve::<T>(0);
+    if entry.is_none() {
+        count_lost(kind);
+    }
+    entry
+}
+
+#[inline(always)]
+pub fn submit<T>(entry: RingBufEntry<T>) {
+    entry.submit(wakeup_flags());
+}
+
+#[inline(always)]
+fn wakeup_flags() -> u64 {
     let threshold = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
     let flags = if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= threshold {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP
     };
-    if EVENTS.output::<T>(event, flags as u64).is_err()
-        && let Some(lost) = LOST.get_ptr_mut(kind)
-    {
+    flags as u64
+}
+
+#[inline(always)]
+fn count_lost(kind: u32) {
+    if let Some(lost) = LOST.get_ptr_mut(kind) {
         // Per-CPU slot: no other writer can race this increment.
         unsafe { *lost += 1 };
     }

@@ -16,6 +16,8 @@ use std::{
 
 use serde_json::Value;
 
+pub mod writeback;
+
 /// Returns false (after printing why) when kernel tests cannot run here; panics instead when they
 /// are required (`KSTALL_KERNEL_TESTS=require`, set by `cargo xtask test` as root and in CI).
 pub fn kernel_tests_can_run(test: &str) -> bool {
@@ -369,4 +371,44 @@ pub fn bpf_programs(names: &[&str]) -> Vec<Value> {
         .filter(|p| names.iter().any(|n| p["name"].as_str().is_some_and(|s| s.starts_with(n))))
         .cloned()
         .collect()
+}
+
+/// A cgroup v2 directory made for a test (on the unified hierarchy, wherever it is mounted),
+/// removed on drop.
+pub struct Cgroup {
+    pub path: PathBuf,
+}
+
+impl Cgroup {
+    pub fn new(tag: &str) -> Self {
+        let root = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            PathBuf::from("/sys/fs/cgroup")
+        } else {
+            PathBuf::from("/sys/fs/cgroup/unified")
+        };
+        let path = root.join(format!("kstall-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        Cgroup { path }
+    }
+
+    /// What kstall reports as `cgroup_id`: the directory's inode.
+    pub fn id(&self) -> u64 {
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&self.path).expect("cgroup dir"))
+    }
+
+    pub fn procs(&self) -> PathBuf {
+        self.path.join("cgroup.procs")
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // Processes still inside go back to the root first, or rmdir fails.
+        if let (Ok(procs), Some(parent)) = (std::fs::read_to_string(self.procs()), self.path.parent()) {
+            for pid in procs.lines() {
+                let _ = std::fs::write(parent.join("cgroup.procs"), pid);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.path);
+    }
 }

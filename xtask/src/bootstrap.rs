@@ -8,10 +8,19 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-/// Debian packages: LLVM 22 for bpf-linker, iptables/iproute2 for the kernel tests, bpftool to
-/// inspect loaded programs.
-const APT_PACKAGES: &[&str] =
-    &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "iptables", "iproute2", "bpftool", "curl"];
+/// Debian packages: LLVM 22 for bpf-linker; for the kernel tests iptables/iproute2 (resets),
+/// bindfs/e2fsprogs (a writer stuck in writeback), bpftool to inspect loaded programs.
+const APT_PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "libzstd-dev",
+    "iptables",
+    "iproute2",
+    "bpftool",
+    "curl",
+    "bindfs",
+    "e2fsprogs",
+];
 /// The nightly the eBPF crate was checked with (rustc 1.97, LLVM 22.1).
 const PINNED_NIGHTLY: &str = "nightly-2026-05-19";
 const BPF_LINKER_VERSION: &str = "0.13.0";

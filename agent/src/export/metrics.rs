@@ -5,9 +5,12 @@ use std::ops::RangeInclusive;
 
 use prometheus::{Encoder as _, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 
+use prometheus::IntGauge;
+
 use crate::{
     events::{Event, Payload},
-    probes::{ProbeStatus, tcp_reset::Direction},
+    hung_tasks::HungTaskTracker,
+    probes::{ProbeStatus, hung_task::WaitClass, tcp_reset::Direction},
 };
 
 pub struct Metrics {
@@ -18,6 +21,9 @@ pub struct Metrics {
     decode_errors_total: IntCounterVec,
     subscriber_drops_total: IntCounterVec,
     tcp_resets_total: IntCounterVec,
+    hung_tasks: IntGaugeVec,
+    hung_tasks_total: IntCounterVec,
+    hung_task_longest_blocked: IntGauge,
     ephemeral_ports: RangeInclusive<u16>,
 }
 
@@ -43,7 +49,33 @@ impl Metrics {
             .expect("valid metric");
         registry.register(Box::new(build_info.clone())).expect("unique metric");
         build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        let hung_tasks = IntGaugeVec::new(
+            Opts::new(
+                "kstall_hung_tasks",
+                "Tasks the kernel's hung-task detector reports as hung now, by wait class.",
+            ),
+            &["wait"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(hung_tasks.clone())).expect("unique metric");
+        let hung_task_longest_blocked = IntGauge::new(
+            "kstall_hung_task_longest_blocked_seconds",
+            "Longest time any currently hung task has been blocked.",
+        )
+        .expect("valid metric");
+        registry.register(Box::new(hung_task_longest_blocked.clone())).expect("unique metric");
+        for wait in WaitClass::ALL {
+            hung_tasks.with_label_values(&[wait.as_str()]).set(0);
+        }
         Self {
+            hung_tasks,
+            hung_task_longest_blocked,
+            hung_tasks_total: counter(
+                &registry,
+                "kstall_hung_tasks_total",
+                "Tasks newly reported hung (a task counts once however long it stays hung), by wait class.",
+                &["wait"],
+            ),
             probe_up,
             events_total: counter(
                 &registry,
@@ -91,8 +123,13 @@ impl Metrics {
         }
     }
 
+    /// Every record received from the kernel, news or repeat.
+    pub fn received(&self, probe: &str) {
+        self.events_total.with_label_values(&[probe]).inc();
+    }
+
+    /// An event that is news (repeated hung-task reports are not).
     pub fn observe(&self, event: &Event) {
-        self.events_total.with_label_values(&[event.header.probe]).inc();
         match &event.payload {
             Payload::TcpReset(reset) => {
                 let port = match reset.direction {
@@ -109,7 +146,19 @@ impl Metrics {
                     ])
                     .inc();
             }
+            Payload::HungTask(hung) => self.hung_tasks_total.with_label_values(&[hung.wait.as_str()]).inc(),
+            Payload::HungTaskCleared(_) => {}
         }
+    }
+
+    pub fn set_hung_tasks(&self, tracker: &HungTaskTracker) {
+        let counts = tracker.counts();
+        for wait in WaitClass::ALL {
+            self.hung_tasks
+                .with_label_values(&[wait.as_str()])
+                .set(counts.get(&wait).copied().unwrap_or(0) as i64);
+        }
+        self.hung_task_longest_blocked.set(tracker.longest_blocked_secs() as i64);
     }
 
     pub fn decode_error(&self, label: &str) {
@@ -172,15 +221,19 @@ mod tests {
     #[test]
     fn reset_labels() {
         let m = Metrics::new(32768..=60999);
-        m.observe(&event(|_| {}));
-        m.observe(&event(|e| {
+        let observe = |e: &Event| {
+            m.received(e.header.probe);
+            m.observe(e);
+        };
+        observe(&event(|_| {}));
+        observe(&event(|e| {
             e.direction = kstall_common::tcp_reset::DIRECTION_RECEIVED;
             e.hook = kstall_common::tcp_reset::HOOK_TCP_RECEIVE_RESET;
             e.flags = 0;
             e.local_port = 40001;
             e.remote_port = 2049;
         }));
-        m.observe(&event(|e| {
+        observe(&event(|e| {
             e.local_port = 45000;
             e.flags = 0;
         }));

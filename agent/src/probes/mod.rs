@@ -2,6 +2,8 @@
 //! attaches independently. A probe that cannot run here (missing tracepoint or BTF type, verifier
 //! rejection) is reported down with its reason and the others run on.
 
+pub mod hung_task;
+mod task;
 pub mod tcp_reset;
 
 use aya::{
@@ -18,7 +20,10 @@ use crate::{config::Config, events::Decoder, kernel_btf::KernelBtf};
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/kstall"));
 
 /// Every probe kstall has, in the order `kstall status` lists them.
-pub const ALL: &[ProbeInfo] = &[ProbeInfo { name: tcp_reset::NAME, kind: kind::TCP_RESET }];
+pub const ALL: &[ProbeInfo] = &[
+    ProbeInfo { name: tcp_reset::NAME, kind: kind::TCP_RESET },
+    ProbeInfo { name: hung_task::NAME, kind: kind::HUNG_TASK },
+];
 
 pub struct ProbeInfo {
     pub name: &'static str,
@@ -125,6 +130,13 @@ pub fn load(config: &Config) -> Loaded {
             Err(e) => statuses[idx].reason = Some(e),
         }
     }
+    if enabled(hung_task::NAME) {
+        let idx = index_of(hung_task::NAME);
+        match hung_task::plan(&vmlinux) {
+            Ok(plan) => plans.push((idx, plan)),
+            Err(e) => statuses[idx].reason = Some(e),
+        }
+    }
     // Offsets are resolved; the parsed BTF is large, don't hold it through the load.
     drop(vmlinux);
     if plans.is_empty() {
@@ -179,6 +191,12 @@ pub fn load(config: &Config) -> Loaded {
     let events = ebpf.take_map("EVENTS").and_then(|m| RingBuf::try_from(m).ok());
     let lost = ebpf.take_map("LOST").and_then(|m| PerCpuArray::try_from(m).ok());
     Loaded { ebpf: Some(ebpf), attached, statuses, decoder, events, lost }
+}
+
+/// The bytes of a kernel-shared config struct, for `EbpfLoader::override_global`.
+pub(crate) fn bytes_of<T: aya::Pod>(value: &T) -> Vec<u8> {
+    // SAFETY: `Pod` types are plain integers without padding.
+    unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
 }
 
 fn index_of(name: &str) -> usize {

@@ -82,17 +82,14 @@ pub fn plan(vmlinux: &KernelBtf, hook: TcpResetHook) -> Result<(Plan, Names), St
         "tp_btf/tcp_send_reset + tp_btf/tcp_receive_reset"
     };
     cfg.valid = 1;
-    let plan =
-        Plan { global: GLOBAL, global_value: bytes_of(&cfg), programs, hook: hook_desc.to_string(), notes };
+    let plan = Plan {
+        global: GLOBAL,
+        global_value: super::bytes_of(&cfg),
+        programs,
+        hook: hook_desc.to_string(),
+        notes,
+    };
     Ok((plan, names))
-}
-
-fn bytes_of(cfg: &TcpResetConfig) -> Vec<u8> {
-    // SAFETY: repr(C) struct of u32s without padding.
-    unsafe {
-        std::slice::from_raw_parts((cfg as *const TcpResetConfig).cast::<u8>(), size_of::<TcpResetConfig>())
-    }
-    .to_vec()
 }
 
 fn enum_names(btf: &KernelBtf, name: &str, prefix: &str) -> Result<HashMap<u32, String>, String> {

@@ -1,1 +1,2 @@
+pub mod hung_task;
 pub mod tcp_reset;

@@ -1,0 +1,26 @@
+//! Identity of a task other than `current` (a hung task, an OOM victim), read through offsets the
+//! agent resolved from BTF.
+
+use kstall_common::{EventHeader, task::TaskOffsets};
+
+use crate::read::at;
+
+/// Fills pid, tgid, comm, cgroup id and netns of `task` into `header`. Returns false when the
+/// task has no nsproxy left (it is exiting), in which case `netns_ino` stays 0.
+#[inline(always)]
+pub fn fill_header(off: &TaskOffsets, task: *const u8, header: &mut EventHeader) -> Result<bool, i32> {
+    header.pid = at(task, off.pid)?;
+    header.tgid = at(task, off.tgid)?;
+    header.comm = at(task, off.comm)?;
+    let css_set: *const u8 = at(task, off.cgroups)?;
+    let cgroup: *const u8 = at(css_set, off.css_set_dfl_cgrp)?;
+    let kn: *const u8 = at(cgroup, off.cgroup_kn)?;
+    header.cgroup_id = at(kn, off.kernfs_node_id)?;
+    let nsproxy: *const u8 = at(task, off.nsproxy)?;
+    if nsproxy.is_null() {
+        return Ok(false);
+    }
+    let net: *const u8 = at(nsproxy, off.nsproxy_net_ns)?;
+    header.netns_ino = at(net, off.net_ns_inum).unwrap_or(0);
+    Ok(true)
+}

@@ -1,0 +1,130 @@
+//! A writer stuck in writeback, for real: ext4 on a loop device whose backing file lives on a FUSE
+//! mount (bindfs). Stopping the FUSE daemon freezes the disk underneath, and `dd ... conv=fsync`
+//! waits in `folio_wait_writeback` — in D state, reported by the kernel's hung-task detector —
+//! until the daemon is continued. (O_DIRECT reads would not do: they wait in a way the detector
+//! deliberately ignores.)
+//!
+//! Everything is undone on drop, in the order that lets each step succeed: continue the daemon so
+//! the writer can finish, unmount, detach the loop device, stop the daemon, remove the files.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use crate::run;
+
+pub struct FreezableDisk {
+    dir: PathBuf,
+    bindfs: Child,
+    loop_dev: Option<String>,
+    mounted: bool,
+    writers: Vec<Child>,
+}
+
+impl FreezableDisk {
+    pub fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("kstall-{tag}-{}", std::process::id()));
+        for sub in ["backing", "fuse", "mnt"] {
+            std::fs::create_dir_all(dir.join(sub)).expect("scenario dirs");
+        }
+        let bindfs = Command::new("bindfs")
+            .arg("-f")
+            .arg(dir.join("backing"))
+            .arg(dir.join("fuse"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start bindfs");
+        let mut disk = FreezableDisk { dir, bindfs, loop_dev: None, mounted: false, writers: Vec::new() };
+        disk.wait_for_fuse();
+        let image = disk.dir.join("fuse/disk.img");
+        run("truncate", &["-s", "64M", image.to_str().unwrap()]);
+        disk.loop_dev =
+            Some(run("losetup", &["--find", "--show", image.to_str().unwrap()]).trim().to_string());
+        let dev = disk.loop_dev.clone().unwrap();
+        run("mkfs.ext4", &["-q", &dev]);
+        run("mount", &[&dev, disk.mount_point().to_str().unwrap()]);
+        disk.mounted = true;
+        disk
+    }
+
+    fn wait_for_fuse(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let fuse = self.dir.join("fuse");
+        while Instant::now() < deadline {
+            let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+            if mounts.lines().any(|l| l.split_whitespace().nth(1) == fuse.to_str()) {
+                return;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        panic!("bindfs did not mount {}", fuse.display());
+    }
+
+    pub fn mount_point(&self) -> PathBuf {
+        self.dir.join("mnt")
+    }
+
+    /// Freezes the disk: nothing written to it completes until `thaw`.
+    pub fn freeze(&self) {
+        unsafe { libc::kill(self.bindfs.id() as i32, libc::SIGSTOP) };
+    }
+
+    pub fn thaw(&self) {
+        unsafe { libc::kill(self.bindfs.id() as i32, libc::SIGCONT) };
+    }
+
+    /// Starts `dd ... conv=fsync` into the disk, inside `cgroup_procs` (a cgroup's `cgroup.procs`)
+    /// so that its cgroup is known. Returns its pid.
+    pub fn start_writer(&mut self, cgroup_procs: &Path) -> u32 {
+        let target = self.mount_point().join("stuck");
+        // The shell joins the cgroup, then becomes dd: the pid stays the same.
+        let script = format!(
+            "echo $$ > {} && exec dd if=/dev/zero of={} bs=1M count=8 conv=fsync status=none",
+            cgroup_procs.display(),
+            target.display()
+        );
+        let child = Command::new("sh").args(["-c", &script]).spawn().expect("start dd");
+        let pid = child.id();
+        self.writers.push(child);
+        pid
+    }
+
+    /// Waits for every writer to finish; panics after `timeout`.
+    pub fn wait_writers(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        for w in &mut self.writers {
+            loop {
+                if let Ok(Some(status)) = w.try_wait() {
+                    assert!(status.success(), "writer failed: {status}");
+                    break;
+                }
+                assert!(Instant::now() < deadline, "writer {} did not finish after the thaw", w.id());
+                thread::sleep(Duration::from_millis(100));
+            }
+        }
+        self.writers.clear();
+    }
+}
+
+impl Drop for FreezableDisk {
+    fn drop(&mut self) {
+        self.thaw();
+        for w in &mut self.writers {
+            let _ = w.wait();
+        }
+        if self.mounted {
+            let _ = Command::new("umount").arg(self.mount_point()).status();
+        }
+        if let Some(dev) = &self.loop_dev {
+            let _ = Command::new("losetup").args(["-d", dev]).status();
+        }
+        let _ = self.bindfs.kill();
+        let _ = self.bindfs.wait();
+        let _ = Command::new("umount").arg(self.dir.join("fuse")).stderr(Stdio::null()).status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
