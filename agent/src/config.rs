@@ -46,6 +46,10 @@ pub struct AgentArgs {
     /// exit). Unset: the agent leaves the sysctl alone.
     #[arg(long, env = "KSTALL_HUNG_TASK_TIMEOUT_SECS", value_name = "SECS")]
     pub hung_task_timeout_secs: Option<String>,
+    /// Process names (comm) whose OOM kill is flagged critical, comma-separated; replaces the
+    /// default list [default: kubelet,containerd,crio,dockerd,systemd,sshd,node_exporter,alloy,kstall].
+    #[arg(long, env = "KSTALL_CRITICAL_COMMS", value_name = "LIST", value_delimiter = ',')]
+    pub critical_comms: Option<Vec<String>>,
 }
 
 /// The file form: same settings, native TOML types. Unknown keys are errors (a typo must not be
@@ -61,6 +65,7 @@ struct FileConfig {
     log_level: Option<String>,
     tcp_reset_hook: Option<String>,
     hung_task_timeout_secs: Option<u64>,
+    critical_comms: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +92,7 @@ pub struct Config {
     pub log_level: String,
     pub tcp_reset_hook: TcpResetHook,
     pub hung_task_timeout_secs: Option<u64>,
+    pub critical_comms: Vec<String>,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -172,7 +178,13 @@ impl Config {
             (None, None) => None,
         };
 
+        let critical_comms = match args.critical_comms.or(file.critical_comms) {
+            None => probes::oom::DEFAULT_CRITICAL_COMMS.iter().map(|s| s.to_string()).collect(),
+            Some(list) => validate_comms(list)?,
+        };
+
         Ok(Config {
+            critical_comms,
             listen,
             api_socket,
             probes,
@@ -194,6 +206,18 @@ fn check_hung_task_timeout(secs: Option<u64>, text: &str) -> Result<u64, ConfigE
             format!("{text} is not a number of seconds from 1 to 86400"),
         )),
     }
+}
+
+/// A comm is at most 15 bytes (TASK_COMM_LEN - 1): a longer name would never match.
+fn validate_comms(list: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    let comms: Vec<String> = list.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+    if let Some(long) = comms.iter().find(|c| c.len() > 15) {
+        return Err(invalid(
+            "critical_comms",
+            format!("{long:?} is longer than the kernel's 15-byte process name and would never match"),
+        ));
+    }
+    Ok(comms)
 }
 
 fn validate_probes(list: Vec<String>) -> Result<Vec<String>, ConfigError> {
@@ -260,7 +284,8 @@ mod tests {
         let c = resolve(AgentArgs::default()).unwrap();
         assert_eq!(c.listen, "127.0.0.1:9700".parse().unwrap());
         assert_eq!(c.api_socket, PathBuf::from("/run/kstall/kstall.sock"));
-        assert_eq!(c.probes, vec!["tcp-reset".to_string(), "hung-task".to_string()]);
+        assert_eq!(c.probes, vec!["tcp-reset", "hung-task", "oom"]);
+        assert!(c.critical_comms.iter().any(|c| c == "kubelet"));
         assert_eq!(c.hung_task_timeout_secs, None, "the sysctl is left alone unless asked");
         assert_eq!(c.ring_buffer_bytes, 1 << 20);
         assert_eq!(c.tcp_reset_hook, TcpResetHook::Auto);

@@ -86,6 +86,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let refresher = tokio::spawn(refresh_symbols(symbols.clone(), stop_intake.clone()));
     let mut decoder = loaded.decoder.clone();
     decoder.symbols = symbols;
+    decoder.oom.critical_comms = config.critical_comms.clone();
     decoder.clock =
         hung_task::Clock { hz: tokio::task::spawn_blocking(kernel::tick_rate).await.unwrap_or(None) };
     if decoder.clock.hz.is_none() {

@@ -3,13 +3,16 @@
 
 use std::sync::Arc;
 
-use kstall_common::{EventHeader, hung_task::HungTaskEvent, kind, tcp_reset::TcpResetEvent};
+use kstall_common::{
+    EventHeader, hung_task::HungTaskEvent, kind, oom::OomKillEvent, tcp_reset::TcpResetEvent,
+};
 use serde::Serialize;
 
 use crate::{
     hung_tasks::HungTaskCleared,
     probes::{
         hung_task::{self, HungTask},
+        oom::{self, OomKill},
         tcp_reset::{self, TcpReset},
     },
     symbols::Symbols,
@@ -60,6 +63,7 @@ pub enum Payload {
     HungTask(HungTask),
     /// A hung task that left D state or exited.
     HungTaskCleared(HungTaskCleared),
+    OomKill(OomKill),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -77,6 +81,7 @@ pub struct Decoder {
     pub tcp_reset: tcp_reset::Names,
     pub symbols: Arc<Symbols>,
     pub clock: hung_task::Clock,
+    pub oom: oom::Context,
     boot_to_unix_ns: i128,
 }
 
@@ -92,6 +97,7 @@ impl Decoder {
             tcp_reset: tcp_reset::Names::default(),
             symbols: Arc::new(Symbols::default()),
             clock: hung_task::Clock::default(),
+            oom: oom::Context::default(),
             boot_to_unix_ns: boot_to_unix_offset_ns(),
         }
     }
@@ -108,6 +114,11 @@ impl Decoder {
                 check_version(&raw_header, kstall_common::hung_task::VERSION)?;
                 let raw: HungTaskEvent = read_record(bytes, "hung_task event")?;
                 (hung_task::NAME, Payload::HungTask(hung_task::decode(&raw, &self.symbols, self.clock)?))
+            }
+            kind::OOM_KILL => {
+                check_version(&raw_header, kstall_common::oom::VERSION)?;
+                let raw: OomKillEvent = read_record(bytes, "oom_kill event")?;
+                (oom::NAME, Payload::OomKill(oom::decode(&raw, &self.symbols, &self.oom)?))
             }
             other => return Err(DecodeError::UnknownKind(other)),
         };

@@ -7,6 +7,7 @@
 
 pub mod header;
 pub mod hung_task;
+pub mod oom;
 pub mod task;
 pub mod tcp_reset;
 
@@ -16,6 +17,7 @@ pub use header::{EventHeader, TASK_COMM_LEN};
 pub mod kind {
     pub const TCP_RESET: u32 = 1;
     pub const HUNG_TASK: u32 = 2;
+    pub const OOM_KILL: u32 = 3;
     /// One past the highest kind: sizes the per-kind loss counter map.
     pub const COUNT: u32 = 8;
 }

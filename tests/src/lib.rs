@@ -412,3 +412,39 @@ impl Drop for Cgroup {
         let _ = std::fs::remove_dir(&self.path);
     }
 }
+
+/// A memory cgroup with a limit, removed on drop: on cgroup v1 (hybrid hosts) under
+/// `/sys/fs/cgroup/memory`, else the v2 `memory.max` of `v2` itself.
+pub struct MemoryLimit {
+    v1: Option<PathBuf>,
+    procs: PathBuf,
+}
+
+impl MemoryLimit {
+    pub fn new(v2: &Cgroup, bytes: u64) -> Self {
+        let v1_root = Path::new("/sys/fs/cgroup/memory");
+        if v1_root.join("memory.limit_in_bytes").exists() {
+            let dir = v1_root.join(v2.path.file_name().expect("cgroup name"));
+            std::fs::create_dir_all(&dir).expect("v1 memory cgroup");
+            std::fs::write(dir.join("memory.limit_in_bytes"), bytes.to_string()).expect("v1 limit");
+            MemoryLimit { procs: dir.join("cgroup.procs"), v1: Some(dir) }
+        } else {
+            std::fs::write(v2.path.join("memory.max"), bytes.to_string())
+                .expect("v2 memory.max (is the memory controller enabled for the parent?)");
+            MemoryLimit { procs: v2.procs(), v1: None }
+        }
+    }
+
+    /// The `cgroup.procs` a process must join for the limit to apply to it.
+    pub fn procs(&self) -> &Path {
+        &self.procs
+    }
+}
+
+impl Drop for MemoryLimit {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.v1 {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}

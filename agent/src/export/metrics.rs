@@ -24,6 +24,7 @@ pub struct Metrics {
     hung_tasks: IntGaugeVec,
     hung_tasks_total: IntCounterVec,
     hung_task_longest_blocked: IntGauge,
+    oom_kills_total: IntCounterVec,
     ephemeral_ports: RangeInclusive<u16>,
 }
 
@@ -68,6 +69,13 @@ impl Metrics {
             hung_tasks.with_label_values(&[wait.as_str()]).set(0);
         }
         Self {
+            oom_kills_total: counter(
+                &registry,
+                "kstall_oom_kills_total",
+                "OOM kills. scope: memcg (a cgroup limit), global (the node ran out) or unknown; \
+                 critical: the victim is node-critical (kubelet, container runtime, ...).",
+                &["scope", "comm", "critical"],
+            ),
             hung_tasks,
             hung_task_longest_blocked,
             hung_tasks_total: counter(
@@ -148,6 +156,14 @@ impl Metrics {
             }
             Payload::HungTask(hung) => self.hung_tasks_total.with_label_values(&[hung.wait.as_str()]).inc(),
             Payload::HungTaskCleared(_) => {}
+            Payload::OomKill(kill) => self
+                .oom_kills_total
+                .with_label_values(&[
+                    kill.scope.as_str(),
+                    &event.header.comm,
+                    if kill.critical { "true" } else { "false" },
+                ])
+                .inc(),
         }
     }
 

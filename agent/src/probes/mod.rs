@@ -3,6 +3,7 @@
 //! rejection) is reported down with its reason and the others run on.
 
 pub mod hung_task;
+pub mod oom;
 mod task;
 pub mod tcp_reset;
 
@@ -23,6 +24,7 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ks
 pub const ALL: &[ProbeInfo] = &[
     ProbeInfo { name: tcp_reset::NAME, kind: kind::TCP_RESET },
     ProbeInfo { name: hung_task::NAME, kind: kind::HUNG_TASK },
+    ProbeInfo { name: oom::NAME, kind: kind::OOM_KILL },
 ];
 
 pub struct ProbeInfo {
@@ -133,6 +135,13 @@ pub fn load(config: &Config) -> Loaded {
     if enabled(hung_task::NAME) {
         let idx = index_of(hung_task::NAME);
         match hung_task::plan(&vmlinux) {
+            Ok(plan) => plans.push((idx, plan)),
+            Err(e) => statuses[idx].reason = Some(e),
+        }
+    }
+    if enabled(oom::NAME) {
+        let idx = index_of(oom::NAME);
+        match oom::plan(&vmlinux) {
             Ok(plan) => plans.push((idx, plan)),
             Err(e) => statuses[idx].reason = Some(e),
         }

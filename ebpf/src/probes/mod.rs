@@ -1,2 +1,3 @@
 pub mod hung_task;
+pub mod oom;
 pub mod tcp_reset;

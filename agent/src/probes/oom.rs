@@ -1,0 +1,310 @@
+//! OOM kills. Kernel half: `ebpf/src/probes/oom.rs`; event: `common/src/oom.rs`.
+//!
+//! Scope (memcg or global) comes from the call path of the task that invoked the OOM killer:
+//! `mem_cgroup_out_of_memory` is only on the memory-cgroup path, `out_of_memory` without it only
+//! on the node-wide one. With no usable stack the scope is `unknown`: it is never guessed.
+
+use kstall_common::oom::{
+    FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_VICTIM_PID_ONLY, OomConfig, OomKillEvent, STACK_DEPTH,
+};
+use serde::Serialize;
+
+use super::{Plan, ProgramSpec};
+use crate::{
+    events::{DecodeError, comm_string},
+    kernel_btf::{BtfError, KernelBtf},
+    symbols::Symbols,
+};
+
+pub const NAME: &str = "oom";
+const GLOBAL: &str = "OOM_CONFIG";
+const PROG_TASK: ProgramSpec = ProgramSpec { program: "mark_victim", tracepoint: "mark_victim" };
+const PROG_PID: ProgramSpec = ProgramSpec { program: "mark_victim_pid", tracepoint: "mark_victim" };
+
+/// Processes whose death takes the node down with it (incident 2), unless configured otherwise.
+pub const DEFAULT_CRITICAL_COMMS: &[&str] =
+    &["kubelet", "containerd", "crio", "dockerd", "systemd", "sshd", "node_exporter", "alloy", "kstall"];
+
+/// `enum { MM_FILEPAGES, MM_ANONPAGES, MM_SWAPENTS, MM_SHMEMPAGES }` (mm_types_task.h), unchanged
+/// since 4.5.
+const MM_FILEPAGES: usize = 0;
+const MM_ANONPAGES: usize = 1;
+const MM_SHMEMPAGES: usize = 3;
+
+pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, String> {
+    let args = vmlinux.tracepoint_arg_count("mark_victim").map_err(|e| e.to_string())?;
+    let mut cfg =
+        OomConfig { task: super::task::resolve(vmlinux).map_err(|e| e.to_string())?, ..Default::default() };
+    let (program, hook, notes) = if args >= 2 {
+        resolve_victim(vmlinux, &mut cfg).map_err(|e| e.to_string())?;
+        (PROG_TASK, "tp_btf/mark_victim (task, uid)", vec![])
+    } else {
+        let note =
+            "victim: pid only on this kernel (mark_victim(int pid), before 6.9); comm and cgroup unknown";
+        (PROG_PID, "tp_btf/mark_victim (pid)", vec![note.to_string()])
+    };
+    let mut notes = notes;
+    notes.push("scope: from the OOM-invoking call path; OOMing cgroup: unknown on this hook".into());
+    cfg.valid = 1;
+    Ok(Plan {
+        global: GLOBAL,
+        global_value: super::bytes_of(&cfg),
+        programs: vec![program],
+        hook: hook.into(),
+        notes,
+    })
+}
+
+fn resolve_victim(btf: &KernelBtf, cfg: &mut OomConfig) -> Result<(), BtfError> {
+    cfg.task_mm = btf.offset_of("task_struct", "mm")?;
+    cfg.task_signal = btf.offset_of("task_struct", "signal")?;
+    cfg.signal_oom_score_adj = btf.offset_of("signal_struct", "oom_score_adj")?;
+    cfg.mm_total_vm = btf.offset_of("mm_struct", "total_vm")?;
+    // 6.2+: `struct percpu_counter rss_stat[]` (shared count in `.count`); before: `struct
+    // mm_rss_stat { atomic_long_t count[]; }`.
+    let rss = |i: usize| {
+        btf.offset_of("mm_struct", &format!("rss_stat[{i}].count"))
+            .or_else(|_| btf.offset_of("mm_struct", &format!("rss_stat.count[{i}]")))
+    };
+    cfg.mm_rss_file = rss(MM_FILEPAGES)?;
+    cfg.mm_rss_anon = rss(MM_ANONPAGES)?;
+    cfg.mm_rss_shmem = rss(MM_SHMEMPAGES)?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// A memory cgroup hit its limit (a container or pod limit).
+    Memcg,
+    /// The node ran out of memory.
+    Global,
+    Unknown,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Memcg => "memcg",
+            Scope::Global => "global",
+            Scope::Unknown => "unknown",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Invoker {
+    pub pid: u32,
+    pub tgid: u32,
+    pub comm: String,
+    pub cgroup_id: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OomKill {
+    pub scope: Scope,
+    /// The victim is a node-critical process (kubelet, the container runtime, ...).
+    pub critical: bool,
+    /// Only the victim's pid is known (kernels before 6.9 without the fuller tracepoint).
+    pub victim_pid_only: bool,
+    pub anon_rss_bytes: Option<u64>,
+    pub file_rss_bytes: Option<u64>,
+    pub shmem_rss_bytes: Option<u64>,
+    pub total_vm_bytes: Option<u64>,
+    pub oom_score_adj: Option<i32>,
+    /// The cgroup whose limit was hit; not known from this hook.
+    pub oom_cgroup_id: Option<u64>,
+    pub invoker: Invoker,
+    /// The invoking task's kernel stack, innermost first: the evidence for `scope`.
+    pub invoker_stack: Vec<String>,
+}
+
+/// What decoding an OOM kill needs besides the record.
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub critical_comms: Vec<String>,
+    pub agent_pid: u32,
+    pub page_size: u64,
+}
+
+impl Default for Context {
+    fn default() -> Self {
+        Self {
+            critical_comms: DEFAULT_CRITICAL_COMMS.iter().map(|s| s.to_string()).collect(),
+            agent_pid: std::process::id(),
+            // SAFETY: sysconf has no preconditions.
+            page_size: u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096),
+        }
+    }
+}
+
+pub fn decode(ev: &OomKillEvent, symbols: &Symbols, ctx: &Context) -> Result<OomKill, DecodeError> {
+    let stack: Vec<String> = if ev.stack_bytes > 0 {
+        let n = ((ev.stack_bytes as usize) / 8).min(STACK_DEPTH);
+        ev.invoker_stack[..n]
+            .iter()
+            .map(|&a| symbols.resolve(a).map(|f| f.to_string()).unwrap_or_else(|| format!("{a:#x}")))
+            // The innermost frames are kstall's own program and the tracepoint glue.
+            .skip_while(|f| f.ends_with(" [bpf]") || f.starts_with("bpf_trace_run"))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let has_rss = ev.flags & FLAG_HAS_RSS != 0;
+    let bytes = |pages: u64| has_rss.then(|| pages.saturating_mul(ctx.page_size));
+    let comm = comm_string(&ev.header.comm);
+    let critical = ev.header.pid == ctx.agent_pid || (!comm.is_empty() && ctx.critical_comms.contains(&comm));
+    Ok(OomKill {
+        scope: scope_of(stack.iter().map(String::as_str)),
+        critical,
+        victim_pid_only: ev.flags & FLAG_VICTIM_PID_ONLY != 0,
+        anon_rss_bytes: bytes(ev.anon_rss),
+        file_rss_bytes: bytes(ev.file_rss),
+        shmem_rss_bytes: bytes(ev.shmem_rss),
+        total_vm_bytes: bytes(ev.total_vm),
+        oom_score_adj: (ev.flags & FLAG_HAS_SCORE_ADJ != 0).then_some(ev.oom_score_adj),
+        oom_cgroup_id: None,
+        invoker: Invoker {
+            pid: ev.invoker_pid,
+            tgid: ev.invoker_tgid,
+            comm: comm_string(&ev.invoker_comm),
+            cgroup_id: ev.invoker_cgroup_id,
+        },
+        invoker_stack: stack,
+    })
+}
+
+/// memcg when the memory-cgroup charge path is on the stack, global when the OOM killer was
+/// entered without it, unknown without a usable stack.
+pub fn scope_of<'a>(frames: impl Iterator<Item = &'a str> + Clone) -> Scope {
+    let names = frames.map(|f| f.split(['+', ' ']).next().unwrap_or(f));
+    const MEMCG: &[&str] = &[
+        "mem_cgroup_out_of_memory",
+        "mem_cgroup_oom",
+        "try_charge_memcg",
+        "try_charge",
+        "mem_cgroup_oom_synchronize",
+    ];
+    const GLOBAL: &[&str] = &[
+        "out_of_memory",
+        "pagefault_out_of_memory",
+        "__alloc_pages_may_oom",
+        "__alloc_pages_slowpath",
+        "moom_callback",
+    ];
+    if names.clone().any(|n| MEMCG.contains(&n)) {
+        Scope::Memcg
+    } else if names.clone().any(|n| GLOBAL.contains(&n)) {
+        Scope::Global
+    } else {
+        Scope::Unknown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kstall_common::{EventHeader, kind};
+
+    use super::*;
+    use crate::{kernel_btf::tests::kernel, symbols::SymbolTable};
+
+    #[test]
+    fn scope_from_the_invoking_call_path() {
+        let memcg = [
+            "dump_stack_lvl+0x5d",
+            "oom_kill_process+0x110",
+            "out_of_memory+0x246",
+            "mem_cgroup_out_of_memory+0x13c",
+            "try_charge_memcg+0x3ea",
+        ];
+        assert_eq!(scope_of(memcg.iter().copied()), Scope::Memcg);
+        let global = [
+            "oom_kill_process+0x110",
+            "out_of_memory+0x246",
+            "__alloc_pages_slowpath+0xa1d",
+            "__alloc_pages_noprof+0x2f0",
+        ];
+        assert_eq!(scope_of(global.iter().copied()), Scope::Global);
+        assert_eq!(scope_of(["pagefault_out_of_memory+0x3c"].iter().copied()), Scope::Global);
+        assert_eq!(scope_of([].iter().copied()), Scope::Unknown, "no stack, no guess");
+        assert_eq!(
+            scope_of(["0xffffffff81597b20"].iter().copied()),
+            Scope::Unknown,
+            "unsymbolized, no guess"
+        );
+    }
+
+    fn kill(comm: &[u8], pid: u32) -> OomKillEvent {
+        let mut header = EventHeader::zeroed();
+        header.kind = kind::OOM_KILL;
+        header.version = kstall_common::oom::VERSION;
+        header.pid = pid;
+        header.comm[..comm.len()].copy_from_slice(comm);
+        let mut ev = OomKillEvent {
+            header,
+            invoker_pid: 5,
+            invoker_tgid: 5,
+            invoker_cgroup_id: 77,
+            invoker_comm: [0; 16],
+            anon_rss: 1000,
+            file_rss: 10,
+            shmem_rss: 1,
+            total_vm: 5000,
+            oom_score_adj: -998,
+            flags: FLAG_HAS_RSS | FLAG_HAS_SCORE_ADJ,
+            stack_bytes: 16,
+            invoker_stack: [0; STACK_DEPTH],
+        };
+        ev.invoker_stack[0] = 0xffffffff81597b30;
+        ev.invoker_stack[1] = 0xffffffff8168b540;
+        ev
+    }
+
+    #[test]
+    fn decodes_a_memcg_kill_with_rss_in_bytes() {
+        let symbols = Symbols::from_table(SymbolTable::parse(
+            "ffffffff81597b20 T out_of_memory\nffffffff8168b530 t mem_cgroup_out_of_memory\n",
+        ));
+        let ctx = Context { page_size: 4096, agent_pid: 1, ..Context::default() };
+        let k = decode(&kill(b"python3", 42), &symbols, &ctx).unwrap();
+        assert_eq!(k.scope, Scope::Memcg);
+        assert_eq!(k.anon_rss_bytes, Some(4_096_000));
+        assert_eq!(k.oom_score_adj, Some(-998));
+        assert_eq!(k.invoker.cgroup_id, 77);
+        assert!(!k.critical);
+        assert_eq!(k.invoker_stack, vec!["out_of_memory+0x10", "mem_cgroup_out_of_memory+0x10"]);
+    }
+
+    #[test]
+    fn critical_victims() {
+        let ctx = Context { agent_pid: 4242, ..Context::default() };
+        let symbols = Symbols::default();
+        assert!(decode(&kill(b"kubelet", 42), &symbols, &ctx).unwrap().critical);
+        assert!(decode(&kill(b"whatever", 4242), &symbols, &ctx).unwrap().critical, "the agent itself");
+        assert!(!decode(&kill(b"kubelet-helper", 42), &symbols, &ctx).unwrap().critical, "exact names");
+        let mut pid_only = kill(b"", 42);
+        pid_only.flags = FLAG_VICTIM_PID_ONLY;
+        let k = decode(&pid_only, &symbols, &ctx).unwrap();
+        assert!(k.victim_pid_only && !k.critical && k.anon_rss_bytes.is_none() && k.oom_score_adj.is_none());
+    }
+
+    #[test]
+    fn plans_both_tracepoint_forms() {
+        // Debian's 6.1.0-57 carries the 6.9 form (backported): detected from BTF, not the version.
+        for k in ["6.1", "6.12", "6.18"] {
+            let p = plan(&kernel(k)).unwrap();
+            assert_eq!(p.programs[0].program, "mark_victim", "{k}");
+        }
+        // Both rss_stat layouts resolve (percpu_counter since 6.2, atomic_long_t before).
+        for k in ["6.1", "6.12", "6.18"] {
+            let mut cfg = OomConfig::default();
+            resolve_victim(&kernel(k), &mut cfg).unwrap_or_else(|e| panic!("{k}: {e}"));
+            let stride = cfg.mm_rss_anon - cfg.mm_rss_file;
+            assert_eq!(
+                cfg.mm_rss_shmem - cfg.mm_rss_anon,
+                2 * stride,
+                "{k}: counters 0, 1 and 3 of one array"
+            );
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! OOM kills. Kernel half: `ebpf/src/probes/oom.rs`; agent half: `agent/src/probes/oom.rs`.
+
+use crate::{
+    header::{EventHeader, TASK_COMM_LEN},
+    task::TaskOffsets,
+};
+
+pub const VERSION: u32 = 1;
+/// Frames of the OOM-invoking task's kernel stack: its call path tells a memcg OOM
+/// (`mem_cgroup_out_of_memory`) from a global one (`out_of_memory` from the page allocator).
+pub const STACK_DEPTH: usize = 32;
+
+/// `flags` bits.
+/// Only the victim's pid is known (the `mark_victim(int pid)` form before 6.9).
+pub const FLAG_VICTIM_PID_ONLY: u32 = 1 << 0;
+/// `anon_rss`/`file_rss`/`shmem_rss`/`total_vm` were read from the victim's mm.
+pub const FLAG_HAS_RSS: u32 = 1 << 1;
+/// `oom_score_adj` was read.
+pub const FLAG_HAS_SCORE_ADJ: u32 = 1 << 2;
+
+/// One OOM kill. The header describes the victim; `invoker_*` the task whose allocation ran the
+/// OOM killer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OomKillEvent {
+    pub header: EventHeader,
+    pub invoker_pid: u32,
+    pub invoker_tgid: u32,
+    pub invoker_cgroup_id: u64,
+    pub invoker_comm: [u8; TASK_COMM_LEN],
+    /// Pages.
+    pub anon_rss: u64,
+    pub file_rss: u64,
+    pub shmem_rss: u64,
+    pub total_vm: u64,
+    pub oom_score_adj: i32,
+    pub flags: u32,
+    /// Bytes `bpf_get_stack` wrote into `invoker_stack`, or a negative errno.
+    pub stack_bytes: i64,
+    pub invoker_stack: [u64; STACK_DEPTH],
+}
+
+const _: () = assert!(size_of::<OomKillEvent>() == 56 + 16 + 16 + 32 + 8 + 8 + 8 * STACK_DEPTH);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OomConfig {
+    pub valid: u32,
+    pub task: TaskOffsets,
+    pub task_mm: u32,
+    pub task_signal: u32,
+    pub signal_oom_score_adj: u32,
+    /// `mm->rss_stat` counters (8-byte counts; the layout changed in 6.2, resolved per kernel).
+    pub mm_rss_file: u32,
+    pub mm_rss_anon: u32,
+    pub mm_rss_shmem: u32,
+    pub mm_total_vm: u32,
+    pub _pad: u32,
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: repr(C), integers only, no implicit padding.
+    unsafe impl aya::Pod for super::OomConfig {}
+    unsafe impl aya::Pod for super::OomKillEvent {}
+}

@@ -1,0 +1,138 @@
+//! OOM kills. Agent half: `agent/src/probes/oom.rs`; event: `common/src/oom.rs`.
+//!
+//! Hooks (match-proto): `tp_btf/mark_victim`, called by `mark_oom_victim()` for every task the OOM
+//! killer picks, in the context of the task that invoked it:
+//!
+//! - 6.9 and later (and some 6.1.y backports): `TP_PROTO(struct task_struct *task, uid_t uid)`,
+//!   program `mark_victim`; everything about the victim is read from `task`.
+//! - before: `TP_PROTO(int pid)`, program `mark_victim_pid`; only the victim's pid is known.
+//!
+//! In both, `current` is the invoking task; its kernel stack (`bpf_get_stack`) is the call path
+//! that says whether a memory cgroup or the whole node ran out.
+
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_stack, bpf_ktime_get_boot_ns},
+    macros::btf_tracepoint,
+    programs::BtfTracePointContext,
+};
+use kstall_common::{
+    kind,
+    oom::{
+        FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_VICTIM_PID_ONLY, OomConfig, OomKillEvent, STACK_DEPTH, VERSION,
+    },
+    task::TaskOffsets,
+};
+
+use crate::{
+    maps::{reserve, submit},
+    read::at,
+    task::fill_header,
+};
+
+/// Filled by the agent from the running kernel's BTF before load.
+#[unsafe(no_mangle)]
+static OOM_CONFIG: OomConfig = OomConfig {
+    valid: 0,
+    task: TaskOffsets {
+        pid: 0,
+        tgid: 0,
+        comm: 0,
+        cgroups: 0,
+        css_set_dfl_cgrp: 0,
+        cgroup_kn: 0,
+        kernfs_node_id: 0,
+        nsproxy: 0,
+        nsproxy_net_ns: 0,
+        net_ns_inum: 0,
+    },
+    task_mm: 0,
+    task_signal: 0,
+    signal_oom_score_adj: 0,
+    mm_rss_file: 0,
+    mm_rss_anon: 0,
+    mm_rss_shmem: 0,
+    mm_total_vm: 0,
+    _pad: 0,
+};
+
+#[btf_tracepoint(function = "mark_victim")]
+pub fn mark_victim(ctx: BtfTracePointContext) -> u32 {
+    let task: *const u8 = ctx.arg(0);
+    emit_kill(&ctx, Victim::Task(task));
+    0
+}
+
+#[btf_tracepoint(function = "mark_victim")]
+pub fn mark_victim_pid(ctx: BtfTracePointContext) -> u32 {
+    let pid: i32 = ctx.arg(0);
+    emit_kill(&ctx, Victim::Pid(pid as u32));
+    0
+}
+
+enum Victim {
+    Task(*const u8),
+    Pid(u32),
+}
+
+#[inline(always)]
+fn emit_kill(ctx: &BtfTracePointContext, victim: Victim) {
+    let cfg = unsafe { core::ptr::read_volatile(&OOM_CONFIG) };
+    if cfg.valid == 0 {
+        return;
+    }
+    let Some(mut entry) = reserve::<OomKillEvent>(kind::OOM_KILL) else { return };
+    let ev = entry.as_mut_ptr();
+    // SAFETY: `ev` is reserved ring buffer memory of the right size, zeroed before use.
+    unsafe {
+        core::ptr::write_bytes(ev, 0, 1);
+        let ev = &mut *ev;
+        ev.header.kind = kind::OOM_KILL;
+        ev.header.version = VERSION;
+        ev.header.timestamp_ns = bpf_ktime_get_boot_ns();
+        ev.invoker_pid = ctx.pid();
+        ev.invoker_tgid = ctx.tgid();
+        ev.invoker_cgroup_id = bpf_get_current_cgroup_id();
+        ev.invoker_comm = bpf_get_current_comm().unwrap_or_default();
+        match victim {
+            Victim::Task(task) => {
+                // An exiting victim has no nsproxy: that only leaves netns at 0.
+                let _ = fill_header(&cfg.task, task, &mut ev.header);
+                fill_rss(&cfg, task, ev);
+            }
+            Victim::Pid(pid) => {
+                ev.header.pid = pid;
+                ev.flags |= FLAG_VICTIM_PID_ONLY;
+            }
+        }
+        ev.stack_bytes =
+            bpf_get_stack(ctx.as_ptr(), ev.invoker_stack.as_mut_ptr().cast(), (STACK_DEPTH * 8) as u32, 0);
+    }
+    submit(entry);
+}
+
+#[inline(always)]
+fn fill_rss(cfg: &OomConfig, task: *const u8, ev: &mut OomKillEvent) {
+    if let Ok(signal) = at::<*const u8>(task, cfg.task_signal)
+        && let Ok(adj) = at::<i16>(signal, cfg.signal_oom_score_adj)
+    {
+        ev.oom_score_adj = adj.into();
+        ev.flags |= FLAG_HAS_SCORE_ADJ;
+    }
+    let Ok(mm) = at::<*const u8>(task, cfg.task_mm) else { return };
+    // The kernel's own tracepoint reads the same counters (get_mm_counter: the shared count,
+    // without per-CPU deltas since 6.2): negative transient values read as 0.
+    let pages = |off: u32| at::<i64>(mm, off).map(|v| v.max(0) as u64);
+    if let (Ok(anon), Ok(file), Ok(shmem), Ok(total_vm)) = (
+        pages(cfg.mm_rss_anon),
+        pages(cfg.mm_rss_file),
+        pages(cfg.mm_rss_shmem),
+        at::<u64>(mm, cfg.mm_total_vm),
+    ) {
+        ev.anon_rss = anon;
+        ev.file_rss = file;
+        ev.shmem_rss = shmem;
+        ev.total_vm = total_vm;
+        ev.flags |= FLAG_HAS_RSS;
+    }
+}

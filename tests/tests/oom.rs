@@ -1,0 +1,69 @@
+//! The OOM probe against the real kernel: a process in a test memory cgroup allocates past the
+//! cgroup's limit and is killed by the memcg OOM killer (never the node-wide one: the process
+//! also stops by itself well before the host would run short).
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use kstall_tests::{Agent, Cgroup, MemoryLimit, kernel_tests_can_run};
+
+const LIMIT: u64 = 64 << 20;
+
+#[test]
+fn memcg_oom_kill_is_reported_with_victim_cgroup_scope_and_rss() {
+    if !kernel_tests_can_run("memcg_oom_kill_is_reported_with_victim_cgroup_scope_and_rss") {
+        return;
+    }
+    let cgroup = Cgroup::new("oom");
+    let limit = MemoryLimit::new(&cgroup, LIMIT);
+    let mut agent = Agent::start(&[]);
+    let events = agent.subscribe();
+
+    // Joins both hierarchies (attribution reads the v2 one), then allocates 8 MiB at a time up
+    // to 512 MiB at most: far past the limit, far below what this machine has.
+    let script = format!(
+        "echo $$ > {v2} && echo $$ > {v1} && exec python3 -c 'x = [bytearray(8 << 20) for _ in range(64)]'",
+        v2 = cgroup.procs().display(),
+        v1 = limit.procs().display()
+    );
+    let mut victim = Command::new("sh").args(["-c", &script]).spawn().expect("start the allocator");
+    let pid = victim.id();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = victim.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "allocator still running after 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL),
+        "OOM-killed: {status}"
+    );
+
+    let kills = events.collect(|e| e["kind"] == "oom_kill" && e["pid"] == pid, 1, Duration::from_secs(10));
+    assert_eq!(kills.len(), 1, "{kills:#?}\n{}", agent.log());
+    let k = &kills[0];
+    assert_eq!(k["comm"], "python3", "{k}");
+    assert_eq!(k["tgid"], pid, "{k}");
+    assert_eq!(k["cgroup_id"], cgroup.id(), "{k}");
+    assert_eq!(k["scope"], "memcg", "{k}");
+    assert_eq!(k["critical"], false, "{k}");
+    let anon = k["anon_rss_bytes"].as_u64().expect("rss");
+    assert!((LIMIT / 2..=LIMIT).contains(&anon), "anon rss {anon} near the {LIMIT}-byte limit: {k}");
+    assert!(
+        k["invoker_stack"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f.as_str().unwrap().starts_with("mem_cgroup_out_of_memory")),
+        "{k}"
+    );
+
+    let series = r#"kstall_oom_kills_total{comm="python3",critical="false",scope="memcg"}"#;
+    assert_eq!(agent.metric(series), Some(1.0), "{}", agent.metrics());
+    assert_eq!(agent.stop(), Some(0));
+}
