@@ -141,7 +141,7 @@ mod tests {
             payload: Payload::HungTask(HungTask {
                 blocked_secs: Some(blocked),
                 wait,
-                stack: vec![],
+                stack: Default::default(),
                 blocker: None,
                 exiting: false,
             }),

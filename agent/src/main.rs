@@ -1,20 +1,10 @@
-//! kstall: eBPF node agent that explains why pods and nodes stall.
-
-mod api;
-mod cli;
-mod config;
-mod daemon;
-mod events;
-mod export;
-mod hung_tasks;
-mod kernel;
-mod kernel_btf;
-mod probes;
-mod symbols;
+//! kstall: eBPF node agent that explains why pods and nodes stall. The library holds the agent;
+//! this file parses the command line and runs the chosen command.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, error::ErrorKind};
+use kstall::{cli, config};
 
 #[derive(Debug, Parser)]
 #[command(name = "kstall", version, about = "eBPF node agent: why pods and nodes stall")]

@@ -1,49 +1,40 @@
 //! Kernel stack symbolization from `/proc/kallsyms`, reloaded when the set of loaded modules
 //! changes (module symbols move when modules come and go).
+//!
+//! A symbolized [`Stack`] holds symbol indices into the table it was resolved against, not text:
+//! resolving is a search per frame and nothing else, classification reads the names in place, and
+//! `name+0xoff [module]` strings are only built when a stack is shown or serialized.
 
 use std::{
     collections::hash_map::DefaultHasher,
+    fmt::Write as _,
     hash::{Hash as _, Hasher as _},
-    sync::RwLock,
+    sync::{Arc, RwLock},
 };
 
-/// One kernel symbol: start address, name, module (`None` for vmlinux).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Symbol {
-    addr: u64,
-    name: String,
-    module: Option<String>,
-}
+use serde::{Serialize, Serializer, ser::SerializeSeq as _};
 
-/// A resolved frame: `name+0xoff [module]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Frame {
-    pub name: String,
-    pub offset: u64,
-    pub module: Option<String>,
-}
-
-impl std::fmt::Display for Frame {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}+{:#x}", self.name, self.offset)?;
-        if let Some(m) = &self.module {
-            write!(f, " [{m}]")?;
-        }
-        Ok(())
-    }
-}
-
-/// Sorted symbol table.
+/// Sorted symbol table. A lookup first searches `index` (every `BLOCK`th start address: a few
+/// KB, always in cache), then one block of `addrs` (a few cache lines): a whole-kernel table is
+/// ~1 MB of addresses, and a plain binary search over it misses the cache at nearly every step.
 #[derive(Debug, Default)]
 pub struct SymbolTable {
-    symbols: Vec<Symbol>,
+    index: Vec<u64>,
+    addrs: Vec<u64>,
+    /// Per symbol: name and index into `modules` (`VMLINUX` for the kernel image).
+    names: Vec<(Box<str>, u16)>,
+    modules: Vec<Box<str>>,
 }
+
+const VMLINUX: u16 = u16::MAX;
+const BLOCK: usize = 64;
 
 impl SymbolTable {
     /// Parses kallsyms text (`addr type name [module]`). Lines that do not parse are skipped; all
     /// addresses 0 (kptr_restrict hides them) leave the table empty.
     pub fn parse(text: &str) -> Self {
-        let mut symbols: Vec<Symbol> = text
+        let mut modules: Vec<Box<str>> = Vec::new();
+        let mut symbols: Vec<(u64, Box<str>, u16)> = text
             .lines()
             .filter_map(|line| {
                 let mut parts = line.split_whitespace();
@@ -54,42 +45,143 @@ impl SymbolTable {
                 if addr == 0 || !matches!(kind, "T" | "t" | "W" | "w") {
                     return None;
                 }
-                let module = parts.next().map(|m| m.trim_matches(|c| c == '[' || c == ']').to_string());
-                Some(Symbol { addr, name: name.to_string(), module })
+                let module = match parts.next().map(|m| m.trim_matches(|c| c == '[' || c == ']')) {
+                    None => VMLINUX,
+                    Some(m) => match modules.iter().position(|known| &**known == m) {
+                        Some(i) => i as u16,
+                        None if modules.len() < usize::from(VMLINUX) => {
+                            modules.push(m.into());
+                            (modules.len() - 1) as u16
+                        }
+                        None => VMLINUX,
+                    },
+                };
+                Some((addr, name.into(), module))
             })
             .collect();
-        symbols.sort_by_key(|s| s.addr);
-        Self { symbols }
+        symbols.sort_by_key(|s| s.0);
+        let addrs: Vec<u64> = symbols.iter().map(|s| s.0).collect();
+        let index = addrs.iter().step_by(BLOCK).copied().collect();
+        let names = symbols.into_iter().map(|(_, name, module)| (name, module)).collect();
+        Self { index, addrs, names, modules }
     }
 
     pub fn len(&self) -> usize {
-        self.symbols.len()
+        self.addrs.len()
     }
 
-    /// The symbol containing `addr` (the last one starting at or below it).
-    pub fn resolve(&self, addr: u64) -> Option<Frame> {
-        let idx = self.symbols.partition_point(|s| s.addr <= addr).checked_sub(1)?;
-        let s = &self.symbols[idx];
-        Some(Frame { name: s.name.clone(), offset: addr - s.addr, module: s.module.clone() })
+    pub fn is_empty(&self) -> bool {
+        self.addrs.is_empty()
+    }
+
+    /// Index of the symbol containing `addr` (the last one starting at or below it).
+    fn lookup(&self, addr: u64) -> Option<usize> {
+        let block = self.index.partition_point(|&a| a <= addr).checked_sub(1)?;
+        let start = block * BLOCK;
+        let end = (start + BLOCK).min(self.addrs.len());
+        Some(start + self.addrs[start..end].partition_point(|&a| a <= addr) - 1)
+    }
+
+    fn name(&self, symbol: u32) -> &str {
+        &self.names[symbol as usize].0
+    }
+
+    fn module(&self, symbol: u32) -> Option<&str> {
+        let module = self.names[symbol as usize].1;
+        (module != VMLINUX).then(|| &*self.modules[usize::from(module)])
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StackFrame {
+    Symbol { index: u32, offset: u32 },
+    Unknown(u64),
+}
+
+/// A kernel stack, innermost frame first, resolved against one snapshot of the symbol table.
+#[derive(Clone, Default)]
+pub struct Stack {
+    table: Arc<SymbolTable>,
+    frames: Vec<StackFrame>,
+}
+
+impl Stack {
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// Function names, innermost first (`""` for an address no symbol covers).
+    pub fn names(&self) -> impl Iterator<Item = &str> + Clone {
+        self.frames.iter().map(|f| match *f {
+            StackFrame::Symbol { index, .. } => self.table.name(index),
+            StackFrame::Unknown(_) => "",
+        })
+    }
+
+    /// `name+0xoff [module]` per frame (hex for unknown addresses), innermost first.
+    pub fn texts(&self) -> impl Iterator<Item = String> + '_ {
+        self.frames.iter().map(|f| match *f {
+            StackFrame::Symbol { index, offset } => {
+                let mut text = format!("{}+{offset:#x}", self.table.name(index));
+                if let Some(m) = self.table.module(index) {
+                    let _ = write!(text, " [{m}]");
+                }
+                text
+            }
+            StackFrame::Unknown(addr) => format!("{addr:#x}"),
+        })
+    }
+
+    /// Drops innermost frames while `pred(name, module)` holds (e.g. the probe's own frames).
+    pub fn trim_innermost(&mut self, pred: impl Fn(&str, Option<&str>) -> bool) {
+        let keep_from = self
+            .frames
+            .iter()
+            .position(|f| match *f {
+                StackFrame::Symbol { index, .. } => !pred(self.table.name(index), self.table.module(index)),
+                StackFrame::Unknown(_) => true,
+            })
+            .unwrap_or(self.frames.len());
+        self.frames.drain(..keep_from);
+    }
+}
+
+impl PartialEq for Stack {
+    fn eq(&self, other: &Self) -> bool {
+        self.texts().eq(other.texts())
+    }
+}
+
+impl std::fmt::Debug for Stack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.texts()).finish()
+    }
+}
+
+impl Serialize for Stack {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.len()))?;
+        for text in self.texts() {
+            seq.serialize_element(&text)?;
+        }
+        seq.end()
     }
 }
 
 /// The live table plus what it was built from, so a change of modules triggers a reload.
+#[derive(Default)]
 pub struct Symbols {
-    table: RwLock<SymbolTable>,
+    table: RwLock<Arc<SymbolTable>>,
     modules_hash: RwLock<u64>,
 }
 
-impl Default for Symbols {
-    fn default() -> Self {
-        Self { table: RwLock::new(SymbolTable::default()), modules_hash: RwLock::new(0) }
-    }
-}
-
 impl Symbols {
-    #[cfg(test)]
     pub fn from_table(table: SymbolTable) -> Self {
-        Self { table: RwLock::new(table), modules_hash: RwLock::new(0) }
+        Self { table: RwLock::new(Arc::new(table)), ..Self::default() }
     }
 
     /// Reloads `/proc/kallsyms` when `/proc/modules` changed since the last load (or on first
@@ -107,21 +199,45 @@ impl Symbols {
             (fields.first(), fields.get(5)).hash(&mut hasher);
         }
         let hash = hasher.finish();
-        if *self.modules_hash.read().expect("lock") == hash && self.len() > 0 {
+        if *self.modules_hash.read().expect("lock") == hash && !self.is_empty() {
             return Ok(false);
         }
         let table = SymbolTable::parse(&std::fs::read_to_string("/proc/kallsyms")?);
-        *self.table.write().expect("lock") = table;
+        *self.table.write().expect("lock") = Arc::new(table);
         *self.modules_hash.write().expect("lock") = hash;
         Ok(true)
     }
 
+    /// Symbols in the current table (0 until loaded, or when kptr_restrict hides addresses).
     pub fn len(&self) -> usize {
         self.table.read().expect("lock").len()
     }
 
-    pub fn resolve(&self, addr: u64) -> Option<Frame> {
-        self.table.read().expect("lock").resolve(addr)
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Resolves a stack the kernel wrote into `raw` with `bpf_get_stack`/`bpf_get_task_stack`,
+    /// which returned `bytes_written` (negative: an error, no frames).
+    pub fn kernel_stack(&self, raw: &[u64], bytes_written: i64) -> Stack {
+        let frames = usize::try_from(bytes_written).map_or(0, |b| (b / 8).min(raw.len()));
+        self.stack(&raw[..frames])
+    }
+
+    /// Resolves `addrs` (innermost first) against the current table.
+    pub fn stack(&self, addrs: &[u64]) -> Stack {
+        let table = self.table.read().expect("lock").clone();
+        let frames = addrs
+            .iter()
+            .map(|&addr| match table.lookup(addr) {
+                Some(index) => match u32::try_from(addr - table.addrs[index]) {
+                    Ok(offset) => StackFrame::Symbol { index: index as u32, offset },
+                    Err(_) => StackFrame::Unknown(addr),
+                },
+                None => StackFrame::Unknown(addr),
+            })
+            .collect();
+        Stack { table, frames }
     }
 }
 
@@ -140,15 +256,57 @@ garbage line
 0000000000000000 T hidden
 ";
 
+    fn texts(stack: &Stack) -> Vec<String> {
+        stack.texts().collect()
+    }
+
     #[test]
     fn resolves_to_the_enclosing_symbol_with_offset_and_module() {
-        let table = SymbolTable::parse(SAMPLE);
-        assert_eq!(table.len(), 5, "data symbols, garbage and zero addresses are skipped");
-        let f = table.resolve(0xffffffff81100412).unwrap();
-        assert_eq!((f.name.as_str(), f.offset, f.module.as_deref()), ("folio_wait_writeback", 0x12, None));
-        let f = table.resolve(0xffffffffc0a00310).unwrap();
-        assert_eq!(f.to_string(), "nfs4_file_flush+0x10 [nfsv4]");
-        assert!(table.resolve(0x1000).is_none(), "below every symbol");
+        let symbols = Symbols::from_table(SymbolTable::parse(SAMPLE));
+        assert_eq!(symbols.len(), 5, "data symbols, garbage and zero addresses are skipped");
+        let stack = symbols.stack(&[0xffffffff81100412, 0xffffffffc0a00310, 0xffffffff81100000, 0x1000]);
+        assert_eq!(
+            texts(&stack),
+            [
+                "folio_wait_writeback+0x12",
+                "nfs4_file_flush+0x10 [nfsv4]",
+                "folio_wait_bit_common+0x0",
+                "0x1000"
+            ]
+        );
+        assert_eq!(
+            stack.names().collect::<Vec<_>>(),
+            ["folio_wait_writeback", "nfs4_file_flush", "folio_wait_bit_common", ""]
+        );
+        assert_eq!(serde_json::to_value(&stack).unwrap()[1], "nfs4_file_flush+0x10 [nfsv4]");
+    }
+
+    #[test]
+    fn two_level_search_matches_a_plain_one() {
+        let text: String =
+            (0..1000u64).map(|i| format!("{:x} T f{i}\n", 0x1000 + i * 0x40 + (i % 7))).collect();
+        let table = SymbolTable::parse(&text);
+        for addr in (0x0f00..0x1000 + 1000 * 0x40 + 0x100).step_by(3) {
+            let plain = table.addrs.partition_point(|&a| a <= addr).checked_sub(1);
+            assert_eq!(table.lookup(addr), plain, "{addr:#x}");
+        }
+    }
+
+    #[test]
+    fn a_stack_keeps_the_table_it_was_resolved_against() {
+        let symbols = Symbols::from_table(SymbolTable::parse(SAMPLE));
+        let stack = symbols.stack(&[0xffffffff81100412]);
+        *symbols.table.write().unwrap() = Arc::new(SymbolTable::default());
+        assert_eq!(texts(&stack), ["folio_wait_writeback+0x12"]);
+        assert_eq!(texts(&symbols.stack(&[0xffffffff81100412])), ["0xffffffff81100412"]);
+    }
+
+    #[test]
+    fn trims_innermost_frames() {
+        let symbols = Symbols::from_table(SymbolTable::parse(SAMPLE));
+        let mut stack = symbols.stack(&[0xffffffffc0a00010, 0xffffffffc0a00310, 0xffffffff81100412]);
+        stack.trim_innermost(|name, module| module == Some("nfs") || name.starts_with("nfs4"));
+        assert_eq!(texts(&stack), ["folio_wait_writeback+0x12"]);
     }
 
     #[test]

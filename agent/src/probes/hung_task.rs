@@ -5,12 +5,18 @@
 
 use kstall_common::hung_task::{
     BLOCKER_TYPE_MASK, BLOCKER_TYPE_MUTEX, BLOCKER_TYPE_RWSEM_READER, BLOCKER_TYPE_RWSEM_WRITER,
-    BLOCKER_TYPE_SEM, FLAG_BLOCKER_TRACKED, FLAG_NO_NSPROXY, HungTaskConfig, HungTaskEvent, STACK_DEPTH,
+    BLOCKER_TYPE_SEM, FLAG_BLOCKER_TRACKED, FLAG_NO_NSPROXY, HungTaskConfig, HungTaskEvent,
 };
+use std::sync::LazyLock;
+
 use serde::Serialize;
 
 use super::{Plan, ProgramSpec};
-use crate::{events::DecodeError, kernel_btf::KernelBtf, symbols::Symbols};
+use crate::{
+    events::DecodeError,
+    kernel_btf::KernelBtf,
+    symbols::{Stack, Symbols},
+};
 
 pub const NAME: &str = "hung-task";
 const GLOBAL: &str = "HUNG_TASK_CONFIG";
@@ -102,7 +108,7 @@ pub struct HungTask {
     pub blocked_secs: Option<u64>,
     pub wait: WaitClass,
     /// Symbolized kernel stack, innermost frame first.
-    pub stack: Vec<String>,
+    pub stack: Stack,
     /// What the task blocks on, on kernels that track it.
     pub blocker: Option<Blocker>,
     /// The task is exiting (no namespaces left), as in incident 1's `do_exit` flush.
@@ -116,15 +122,7 @@ pub struct Clock {
 }
 
 pub fn decode(ev: &HungTaskEvent, symbols: &Symbols, clock: Clock) -> Result<HungTask, DecodeError> {
-    let frames = if ev.stack_bytes > 0 {
-        let n = ((ev.stack_bytes as usize) / 8).min(STACK_DEPTH);
-        ev.stack[..n]
-            .iter()
-            .map(|&addr| symbols.resolve(addr).map(|f| f.to_string()).unwrap_or_else(|| format!("{addr:#x}")))
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let stack = symbols.kernel_stack(&ev.stack, ev.stack_bytes);
     let blocker = (ev.flags & FLAG_BLOCKER_TRACKED != 0 && ev.blocker != 0).then(|| Blocker {
         lock: match ev.blocker & BLOCKER_TYPE_MASK {
             BLOCKER_TYPE_MUTEX => "mutex",
@@ -139,8 +137,8 @@ pub fn decode(ev: &HungTaskEvent, symbols: &Symbols, clock: Clock) -> Result<Hun
         clock.hz.filter(|&hz| hz > 0).map(|hz| ev.now_jiffies.saturating_sub(ev.last_switch_jiffies) / hz);
     Ok(HungTask {
         blocked_secs,
-        wait: classify(frames.iter().map(String::as_str)),
-        stack: frames,
+        wait: classify(stack.names()),
+        stack,
         blocker,
         exiting: ev.flags & FLAG_NO_NSPROXY != 0,
     })
@@ -148,31 +146,21 @@ pub fn decode(ev: &HungTaskEvent, symbols: &Symbols, clock: Clock) -> Result<Hun
 
 /// The wait class of a stack (innermost frame first, as `name+0xoff [module]` or bare names).
 /// NFS wins over everything: an NFS flush waits in writeback, and the NFS server is the cause.
-pub fn classify<'a>(frames: impl Iterator<Item = &'a str> + Clone) -> WaitClass {
-    let names = frames.map(frame_name);
-    let any = |pred: &dyn Fn(&str) -> bool| names.clone().any(pred);
-    if any(&|n| {
-        ["nfs_", "nfs3_", "nfs4_", "nfs41_", "rpc_", "__rpc_", "xprt_"].iter().any(|p| n.starts_with(p))
-    }) {
-        return WaitClass::Nfs;
+pub fn classify<'a>(frames: impl Iterator<Item = &'a str>) -> WaitClass {
+    let seen = frames.fold(0u8, |seen, frame| seen | frame_signs(frame_name(frame)));
+    if seen & NFS != 0 {
+        WaitClass::Nfs
+    } else if seen & WRITEBACK != 0 {
+        WaitClass::Writeback
+    } else if seen & BLOCK_IO != 0 {
+        WaitClass::BlockIo
+    } else if seen & LOCK != 0 && seen & FS != 0 {
+        WaitClass::FsLock
+    } else if seen & MM != 0 {
+        WaitClass::Mm
+    } else {
+        WaitClass::Other
     }
-    if any(&|n| {
-        WRITEBACK.contains(&n)
-            || ["writeback_", "wb_", "balance_dirty_pages", "jbd2_"].iter().any(|p| n.starts_with(p))
-    }) {
-        return WaitClass::Writeback;
-    }
-    if any(&|n| BLOCK_IO.contains(&n) || n.starts_with("blk_") || n.starts_with("bio_")) {
-        return WaitClass::BlockIo;
-    }
-    let sleeping_lock = any(&|n| LOCKS.iter().any(|l| n.starts_with(l)));
-    if sleeping_lock && any(&|n| FS.iter().any(|p| n.starts_with(p))) {
-        return WaitClass::FsLock;
-    }
-    if any(&|n| MM.iter().any(|p| n.starts_with(p))) {
-        return WaitClass::Mm;
-    }
-    WaitClass::Other
 }
 
 /// `folio_wait_writeback+0x12 [mod]` -> `folio_wait_writeback`.
@@ -180,60 +168,107 @@ fn frame_name(frame: &str) -> &str {
     frame.split(['+', ' ']).next().unwrap_or(frame)
 }
 
-const WRITEBACK: &[&str] = &[
-    "folio_wait_writeback",
-    "folio_wait_stable",
-    "wait_on_page_writeback",
-    "__filemap_fdatawait_range",
-    "filemap_fdatawait_range",
-    "filemap_fdatawait_keep_errors",
-    "filemap_write_and_wait_range",
-    "file_write_and_wait_range",
-    "sync_inodes_sb",
-    "wait_sb_inodes",
+/// What one function name is a sign of.
+const NFS: u8 = 1 << 0;
+const WRITEBACK: u8 = 1 << 1;
+const BLOCK_IO: u8 = 1 << 2;
+/// A sleeping lock: an `fs_lock` when a file-system function is on the stack too.
+const LOCK: u8 = 1 << 3;
+const FS: u8 = 1 << 4;
+const MM: u8 = 1 << 5;
+
+/// (function name or name prefix, whether the whole name must match, sign).
+type Sign = (&'static str, bool, u8);
+const SIGNS: &[Sign] = &[
+    ("nfs_", false, NFS),
+    ("nfs3_", false, NFS),
+    ("nfs4_", false, NFS),
+    ("nfs41_", false, NFS),
+    ("rpc_", false, NFS),
+    ("__rpc_", false, NFS),
+    ("xprt_", false, NFS),
+    ("folio_wait_writeback", true, WRITEBACK),
+    ("folio_wait_stable", true, WRITEBACK),
+    ("wait_on_page_writeback", true, WRITEBACK),
+    ("__filemap_fdatawait_range", true, WRITEBACK),
+    ("filemap_fdatawait_range", true, WRITEBACK),
+    ("filemap_fdatawait_keep_errors", true, WRITEBACK),
+    ("filemap_write_and_wait_range", true, WRITEBACK),
+    ("file_write_and_wait_range", true, WRITEBACK),
+    ("sync_inodes_sb", true, WRITEBACK),
+    ("wait_sb_inodes", true, WRITEBACK),
+    ("writeback_", false, WRITEBACK),
+    ("wb_", false, WRITEBACK),
+    ("balance_dirty_pages", false, WRITEBACK),
+    ("jbd2_", false, WRITEBACK),
+    ("submit_bio_wait", true, BLOCK_IO),
+    ("__wait_on_buffer", true, BLOCK_IO),
+    ("wait_on_buffer", true, BLOCK_IO),
+    ("__lock_buffer", true, BLOCK_IO),
+    ("bit_wait_io", true, BLOCK_IO),
+    ("io_schedule", true, BLOCK_IO),
+    ("blk_", false, BLOCK_IO),
+    ("bio_", false, BLOCK_IO),
+    ("rwsem_down_", false, LOCK),
+    ("__mutex_lock", false, LOCK),
+    ("mutex_lock", false, LOCK),
+    ("down_read", false, LOCK),
+    ("down_write", false, LOCK),
+    ("__down", false, LOCK),
+    ("vfs_", false, FS),
+    ("do_sys_open", false, FS),
+    ("path_openat", false, FS),
+    ("do_truncate", false, FS),
+    ("lookup_slow", false, FS),
+    ("filename_create", false, FS),
+    ("do_unlinkat", false, FS),
+    ("do_renameat", false, FS),
+    ("iterate_dir", false, FS),
+    ("ext4_", false, FS),
+    ("xfs_", false, FS),
+    ("btrfs_", false, FS),
+    ("fuse_", false, FS),
+    ("ovl_", false, FS),
+    ("inode_lock", false, FS),
+    ("chown_common", false, FS),
+    ("chmod_common", false, FS),
+    ("do_rmdir", false, FS),
+    ("do_mkdirat", false, FS),
+    ("__alloc_pages", false, MM),
+    ("__alloc_frozen_pages", false, MM),
+    ("try_to_free", false, MM),
+    ("shrink_", false, MM),
+    ("compact_", false, MM),
+    ("mem_cgroup_", false, MM),
+    ("migrate_", false, MM),
+    ("lock_mm_and_find_vma", false, MM),
+    ("__mmap_lock", false, MM),
+    ("mmap_read_lock", false, MM),
+    ("mmap_write_lock", false, MM),
+    ("do_user_addr_fault", false, MM),
+    ("handle_mm_fault", false, MM),
+    ("do_swap_page", false, MM),
+    ("swap_", false, MM),
+    ("khugepaged", false, MM),
 ];
-const BLOCK_IO: &[&str] =
-    &["submit_bio_wait", "__wait_on_buffer", "wait_on_buffer", "__lock_buffer", "bit_wait_io", "io_schedule"];
-const LOCKS: &[&str] = &["rwsem_down_", "__mutex_lock", "mutex_lock", "down_read", "down_write", "__down"];
-const FS: &[&str] = &[
-    "vfs_",
-    "do_sys_open",
-    "path_openat",
-    "do_truncate",
-    "lookup_slow",
-    "filename_create",
-    "do_unlinkat",
-    "do_renameat",
-    "iterate_dir",
-    "ext4_",
-    "xfs_",
-    "btrfs_",
-    "fuse_",
-    "ovl_",
-    "inode_lock",
-    "chown_common",
-    "chmod_common",
-    "do_rmdir",
-    "do_mkdirat",
-];
-const MM: &[&str] = &[
-    "__alloc_pages",
-    "__alloc_frozen_pages",
-    "try_to_free",
-    "shrink_",
-    "compact_",
-    "mem_cgroup_",
-    "migrate_",
-    "lock_mm_and_find_vma",
-    "__mmap_lock",
-    "mmap_read_lock",
-    "mmap_write_lock",
-    "do_user_addr_fault",
-    "handle_mm_fault",
-    "do_swap_page",
-    "swap_",
-    "khugepaged",
-];
+
+/// `SIGNS` indexed by first byte: a name is compared only with the few entries that can match
+/// (on a node with many hung tasks every frame of every new stack comes through here).
+static SIGNS_BY_FIRST_BYTE: LazyLock<Vec<Vec<Sign>>> = LazyLock::new(|| {
+    let mut table = vec![Vec::new(); 256];
+    for &(pattern, exact, sign) in SIGNS {
+        table[usize::from(pattern.as_bytes()[0])].push((pattern, exact, sign));
+    }
+    table
+});
+
+fn frame_signs(name: &str) -> u8 {
+    let Some(&first) = name.as_bytes().first() else { return 0 };
+    SIGNS_BY_FIRST_BYTE[usize::from(first)]
+        .iter()
+        .filter(|(pattern, exact, _)| if *exact { name == *pattern } else { name.starts_with(pattern) })
+        .fold(0, |signs, (_, _, sign)| signs | sign)
+}
 
 #[cfg(test)]
 mod tests {
@@ -293,7 +328,7 @@ mod tests {
             blocker_owner_pid: 0,
             flags: 0,
             stack_bytes: (stack.len() * 8) as i64,
-            stack: [0; STACK_DEPTH],
+            stack: [0; kstall_common::hung_task::STACK_DEPTH],
         };
         ev.stack[..stack.len()].copy_from_slice(stack);
         ev
@@ -306,7 +341,8 @@ mod tests {
         ));
         let ev = event(&[0xffffffff81100010, 0xffffffffc0a00020, 0x42]);
         let hung = decode(&ev, &symbols, Clock { hz: Some(250) }).unwrap();
-        assert_eq!(hung.stack, vec!["folio_wait_writeback+0x10", "nfs_wb_all+0x20 [nfs]", "0x42"]);
+        let stack: Vec<String> = hung.stack.texts().collect();
+        assert_eq!(stack, ["folio_wait_writeback+0x10", "nfs_wb_all+0x20 [nfs]", "0x42"]);
         assert_eq!(hung.wait, WaitClass::Nfs);
         assert_eq!(hung.blocked_secs, Some(130));
         assert_eq!(decode(&ev, &symbols, Clock { hz: None }).unwrap().blocked_secs, None);
@@ -325,7 +361,10 @@ mod tests {
         assert!(hung.exiting);
         // A huge byte count from a corrupt record is clamped to the array.
         ev.stack_bytes = i64::MAX;
-        assert_eq!(decode(&ev, &Symbols::default(), Clock::default()).unwrap().stack.len(), STACK_DEPTH);
+        assert_eq!(
+            decode(&ev, &Symbols::default(), Clock::default()).unwrap().stack.len(),
+            kstall_common::hung_task::STACK_DEPTH
+        );
     }
 
     #[test]

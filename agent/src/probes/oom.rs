@@ -4,16 +4,14 @@
 //! `mem_cgroup_out_of_memory` is only on the memory-cgroup path, `out_of_memory` without it only
 //! on the node-wide one. With no usable stack the scope is `unknown`: it is never guessed.
 
-use kstall_common::oom::{
-    FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_VICTIM_PID_ONLY, OomConfig, OomKillEvent, STACK_DEPTH,
-};
+use kstall_common::oom::{FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_VICTIM_PID_ONLY, OomConfig, OomKillEvent};
 use serde::Serialize;
 
 use super::{Plan, ProgramSpec};
 use crate::{
     events::{DecodeError, comm_string},
     kernel_btf::{BtfError, KernelBtf},
-    symbols::Symbols,
+    symbols::{Stack, Symbols},
 };
 
 pub const NAME: &str = "oom";
@@ -116,7 +114,7 @@ pub struct OomKill {
     pub oom_cgroup_id: Option<u64>,
     pub invoker: Invoker,
     /// The invoking task's kernel stack, innermost first: the evidence for `scope`.
-    pub invoker_stack: Vec<String>,
+    pub invoker_stack: Stack,
 }
 
 /// What decoding an OOM kill needs besides the record.
@@ -139,23 +137,15 @@ impl Default for Context {
 }
 
 pub fn decode(ev: &OomKillEvent, symbols: &Symbols, ctx: &Context) -> Result<OomKill, DecodeError> {
-    let stack: Vec<String> = if ev.stack_bytes > 0 {
-        let n = ((ev.stack_bytes as usize) / 8).min(STACK_DEPTH);
-        ev.invoker_stack[..n]
-            .iter()
-            .map(|&a| symbols.resolve(a).map(|f| f.to_string()).unwrap_or_else(|| format!("{a:#x}")))
-            // The innermost frames are kstall's own program and the tracepoint glue.
-            .skip_while(|f| f.ends_with(" [bpf]") || f.starts_with("bpf_trace_run"))
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let mut stack = symbols.kernel_stack(&ev.invoker_stack, ev.stack_bytes);
+    // The innermost frames are kstall's own program and the tracepoint glue.
+    stack.trim_innermost(|name, module| module == Some("bpf") || name.starts_with("bpf_trace_run"));
     let has_rss = ev.flags & FLAG_HAS_RSS != 0;
     let bytes = |pages: u64| has_rss.then(|| pages.saturating_mul(ctx.page_size));
     let comm = comm_string(&ev.header.comm);
     let critical = ev.header.pid == ctx.agent_pid || (!comm.is_empty() && ctx.critical_comms.contains(&comm));
     Ok(OomKill {
-        scope: scope_of(stack.iter().map(String::as_str)),
+        scope: scope_of(stack.names()),
         critical,
         victim_pid_only: ev.flags & FLAG_VICTIM_PID_ONLY != 0,
         anon_rss_bytes: bytes(ev.anon_rss),
@@ -253,7 +243,7 @@ mod tests {
             oom_score_adj: -998,
             flags: FLAG_HAS_RSS | FLAG_HAS_SCORE_ADJ,
             stack_bytes: 16,
-            invoker_stack: [0; STACK_DEPTH],
+            invoker_stack: [0; kstall_common::oom::STACK_DEPTH],
         };
         ev.invoker_stack[0] = 0xffffffff81597b30;
         ev.invoker_stack[1] = 0xffffffff8168b540;
@@ -272,7 +262,8 @@ mod tests {
         assert_eq!(k.oom_score_adj, Some(-998));
         assert_eq!(k.invoker.cgroup_id, 77);
         assert!(!k.critical);
-        assert_eq!(k.invoker_stack, vec!["out_of_memory+0x10", "mem_cgroup_out_of_memory+0x10"]);
+        let stack: Vec<String> = k.invoker_stack.texts().collect();
+        assert_eq!(stack, ["out_of_memory+0x10", "mem_cgroup_out_of_memory+0x10"]);
     }
 
     #[test]
