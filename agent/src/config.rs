@@ -50,6 +50,10 @@ pub struct AgentArgs {
     /// default list [default: kubelet,containerd,crio,dockerd,systemd,sshd,node_exporter,alloy,kstall].
     #[arg(long, env = "KSTALL_CRITICAL_COMMS", value_name = "LIST", value_delimiter = ',')]
     pub critical_comms: Option<Vec<String>>,
+    /// Append every raw kernel record to FILE, one `<kind> <hex>` line each: for bug reports,
+    /// and how the decoders' test samples are recorded on real kernels.
+    #[arg(long, env = "KSTALL_RECORD_RAW", value_name = "FILE")]
+    pub record_raw: Option<PathBuf>,
 }
 
 /// The file form: same settings, native TOML types. Unknown keys are errors (a typo must not be
@@ -66,6 +70,7 @@ struct FileConfig {
     tcp_reset_hook: Option<String>,
     hung_task_timeout_secs: Option<u64>,
     critical_comms: Option<Vec<String>>,
+    record_raw: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +98,7 @@ pub struct Config {
     pub tcp_reset_hook: TcpResetHook,
     pub hung_task_timeout_secs: Option<u64>,
     pub critical_comms: Vec<String>,
+    pub record_raw: Option<PathBuf>,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -185,6 +191,7 @@ impl Config {
 
         Ok(Config {
             critical_comms,
+            record_raw: args.record_raw.or(file.record_raw),
             listen,
             api_socket,
             probes,
@@ -284,7 +291,7 @@ mod tests {
         let c = resolve(AgentArgs::default()).unwrap();
         assert_eq!(c.listen, "127.0.0.1:9700".parse().unwrap());
         assert_eq!(c.api_socket, PathBuf::from("/run/kstall/kstall.sock"));
-        assert_eq!(c.probes, vec!["tcp-reset", "hung-task", "oom"]);
+        assert_eq!(c.probes, vec!["tcp-reset", "hung-task", "oom", "nfs"]);
         assert!(c.critical_comms.iter().any(|c| c == "kubelet"));
         assert_eq!(c.hung_task_timeout_secs, None, "the sysctl is left alone unless asked");
         assert_eq!(c.ring_buffer_bytes, 1 << 20);

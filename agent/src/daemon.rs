@@ -32,6 +32,8 @@ const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
 /// How often hung tasks are checked for having left D state.
 const HUNG_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 const SYMBOLS_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
+/// How often to look for the sunrpc module while the NFS probe waits for it.
+const NFS_WATCH_INTERVAL: Duration = Duration::from_secs(5);
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // First of all: a SIGTERM that arrives while starting must still end in a clean shutdown
@@ -70,10 +72,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let (events_tx, _) = broadcast::channel::<Arc<Event>>(SUBSCRIBER_BUFFER);
     let shutdown = CancellationToken::new();
+    let statuses = Arc::new(Mutex::new(loaded.statuses.clone()));
     let state = Arc::new(AgentState {
         started: Instant::now(),
         kernel: kernel_release,
-        probes: loaded.statuses.clone(),
+        probes: statuses.clone(),
         metrics: metrics.clone(),
         events: events_tx.clone(),
     });
@@ -97,16 +100,37 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let hung = Arc::new(Mutex::new(HungTaskTracker::default()));
     let sweeper =
         tokio::spawn(sweep_hung_tasks(hung.clone(), metrics.clone(), events_tx.clone(), stop_intake.clone()));
+    let record_raw = match &config.record_raw {
+        Some(path) => Some(std::io::BufWriter::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("cannot open {} (--record-raw)", path.display()))?,
+        )),
+        None => None,
+    };
     let reader = loaded.events.take().map(|ring| {
-        let pipeline = Pipeline { decoder, metrics: metrics.clone(), events: events_tx, hung };
+        let pipeline = Pipeline { decoder, metrics: metrics.clone(), events: events_tx, hung, record_raw };
         tokio::spawn(read_events(ring, pipeline, stop_intake.clone()))
     });
     let loss =
         loaded.lost.take().map(|lost| tokio::spawn(poll_losses(lost, metrics.clone(), stop_intake.clone())));
+    let loaded = Arc::new(Mutex::new(loaded));
+    // Its own token: it must stop before the probes are detached, not with the readers after.
+    let stop_nfs_watch = CancellationToken::new();
+    let nfs_watch = tokio::spawn(attach_nfs_when_loaded(
+        loaded.clone(),
+        statuses,
+        metrics.clone(),
+        stop_nfs_watch.clone(),
+    ));
 
     signals.wait().await;
     tracing::info!("shutting down: detaching probes");
-    let detached = loaded.detach_all();
+    stop_nfs_watch.cancel();
+    let _ = nfs_watch.await;
+    let detached = loaded.lock().expect("probes").detach_all();
     stop_intake.cancel();
     if let Some(reader) = reader {
         let drained = reader.await.unwrap_or(0);
@@ -150,10 +174,14 @@ struct Pipeline {
     metrics: Arc<Metrics>,
     events: broadcast::Sender<Arc<Event>>,
     hung: Arc<Mutex<HungTaskTracker>>,
+    record_raw: Option<std::io::BufWriter<std::fs::File>>,
 }
 
 impl Pipeline {
-    fn handle(&self, bytes: &[u8]) {
+    fn handle(&mut self, bytes: &[u8]) {
+        if let Some(out) = &mut self.record_raw {
+            record(out, bytes);
+        }
         match self.decoder.decode(bytes) {
             Ok(event) => {
                 self.metrics.received(event.header.probe);
@@ -179,7 +207,7 @@ impl Pipeline {
 
 /// Reads the ring buffer until intake stops, then drains what is left. Returns the number of
 /// records drained after the stop.
-async fn read_events(ring: RingBuf<MapData>, pipeline: Pipeline, stop: CancellationToken) -> u64 {
+async fn read_events(ring: RingBuf<MapData>, mut pipeline: Pipeline, stop: CancellationToken) -> u64 {
     // SAFETY: the RingBuf owns its fd for as long as the AsyncFd lives.
     let mut fd = match unsafe { AsyncFd::register(ring) } {
         Ok(fd) => fd,
@@ -220,7 +248,20 @@ async fn read_events(ring: RingBuf<MapData>, pipeline: Pipeline, stop: Cancellat
         pipeline.handle(&item);
         drained += 1;
     }
+    if let Some(out) = &mut pipeline.record_raw {
+        let _ = std::io::Write::flush(out);
+    }
     drained
+}
+
+/// `<kind> <hex bytes>` (--record-raw); a write error stops nothing, it is only logged.
+fn record(out: &mut std::io::BufWriter<std::fs::File>, bytes: &[u8]) {
+    use std::io::Write as _;
+    let kind = bytes.get(..4).map(|k| u32::from_ne_bytes(k.try_into().expect("4 bytes"))).unwrap_or(0);
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    if let Err(e) = writeln!(out, "{kind} {hex}").and_then(|()| out.flush()) {
+        tracing::warn!(error = %e, "--record-raw write failed");
+    }
 }
 
 /// Turns the kernel's per-CPU loss counters into `kstall_events_lost_total`.
@@ -326,4 +367,41 @@ fn describe_hung_task_detector(
         (None, _) => "detector: kernel.hung_task_timeout_secs unreadable".to_string(),
     };
     status.notes.push(note);
+}
+
+/// Attaches the NFS probe once the sunrpc module appears (the first NFS mount loads it), without a
+/// restart.
+async fn attach_nfs_when_loaded(
+    loaded: Arc<Mutex<probes::Loaded>>,
+    statuses: Arc<Mutex<Vec<probes::ProbeStatus>>>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(NFS_WATCH_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let mut probes = loaded.lock().expect("probes");
+        if !probes.nfs_waiting {
+            return;
+        }
+        // BTF parsing and attaching take a moment; nothing else waits on this lock meanwhile.
+        let Some(status) = probes.attach_nfs_if_loaded() else { continue };
+        drop(probes);
+        match &status.reason {
+            None => tracing::info!(
+                hook = status.hook.as_deref().unwrap_or(""),
+                "sunrpc appeared: nfs probe attached"
+            ),
+            Some(reason) => tracing::warn!(reason, "sunrpc appeared but the nfs probe cannot attach"),
+        }
+        let mut all = statuses.lock().expect("probe statuses");
+        if let Some(slot) = all.iter_mut().find(|s| s.name == status.name) {
+            *slot = status;
+        }
+        metrics.set_probe_statuses(&all);
+        return;
+    }
 }

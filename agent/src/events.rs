@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use kstall_common::{
-    EventHeader, hung_task::HungTaskEvent, kind, oom::OomKillEvent, tcp_reset::TcpResetEvent,
+    EventHeader, hung_task::HungTaskEvent, kind, nfs::NfsEvent, oom::OomKillEvent, tcp_reset::TcpResetEvent,
 };
 use serde::Serialize;
 
@@ -12,6 +12,7 @@ use crate::{
     hung_tasks::HungTaskCleared,
     probes::{
         hung_task::{self, HungTask},
+        nfs::{self, Nfs},
         oom::{self, OomKill},
         tcp_reset::{self, TcpReset},
     },
@@ -64,6 +65,7 @@ pub enum Payload {
     /// A hung task that left D state or exited.
     HungTaskCleared(HungTaskCleared),
     OomKill(OomKill),
+    Nfs(Nfs),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -119,6 +121,11 @@ impl Decoder {
                 check_version(&raw_header, kstall_common::oom::VERSION)?;
                 let raw: OomKillEvent = read_record(bytes, "oom_kill event")?;
                 (oom::NAME, Payload::OomKill(oom::decode(&raw, &self.symbols, &self.oom)?))
+            }
+            kind::NFS => {
+                check_version(&raw_header, kstall_common::nfs::VERSION)?;
+                let raw: NfsEvent = read_record(bytes, "nfs event")?;
+                (nfs::NAME, Payload::Nfs(nfs::decode(&raw, self.clock)?))
             }
             other => return Err(DecodeError::UnknownKind(other)),
         };

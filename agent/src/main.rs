@@ -16,7 +16,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the node agent (root): load the probes, serve /metrics and the API socket.
-    Agent(config::AgentArgs),
+    Agent(Box<config::AgentArgs>),
     /// Show every probe (loaded or not, and why), events and losses, from the running agent.
     Status(cli::status::StatusArgs),
 }
@@ -37,7 +37,7 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Agent(args) => cli::agent::run(args),
+        Command::Agent(args) => cli::agent::run(*args),
         Command::Status(args) => cli::status::run(args),
     }
 }

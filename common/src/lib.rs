@@ -7,6 +7,7 @@
 
 pub mod header;
 pub mod hung_task;
+pub mod nfs;
 pub mod oom;
 pub mod task;
 pub mod tcp_reset;
@@ -18,6 +19,7 @@ pub mod kind {
     pub const TCP_RESET: u32 = 1;
     pub const HUNG_TASK: u32 = 2;
     pub const OOM_KILL: u32 = 3;
+    pub const NFS: u32 = 4;
     /// One past the highest kind: sizes the per-kind loss counter map.
     pub const COUNT: u32 = 8;
 }

@@ -4,6 +4,21 @@ use std::time::Duration;
 
 use kstall_tests::{Agent, bpf_programs, kernel_tests_can_run};
 
+/// The agent's programs, by the 15 characters of their names the kernel keeps.
+const PROGRAMS: [&str; 11] = [
+    "tcp_send_reset",
+    "tcp_receive_res",
+    "sched_process_h",
+    "mark_victim",
+    "nfs_xprt_retran",
+    "nfs_rpc_timeout",
+    "nfs_rpc_socket_",
+    "nfs_rpc_socket_",
+    "nfs_rpc_socket_",
+    "nfs_xprt_lookup",
+    "nfs4_state_mgr_",
+];
+
 /// SIGTERM detaches every program: the programs the agent loaded are gone after it exits.
 #[test]
 fn sigterm_detaches_every_program() {
@@ -12,15 +27,13 @@ fn sigterm_detaches_every_program() {
     }
     // Program ids carrying the probe's program names (the kernel keeps 15 characters of a name).
     let ours = || -> std::collections::BTreeSet<u64> {
-        bpf_programs(&["tcp_send_reset", "tcp_receive_res", "sched_process_h", "mark_victim"])
-            .iter()
-            .filter_map(|p| p["id"].as_u64())
-            .collect()
+        bpf_programs(&PROGRAMS).iter().filter_map(|p| p["id"].as_u64()).collect()
     };
     let before = ours();
     let mut agent = Agent::start(&[]);
     let loaded: Vec<u64> = ours().difference(&before).copied().collect();
-    assert_eq!(loaded.len(), 4, "the agent's programs (tcp-reset: 2, hung-task: 1, oom: 1): {loaded:?}");
+    // tcp-reset 2, hung-task 1, oom 1 attached; nfs 7 loaded, waiting for sunrpc.
+    assert_eq!(loaded.len(), 11, "the agent's programs: {loaded:?}");
     let log = agent.log();
     assert_eq!(agent.stop(), Some(0), "{log}");
     // The kernel frees a released program after an RCU grace period: give it a moment.
@@ -35,4 +48,28 @@ fn sigterm_detaches_every_program() {
     assert!(left.is_empty(), "still loaded 5 s after SIGTERM: {left:?}");
     let log = agent.log();
     assert!(log.contains(r#""detached":4"#), "the agent reports what it detached:\n{log}");
+}
+
+/// A probe that cannot run on this kernel is reported with its reason, and the others run on. This
+/// kernel has no NFS client (KERNEL_NOTES), so the NFS probe must say so.
+#[test]
+fn a_probe_that_cannot_run_here_is_down_with_its_reason_and_the_rest_run() {
+    if !kernel_tests_can_run("a_probe_that_cannot_run_here_is_down_with_its_reason_and_the_rest_run") {
+        return;
+    }
+    if std::path::Path::new("/sys/kernel/btf/sunrpc").exists() {
+        panic!("this test expects a kernel without sunrpc loaded (the kind CI runs on)");
+    }
+    let mut agent = Agent::start(&[]);
+    let status = agent.status();
+    let probes = status["probes"].as_array().expect("probes");
+    let nfs = probes.iter().find(|p| p["name"] == "nfs").expect("nfs listed");
+    assert_eq!(nfs["up"], false, "{nfs}");
+    assert!(nfs["reason"].as_str().unwrap().contains("sunrpc not loaded"), "{nfs}");
+    for p in probes.iter().filter(|p| p["name"] != "nfs") {
+        assert_eq!(p["up"], true, "{p}");
+    }
+    assert_eq!(agent.metric(r#"kstall_probe_up{probe="nfs"}"#), Some(0.0));
+    assert_eq!(agent.metric(r#"kstall_probe_up{probe="tcp-reset"}"#), Some(1.0));
+    assert_eq!(agent.stop(), Some(0), "{}", agent.log());
 }

@@ -23,7 +23,8 @@ use crate::{events::Event, export::metrics::Metrics, probes::ProbeStatus};
 pub struct AgentState {
     pub started: Instant,
     pub kernel: String,
-    pub probes: Vec<ProbeStatus>,
+    /// Shared with the task that attaches probes late (NFS).
+    pub probes: std::sync::Arc<std::sync::Mutex<Vec<ProbeStatus>>>,
     pub metrics: Arc<Metrics>,
     pub events: broadcast::Sender<Arc<Event>>,
 }
@@ -36,6 +37,8 @@ impl AgentState {
             uptime_secs: self.started.elapsed().as_secs(),
             probes: self
                 .probes
+                .lock()
+                .expect("probe statuses")
                 .iter()
                 .map(|s| ProbeReport {
                     status: s.clone(),

@@ -3,14 +3,17 @@
 
 use std::ops::RangeInclusive;
 
-use prometheus::{Encoder as _, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
-
-use prometheus::IntGauge;
+use prometheus::{Encoder as _, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use crate::{
     events::{Event, Payload},
     hung_tasks::HungTaskTracker,
-    probes::{ProbeStatus, hung_task::WaitClass, tcp_reset::Direction},
+    probes::{
+        ProbeStatus,
+        hung_task::WaitClass,
+        nfs::{Nfs, What},
+        tcp_reset::Direction,
+    },
 };
 
 pub struct Metrics {
@@ -25,6 +28,11 @@ pub struct Metrics {
     hung_tasks_total: IntCounterVec,
     hung_task_longest_blocked: IntGauge,
     oom_kills_total: IntCounterVec,
+    nfs_retransmits_total: IntCounterVec,
+    nfs_timeouts_total: IntCounterVec,
+    nfs_connect_errors_total: IntCounterVec,
+    nfs_state_manager_failures_total: IntCounterVec,
+    nfs_server_responding: IntGaugeVec,
     ephemeral_ports: RangeInclusive<u16>,
 }
 
@@ -68,7 +76,42 @@ impl Metrics {
         for wait in WaitClass::ALL {
             hung_tasks.with_label_values(&[wait.as_str()]).set(0);
         }
+        let nfs_server_responding = IntGaugeVec::new(
+            Opts::new(
+                "kstall_nfs_server_responding",
+                "0 after a major RPC timeout to the server (the kernel's \"server not responding\"), \
+                 1 again once a reply arrives (\"server OK\").",
+            ),
+            &["server"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(nfs_server_responding.clone())).expect("unique metric");
         Self {
+            nfs_server_responding,
+            nfs_retransmits_total: counter(
+                &registry,
+                "kstall_nfs_rpc_retransmits_total",
+                "RPC requests retransmitted to an NFS/RPC server.",
+                &["server"],
+            ),
+            nfs_timeouts_total: counter(
+                &registry,
+                "kstall_nfs_rpc_timeouts_total",
+                "Major RPC timeouts (\"server not responding\").",
+                &["server"],
+            ),
+            nfs_connect_errors_total: counter(
+                &registry,
+                "kstall_nfs_connect_errors_total",
+                "Failed connects, socket errors and connection resets of RPC transports, by errno.",
+                &["server", "error"],
+            ),
+            nfs_state_manager_failures_total: counter(
+                &registry,
+                "kstall_nfs_state_manager_failures_total",
+                "NFSv4 state recovery failures (nfs4_state_mgr_failed), by section.",
+                &["server", "section"],
+            ),
             oom_kills_total: counter(
                 &registry,
                 "kstall_oom_kills_total",
@@ -156,6 +199,7 @@ impl Metrics {
             }
             Payload::HungTask(hung) => self.hung_tasks_total.with_label_values(&[hung.wait.as_str()]).inc(),
             Payload::HungTaskCleared(_) => {}
+            Payload::Nfs(nfs) => self.observe_nfs(nfs),
             Payload::OomKill(kill) => self
                 .oom_kills_total
                 .with_label_values(&[
@@ -163,6 +207,31 @@ impl Metrics {
                     &event.header.comm,
                     if kill.critical { "true" } else { "false" },
                 ])
+                .inc(),
+        }
+    }
+
+    fn observe_nfs(&self, nfs: &Nfs) {
+        let server = nfs.server_addr.map(|a| a.to_string()).unwrap_or_default();
+        let server = [server.as_str()];
+        let error =
+            nfs.error_name.map(str::to_string).or(nfs.error.map(|e| e.to_string())).unwrap_or_default();
+        match nfs.what {
+            What::Retransmit => self.nfs_retransmits_total.with_label_values(&server).inc(),
+            What::Timeout => {
+                self.nfs_timeouts_total.with_label_values(&server).inc();
+                self.nfs_server_responding.with_label_values(&server).set(0);
+            }
+            What::ServerResponding => self.nfs_server_responding.with_label_values(&server).set(1),
+            // A connect in progress is how every TCP connect starts, not an error.
+            What::SocketConnect if nfs.error.is_none_or(|e| e == -libc::EINPROGRESS) => {}
+            What::SocketConnect | What::SocketError => {
+                self.nfs_connect_errors_total.with_label_values(&[server[0], &error]).inc()
+            }
+            What::SocketReset => self.nfs_connect_errors_total.with_label_values(&[server[0], "reset"]).inc(),
+            What::StateManagerFailed => self
+                .nfs_state_manager_failures_total
+                .with_label_values(&[server[0], nfs.procedure.as_deref().unwrap_or("")])
                 .inc(),
         }
     }
@@ -273,6 +342,37 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#"kstall_events_total{probe="tcp-reset"} 3"#), "{text}");
+    }
+
+    #[test]
+    fn nfs_server_responding_goes_to_zero_on_a_timeout_and_back_on_a_reply() {
+        use kstall_common::nfs::{
+            WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING, WHAT_SOCKET_CONNECT, WHAT_SOCKET_ERROR, WHAT_TIMEOUT,
+        };
+
+        use crate::probes::nfs::tests::event as nfs_event;
+        let m = Metrics::new(32768..=60999);
+        let observe = |what, error| {
+            let raw = nfs_event(what, error);
+            let bytes =
+                unsafe { std::slice::from_raw_parts(&raw as *const _ as *const u8, size_of_val(&raw)) };
+            m.observe(&Decoder::new().decode(bytes).unwrap());
+        };
+        observe(WHAT_TIMEOUT, -110);
+        assert!(m.render().contains(r#"kstall_nfs_server_responding{server="10.55.0.1"} 0"#));
+        observe(WHAT_RETRANSMIT, 0);
+        observe(WHAT_SOCKET_CONNECT, -115);
+        observe(WHAT_SOCKET_ERROR, -111);
+        observe(WHAT_SERVER_RESPONDING, 0);
+        let text = m.render();
+        assert!(text.contains(r#"kstall_nfs_server_responding{server="10.55.0.1"} 1"#), "{text}");
+        assert!(text.contains(r#"kstall_nfs_rpc_timeouts_total{server="10.55.0.1"} 1"#), "{text}");
+        assert!(text.contains(r#"kstall_nfs_rpc_retransmits_total{server="10.55.0.1"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"kstall_nfs_connect_errors_total{error="ECONNREFUSED",server="10.55.0.1"} 1"#),
+            "{text}"
+        );
+        assert!(!text.contains("EINPROGRESS"), "a connect in progress is not an error: {text}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! rejection) is reported down with its reason and the others run on.
 
 pub mod hung_task;
+pub mod nfs;
 pub mod oom;
 mod task;
 pub mod tcp_reset;
@@ -10,7 +11,7 @@ pub mod tcp_reset;
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{MapData, PerCpuArray, RingBuf},
-    programs::BtfTracePoint,
+    programs::{BtfTracePoint, Program},
 };
 use kstall_common::kind;
 use serde::{Deserialize, Serialize};
@@ -25,6 +26,7 @@ pub const ALL: &[ProbeInfo] = &[
     ProbeInfo { name: tcp_reset::NAME, kind: kind::TCP_RESET },
     ProbeInfo { name: hung_task::NAME, kind: kind::HUNG_TASK },
     ProbeInfo { name: oom::NAME, kind: kind::OOM_KILL },
+    ProbeInfo { name: nfs::NAME, kind: kind::NFS },
 ];
 
 pub struct ProbeInfo {
@@ -73,7 +75,10 @@ impl ProbeStatus {
 /// The loaded kernel side: programs, the event ring buffer and the loss counters.
 pub struct Loaded {
     ebpf: Option<Ebpf>,
-    attached: Vec<ProgramSpec>,
+    /// Attached programs, by name.
+    attached: Vec<&'static str>,
+    /// The NFS programs are loaded and wait for sunrpc to appear.
+    pub nfs_waiting: bool,
     pub statuses: Vec<ProbeStatus>,
     pub decoder: Decoder,
     pub events: Option<RingBuf<MapData>>,
@@ -93,6 +98,7 @@ pub fn load(config: &Config) -> Loaded {
     let loaded = |statuses| Loaded {
         ebpf: None,
         attached: Vec::new(),
+        nfs_waiting: false,
         statuses,
         decoder: Decoder::new(),
         events: None,
@@ -148,7 +154,7 @@ pub fn load(config: &Config) -> Loaded {
     }
     // Offsets are resolved; the parsed BTF is large, don't hold it through the load.
     drop(vmlinux);
-    if plans.is_empty() {
+    if plans.is_empty() && !enabled(nfs::NAME) {
         return loaded(statuses);
     }
     let aya_btf = match Btf::from_sys_fs() {
@@ -177,12 +183,12 @@ pub fn load(config: &Config) -> Loaded {
             return loaded(statuses);
         }
     };
-    let mut attached = Vec::new();
+    let mut attached: Vec<&'static str> = Vec::new();
     for (idx, plan) in plans {
         match attach(&mut ebpf, &plan, &aya_btf) {
             Ok(()) => {
                 tracing::info!(probe = ALL[idx].name, hook = %plan.hook, "probe attached");
-                attached.extend(plan.programs.iter().copied());
+                attached.extend(plan.programs.iter().map(|p| p.program));
                 statuses[idx] = ProbeStatus {
                     name: ALL[idx].name.to_string(),
                     up: true,
@@ -197,9 +203,26 @@ pub fn load(config: &Config) -> Loaded {
             }
         }
     }
+    let mut nfs_waiting = false;
+    if enabled(nfs::NAME) {
+        let idx = index_of(nfs::NAME);
+        statuses[idx] = match nfs::load_programs(&mut ebpf) {
+            Err(e) => ProbeStatus::down(nfs::NAME, e),
+            Ok(()) => match nfs::attach_when_loaded(&mut ebpf) {
+                Some(status) => {
+                    attached.extend(nfs::PROGRAMS.iter().map(|p| p.0));
+                    status
+                }
+                None => {
+                    nfs_waiting = true;
+                    ProbeStatus::down(nfs::NAME, nfs::WAITING)
+                }
+            },
+        };
+    }
     let events = ebpf.take_map("EVENTS").and_then(|m| RingBuf::try_from(m).ok());
     let lost = ebpf.take_map("LOST").and_then(|m| PerCpuArray::try_from(m).ok());
-    Loaded { ebpf: Some(ebpf), attached, statuses, decoder, events, lost }
+    Loaded { ebpf: Some(ebpf), attached, nfs_waiting, statuses, decoder, events, lost }
 }
 
 /// The bytes of a kernel-shared config struct, for `EbpfLoader::override_global`.
@@ -218,7 +241,7 @@ fn attach(ebpf: &mut Ebpf, plan: &Plan, btf: &Btf) -> Result<(), String> {
     for (i, spec) in plan.programs.iter().enumerate() {
         if let Err(e) = attach_one(ebpf, spec, btf) {
             for done in &plan.programs[..i] {
-                unload(ebpf, done);
+                unload(ebpf, done.program);
             }
             return Err(e);
         }
@@ -242,12 +265,15 @@ fn attach_one(ebpf: &mut Ebpf, spec: &ProgramSpec, btf: &Btf) -> Result<(), Stri
     Ok(())
 }
 
-fn unload(ebpf: &mut Ebpf, spec: &ProgramSpec) {
-    if let Some(program) = ebpf.program_mut(spec.program)
-        && let Ok(program) = <&mut BtfTracePoint>::try_from(program)
-        && let Err(e) = program.unload()
-    {
-        tracing::warn!(program = spec.program, error = %e, "unload failed");
+/// Detaches (drops the links) and unloads one program.
+fn unload(ebpf: &mut Ebpf, name: &str) {
+    let result = match ebpf.program_mut(name) {
+        Some(Program::BtfTracePoint(p)) => p.unload(),
+        Some(Program::RawTracePoint(p)) => p.unload(),
+        _ => Ok(()),
+    };
+    if let Err(e) = result {
+        tracing::warn!(program = name, error = %e, "unload failed");
     }
 }
 
@@ -256,10 +282,21 @@ impl Loaded {
     pub fn detach_all(&mut self) -> usize {
         let Some(ebpf) = self.ebpf.as_mut() else { return 0 };
         let programs = std::mem::take(&mut self.attached);
-        for spec in &programs {
-            unload(ebpf, spec);
+        for name in &programs {
+            unload(ebpf, name);
         }
         programs.len()
+    }
+
+    /// Attaches the NFS programs if sunrpc has appeared since; the probe's new status then.
+    pub fn attach_nfs_if_loaded(&mut self) -> Option<ProbeStatus> {
+        let ebpf = self.ebpf.as_mut()?;
+        let status = nfs::attach_when_loaded(ebpf)?;
+        self.nfs_waiting = false;
+        if status.up {
+            self.attached.extend(nfs::PROGRAMS.iter().map(|p| p.0));
+        }
+        Some(status)
     }
 }
 
@@ -272,7 +309,7 @@ fn raise_memlock_limit() {
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
     while let Some(inner) = source {
@@ -284,7 +321,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// A verifier log is hundreds of lines; status shows the first line and the verifier's verdict.
-fn summarize(full: &str) -> String {
+pub(crate) fn summarize(full: &str) -> String {
     let mut lines = full.lines().filter(|l| !l.trim().is_empty());
     let first = lines.next().unwrap_or_default().to_string();
     match lines.next_back() {

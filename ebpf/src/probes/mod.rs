@@ -1,3 +1,4 @@
 pub mod hung_task;
+pub mod nfs;
 pub mod oom;
 pub mod tcp_reset;

@@ -1,0 +1,315 @@
+//! NFS / SUNRPC client. Kernel half: `ebpf/src/probes/nfs.rs`; event: `common/src/nfs.rs`.
+//!
+//! sunrpc is a module loaded by the first NFS mount, possibly long after the agent started: the
+//! programs are loaded with the agent and attached by [`attach_when_loaded`] once
+//! `/sys/kernel/btf/sunrpc` appears, with offsets read from that module's BTF then. While the
+//! links exist the module cannot be unloaded (the kernel holds a reference for them).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use aya::{Ebpf, maps::Array, programs::RawTracePoint};
+use kstall_common::nfs::{
+    NAME_LEN, NfsConfig, NfsEvent, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING, WHAT_SOCKET_CONNECT,
+    WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET, WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
+};
+use serde::Serialize;
+
+use super::ProbeStatus;
+use crate::{
+    events::DecodeError,
+    kernel_btf::{BtfError, KernelBtf},
+    probes::hung_task::Clock,
+};
+
+pub const NAME: &str = "nfs";
+pub const WAITING: &str =
+    "unavailable: sunrpc not loaded (attaches by itself when the first NFS mount loads it)";
+
+/// (program, raw tracepoint, module that defines it).
+pub const PROGRAMS: &[(&str, &str, &str)] = &[
+    ("nfs_xprt_retransmit", "xprt_retransmit", "sunrpc"),
+    ("nfs_rpc_timeout_status", "rpc_timeout_status", "sunrpc"),
+    ("nfs_rpc_socket_connect", "rpc_socket_connect", "sunrpc"),
+    ("nfs_rpc_socket_error", "rpc_socket_error", "sunrpc"),
+    ("nfs_rpc_socket_reset", "rpc_socket_reset_connection", "sunrpc"),
+    ("nfs_xprt_lookup_rqst", "xprt_lookup_rqst", "sunrpc"),
+    ("nfs4_state_mgr_failed", "nfs4_state_mgr_failed", "nfsv4"),
+];
+
+/// Loads (not attaches) the programs: a verifier rejection shows now, not at the first mount.
+pub fn load_programs(ebpf: &mut Ebpf) -> Result<(), String> {
+    for (program, _, _) in PROGRAMS {
+        let p: &mut RawTracePoint = ebpf
+            .program_mut(program)
+            .ok_or_else(|| format!("program {program} missing from the eBPF object"))?
+            .try_into()
+            .map_err(|e| format!("{program}: {e}"))?;
+        p.load().map_err(|e| format!("{program}: load: {}", super::summarize(&super::error_chain(&e))))?;
+    }
+    Ok(())
+}
+
+/// Offsets in sunrpc's structs (and nfsv4's `nfs_client` when `nfsv4` is given).
+pub fn resolve(sunrpc: &KernelBtf, nfsv4: Option<&KernelBtf>) -> Result<NfsConfig, BtfError> {
+    let mut cfg = NfsConfig {
+        rqst_task: sunrpc.offset_of("rpc_rqst", "rq_task")?,
+        rqst_xid: sunrpc.offset_of("rpc_rqst", "rq_xid")?,
+        rqst_ntrans: sunrpc.offset_of("rpc_rqst", "rq_ntrans")?,
+        rqst_timeout: sunrpc.offset_of("rpc_rqst", "rq_timeout")?,
+        task_client: sunrpc.offset_of("rpc_task", "tk_client")?,
+        task_xprt: sunrpc.offset_of("rpc_task", "tk_xprt")?,
+        task_owner: sunrpc.offset_of("rpc_task", "tk_owner")?,
+        task_status: sunrpc.offset_of("rpc_task", "tk_status")?,
+        task_rqstp: sunrpc.offset_of("rpc_task", "tk_rqstp")?,
+        task_proc: sunrpc.offset_of("rpc_task", "tk_msg.rpc_proc")?,
+        clnt_clid: sunrpc.offset_of("rpc_clnt", "cl_clid")?,
+        clnt_program: sunrpc.offset_of("rpc_clnt", "cl_program")?,
+        program_name: sunrpc.offset_of("rpc_program", "name")?,
+        procinfo_name: sunrpc.offset_of("rpc_procinfo", "p_name")?,
+        xprt_addr: sunrpc.offset_of("rpc_xprt", "addr")?,
+        xprt_net: sunrpc.offset_of("rpc_xprt", "xprt_net")?,
+        net_ns_inum: sunrpc.offset_of("net", "ns.inum")?,
+        ..NfsConfig::default()
+    };
+    if let Some(nfsv4) = nfsv4 {
+        cfg.nfs_client_addr = nfsv4.offset_of("nfs_client", "cl_addr")?;
+        cfg.nfs_client = 1;
+    }
+    cfg.valid = 1;
+    Ok(cfg)
+}
+
+/// If sunrpc is loaded now: resolves offsets, hands them to the programs and attaches every
+/// program whose tracepoint exists. `None` while sunrpc is not loaded.
+pub fn attach_when_loaded(ebpf: &mut Ebpf) -> Option<ProbeStatus> {
+    let down = |reason: String| ProbeStatus {
+        name: NAME.into(),
+        up: false,
+        hook: None,
+        reason: Some(reason),
+        notes: vec![],
+    };
+    if !std::path::Path::new("/sys/kernel/btf/sunrpc").exists() {
+        return None;
+    }
+    let result = (|| -> Result<ProbeStatus, String> {
+        let vmlinux = KernelBtf::vmlinux_from_sys_fs().map_err(|e| e.to_string())?;
+        let sunrpc = vmlinux.module_from_sys_fs("sunrpc").map_err(|e| e.to_string())?;
+        let nfsv4 = vmlinux.module_from_sys_fs("nfsv4").ok();
+        let cfg = resolve(&sunrpc, nfsv4.as_ref()).map_err(|e| e.to_string())?;
+        let mut map: Array<_, NfsConfig> =
+            Array::try_from(ebpf.map_mut("NFS_CONFIG").ok_or("map NFS_CONFIG missing from the eBPF object")?)
+                .map_err(|e| e.to_string())?;
+        map.set(0, cfg, 0).map_err(|e| e.to_string())?;
+        let mut attached = Vec::new();
+        let mut notes = Vec::new();
+        for (program, tracepoint, module) in PROGRAMS {
+            let btf = if *module == "sunrpc" { Some(&sunrpc) } else { nfsv4.as_ref() };
+            if btf.is_none_or(|b| b.tracepoint_arg_count(tracepoint).is_err()) {
+                notes.push(format!(
+                    "{tracepoint}: not in this kernel ({module} not loaded or no such tracepoint)"
+                ));
+                continue;
+            }
+            let p: &mut RawTracePoint = ebpf
+                .program_mut(program)
+                .and_then(|p| p.try_into().ok())
+                .ok_or(format!("{program} missing"))?;
+            p.attach(tracepoint).map_err(|e| format!("{tracepoint}: attach: {}", super::error_chain(&e)))?;
+            attached.push(*tracepoint);
+        }
+        Ok(ProbeStatus {
+            name: NAME.into(),
+            up: true,
+            hook: Some(format!("raw_tracepoint/{{{}}}", attached.join(","))),
+            reason: None,
+            notes,
+        })
+    })();
+    Some(result.unwrap_or_else(down))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum What {
+    Retransmit,
+    /// A major timeout: the kernel's "server ... not responding".
+    Timeout,
+    SocketConnect,
+    SocketError,
+    SocketReset,
+    /// A reply on a transport that had timed out: the kernel's "server ... OK".
+    ServerResponding,
+    StateManagerFailed,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Nfs {
+    pub what: What,
+    pub server_addr: Option<IpAddr>,
+    pub server_port: Option<u16>,
+    pub xid: Option<u32>,
+    pub ntrans: Option<u32>,
+    pub client_id: Option<u32>,
+    /// The task that owns the RPC (`current` is often a kworker).
+    pub owner_pid: Option<u32>,
+    pub timeout_ms: Option<u64>,
+    pub program: Option<String>,
+    /// The RPC procedure (`WRITE`, ...), or for a state-manager failure the failing section.
+    pub procedure: Option<String>,
+    /// Negative errno (or RPC status) as the kernel reported it.
+    pub error: Option<i32>,
+    /// Its name (`ECONNREFUSED`, ...), when known.
+    pub error_name: Option<&'static str>,
+}
+
+pub fn decode(ev: &NfsEvent, clock: Clock) -> Result<Nfs, DecodeError> {
+    let what = match ev.what {
+        WHAT_RETRANSMIT => What::Retransmit,
+        WHAT_TIMEOUT => What::Timeout,
+        WHAT_SOCKET_CONNECT => What::SocketConnect,
+        WHAT_SOCKET_ERROR => What::SocketError,
+        WHAT_SOCKET_RESET => What::SocketReset,
+        WHAT_SERVER_RESPONDING => What::ServerResponding,
+        WHAT_STATE_MGR_FAILED => What::StateManagerFailed,
+        other => return Err(DecodeError::BadField { field: "nfs.what", value: other.into() }),
+    };
+    let server_addr = match ev.server_family {
+        2 => Some(IpAddr::V4(Ipv4Addr::new(
+            ev.server_addr[0],
+            ev.server_addr[1],
+            ev.server_addr[2],
+            ev.server_addr[3],
+        ))),
+        10 => Some(IpAddr::V6(Ipv6Addr::from(ev.server_addr))),
+        _ => None,
+    };
+    let nonzero = |v: u32| (v != 0).then_some(v);
+    Ok(Nfs {
+        what,
+        server_port: server_addr.map(|_| ev.server_port),
+        server_addr,
+        xid: nonzero(ev.xid),
+        ntrans: nonzero(ev.ntrans),
+        client_id: nonzero(ev.client_id),
+        owner_pid: nonzero(ev.owner_pid),
+        timeout_ms: clock
+            .hz
+            .filter(|&hz| hz > 0 && ev.timeout_jiffies > 0)
+            .map(|hz| ev.timeout_jiffies * 1000 / hz),
+        program: name(&ev.program),
+        procedure: name(&ev.procedure),
+        error: (ev.error != 0).then_some(ev.error),
+        error_name: errno_name(ev.error),
+    })
+}
+
+fn name(bytes: &[u8; NAME_LEN]) -> Option<String> {
+    let text = crate::events::comm_string(bytes);
+    (!text.is_empty()).then_some(text)
+}
+
+/// The errnos the RPC client reports (negative), by name.
+pub fn errno_name(error: i32) -> Option<&'static str> {
+    Some(match -error {
+        libc::ECONNREFUSED => "ECONNREFUSED",
+        libc::ECONNRESET => "ECONNRESET",
+        libc::ETIMEDOUT => "ETIMEDOUT",
+        libc::EHOSTUNREACH => "EHOSTUNREACH",
+        libc::ENETUNREACH => "ENETUNREACH",
+        libc::EINPROGRESS => "EINPROGRESS",
+        libc::EAGAIN => "EAGAIN",
+        libc::EPIPE => "EPIPE",
+        libc::ENOTCONN => "ENOTCONN",
+        libc::ECONNABORTED => "ECONNABORTED",
+        libc::EIO => "EIO",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::kernel_btf::tests::{kernel, testdata};
+
+    #[test]
+    fn offsets_resolve_from_module_btf_on_debian_kernels() {
+        let mut seen = Vec::new();
+        for k in ["6.1", "6.12"] {
+            let vmlinux = kernel(k);
+            let sunrpc = vmlinux.module_from_bytes(&testdata(k, "sunrpc")).unwrap();
+            let nfsv4 = vmlinux.module_from_bytes(&testdata(k, "nfsv4")).unwrap();
+            let cfg = resolve(&sunrpc, Some(&nfsv4)).unwrap_or_else(|e| panic!("{k}: {e}"));
+            assert!(cfg.valid == 1 && cfg.nfs_client == 1, "{k}");
+            for tracepoint in PROGRAMS.iter().filter(|p| p.2 == "sunrpc").map(|p| p.1) {
+                sunrpc.tracepoint_arg_count(tracepoint).unwrap_or_else(|e| panic!("{k}: {tracepoint}: {e}"));
+            }
+            nfsv4.tracepoint_arg_count("nfs4_state_mgr_failed").unwrap();
+            seen.push(cfg);
+        }
+        assert_ne!(seen[0], seen[1], "6.1 and 6.12 lay the RPC structs out differently");
+        // 6.18 here has no sunrpc: its vmlinux alone cannot resolve them.
+        assert!(resolve(&kernel("6.18"), None).is_err());
+    }
+
+    pub(crate) fn event(what: u32, error: i32) -> NfsEvent {
+        let mut header = kstall_common::EventHeader::zeroed();
+        header.kind = kstall_common::kind::NFS;
+        header.version = kstall_common::nfs::VERSION;
+        header.netns_ino = 4026532300;
+        let mut ev = NfsEvent {
+            header,
+            what,
+            error,
+            xid: 0x1234_5678,
+            ntrans: 3,
+            client_id: 7,
+            owner_pid: 812,
+            timeout_jiffies: 250,
+            server_family: 2,
+            server_port: 2049,
+            _pad: 0,
+            server_addr: [0; 16],
+            program: [0; NAME_LEN],
+            procedure: [0; NAME_LEN],
+        };
+        ev.server_addr[..4].copy_from_slice(&[10, 55, 0, 1]);
+        ev.program[..3].copy_from_slice(b"nfs");
+        ev.procedure[..5].copy_from_slice(b"WRITE");
+        ev
+    }
+
+    #[test]
+    fn decodes_a_timeout() {
+        let n = decode(&event(WHAT_TIMEOUT, -110), Clock { hz: Some(250) }).unwrap();
+        assert_eq!(n.what, What::Timeout);
+        assert_eq!(n.server_addr, Some("10.55.0.1".parse().unwrap()));
+        assert_eq!(n.server_port, Some(2049));
+        assert_eq!(
+            (n.xid, n.ntrans, n.client_id, n.owner_pid),
+            (Some(0x1234_5678), Some(3), Some(7), Some(812))
+        );
+        assert_eq!(n.timeout_ms, Some(1000));
+        assert_eq!((n.program.as_deref(), n.procedure.as_deref()), (Some("nfs"), Some("WRITE")));
+        assert_eq!((n.error, n.error_name), (Some(-110), Some("ETIMEDOUT")));
+    }
+
+    #[test]
+    fn unknown_what_and_family() {
+        assert!(matches!(
+            decode(&event(99, 0), Clock::default()),
+            Err(DecodeError::BadField { field: "nfs.what", .. })
+        ));
+        let mut ev = event(WHAT_SOCKET_ERROR, -111);
+        ev.server_family = 1;
+        let n = decode(&ev, Clock::default()).unwrap();
+        assert_eq!((n.server_addr, n.server_port, n.timeout_ms), (None, None, None));
+    }
+
+    #[test]
+    fn errno_names() {
+        assert_eq!(errno_name(-111), Some("ECONNREFUSED"));
+        assert_eq!(errno_name(0), None);
+        assert_eq!(errno_name(-4242), None);
+    }
+}

@@ -1,0 +1,87 @@
+//! NFS / SUNRPC client events. Kernel half: `ebpf/src/probes/nfs.rs`; agent half:
+//! `agent/src/probes/nfs.rs`.
+
+use crate::header::EventHeader;
+
+pub const VERSION: u32 = 1;
+
+/// `what`: which kernel event this is.
+pub const WHAT_RETRANSMIT: u32 = 1;
+/// A major timeout: the kernel's "server ... not responding".
+pub const WHAT_TIMEOUT: u32 = 2;
+pub const WHAT_SOCKET_CONNECT: u32 = 3;
+pub const WHAT_SOCKET_ERROR: u32 = 4;
+pub const WHAT_SOCKET_RESET: u32 = 5;
+/// A reply arrived on a transport that had timed out: the kernel's "server ... OK".
+pub const WHAT_SERVER_RESPONDING: u32 = 6;
+/// NFSv4 state recovery failed (`nfs4_state_mgr_failed`): the stuck-recovery of incident 3.
+pub const WHAT_STATE_MGR_FAILED: u32 = 7;
+
+pub const NAME_LEN: usize = 32;
+
+/// One RPC-level event of the kernel NFS client. The header's task is `current` (often a
+/// kworker for writeback); `owner_pid` is the task that owns the RPC, when the event has one, and
+/// `header.netns_ino` the transport's network namespace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NfsEvent {
+    pub header: EventHeader,
+    pub what: u32,
+    /// Status / error (negative errno), 0 when the event has none.
+    pub error: i32,
+    /// RPC transaction id (host order), 0 when the event has none.
+    pub xid: u32,
+    /// Transmissions of this request so far.
+    pub ntrans: u32,
+    pub client_id: u32,
+    pub owner_pid: u32,
+    /// The request's timeout in jiffies.
+    pub timeout_jiffies: u64,
+    /// Server address: `AF_INET` (2) or `AF_INET6` (10); port in host order; IPv4 in the first
+    /// four bytes.
+    pub server_family: u16,
+    pub server_port: u16,
+    pub _pad: u32,
+    pub server_addr: [u8; 16],
+    /// RPC program (`nfs`, `portmap`, ...) and procedure (`WRITE`, ...) names, NUL-padded; for a
+    /// state-manager failure, `procedure` holds the failing section.
+    pub program: [u8; NAME_LEN],
+    pub procedure: [u8; NAME_LEN],
+}
+
+const _: () = assert!(size_of::<NfsEvent>() == 56 + 24 + 8 + 8 + 16 + 2 * NAME_LEN);
+
+/// Offsets in the sunrpc (and nfsv4) modules' structs, resolved from their BTF once the module is
+/// loaded; kept in a map, not a global, because that happens long after the programs load.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NfsConfig {
+    pub valid: u32,
+    /// 1 when the nfs_client offsets (nfsv4) are valid.
+    pub nfs_client: u32,
+    pub rqst_task: u32,
+    pub rqst_xid: u32,
+    pub rqst_ntrans: u32,
+    pub rqst_timeout: u32,
+    pub task_client: u32,
+    pub task_xprt: u32,
+    pub task_owner: u32,
+    pub task_status: u32,
+    pub task_rqstp: u32,
+    pub task_proc: u32,
+    pub clnt_clid: u32,
+    pub clnt_program: u32,
+    pub program_name: u32,
+    pub procinfo_name: u32,
+    pub xprt_addr: u32,
+    pub xprt_net: u32,
+    pub net_ns_inum: u32,
+    pub nfs_client_addr: u32,
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: repr(C), integers only, no implicit padding.
+    unsafe impl aya::Pod for super::NfsConfig {}
+    unsafe impl aya::Pod for super::NfsEvent {}
+}

@@ -1,0 +1,235 @@
+//! NFS / SUNRPC client. Agent half: `agent/src/probes/nfs.rs`; event: `common/src/nfs.rs`.
+//!
+//! sunrpc and nfsv4 are modules, loaded at the first NFS mount: these are raw tracepoints (aya
+//! cannot attach tp_btf in modules), loaded with the agent and attached when the agent sees the
+//! module; the struct offsets come from the module's BTF at that moment, through `NFS_CONFIG`.
+//! Hooks (match-proto, include/trace/events/sunrpc.h and fs/nfs/nfs4trace.h):
+//!
+//! - `xprt_retransmit`: `TP_PROTO(const struct rpc_rqst *rqst)`
+//! - `rpc_timeout_status`: `TP_PROTO(const struct rpc_task *task)` — a major timeout, the
+//!   kernel's "server ... not responding"
+//! - `rpc_socket_connect`, `rpc_socket_error`, `rpc_socket_reset_connection`:
+//!   `TP_PROTO(struct rpc_xprt *xprt, struct socket *socket, int error)`
+//! - `xprt_lookup_rqst`: `TP_PROTO(const struct rpc_xprt *xprt, __be32 xid, int status)` — a reply
+//!   arrived; reported only for a transport that had timed out ("server ... OK")
+//! - `nfs4_state_mgr_failed`: `TP_PROTO(const struct nfs_client *clp, const char *section, int
+//!   status)`
+
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_ktime_get_boot_ns,
+        bpf_probe_read_kernel_str_bytes,
+    },
+    macros::{map, raw_tracepoint},
+    maps::{Array, HashMap},
+    programs::RawTracePointContext,
+};
+use kstall_common::{
+    EventHeader, kind,
+    nfs::{
+        NAME_LEN, NfsConfig, NfsEvent, VERSION, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING, WHAT_SOCKET_CONNECT,
+        WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET, WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
+    },
+};
+
+use crate::{maps::emit, read::at};
+
+#[map]
+static NFS_CONFIG: Array<NfsConfig> = Array::with_max_entries(1, 0);
+
+/// Transports (`struct rpc_xprt *`) that had a major timeout and have not answered since.
+#[map]
+static NFS_UNRESPONSIVE: HashMap<u64, u8> = HashMap::with_max_entries(1024, 0);
+
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
+
+#[inline(always)]
+fn config() -> Option<NfsConfig> {
+    let cfg = *NFS_CONFIG.get(0)?;
+    (cfg.valid != 0).then_some(cfg)
+}
+
+#[raw_tracepoint(tracepoint = "xprt_retransmit")]
+pub fn nfs_xprt_retransmit(ctx: RawTracePointContext) -> i32 {
+    let Some(cfg) = config() else { return 0 };
+    let rqst: *const u8 = ctx.arg(0);
+    let mut ev = new_event(&ctx, WHAT_RETRANSMIT);
+    fill_request(&cfg, &mut ev, rqst);
+    if let Ok(task) = at::<*const u8>(rqst, cfg.rqst_task) {
+        fill_task(&cfg, &mut ev, task);
+    }
+    emit(kind::NFS, &ev);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "rpc_timeout_status")]
+pub fn nfs_rpc_timeout_status(ctx: RawTracePointContext) -> i32 {
+    let Some(cfg) = config() else { return 0 };
+    let task: *const u8 = ctx.arg(0);
+    let mut ev = new_event(&ctx, WHAT_TIMEOUT);
+    let xprt = fill_task(&cfg, &mut ev, task);
+    ev.error = at(task, cfg.task_status).unwrap_or(0);
+    if let Ok(rqst) = at::<*const u8>(task, cfg.task_rqstp) {
+        fill_request(&cfg, &mut ev, rqst);
+    }
+    if !xprt.is_null() {
+        let _ = NFS_UNRESPONSIVE.insert(xprt as u64, 1, 0);
+    }
+    emit(kind::NFS, &ev);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "rpc_socket_connect")]
+pub fn nfs_rpc_socket_connect(ctx: RawTracePointContext) -> i32 {
+    socket_event(&ctx, WHAT_SOCKET_CONNECT)
+}
+
+#[raw_tracepoint(tracepoint = "rpc_socket_error")]
+pub fn nfs_rpc_socket_error(ctx: RawTracePointContext) -> i32 {
+    socket_event(&ctx, WHAT_SOCKET_ERROR)
+}
+
+#[raw_tracepoint(tracepoint = "rpc_socket_reset_connection")]
+pub fn nfs_rpc_socket_reset(ctx: RawTracePointContext) -> i32 {
+    socket_event(&ctx, WHAT_SOCKET_RESET)
+}
+
+#[inline(always)]
+fn socket_event(ctx: &RawTracePointContext, what: u32) -> i32 {
+    let Some(cfg) = config() else { return 0 };
+    let xprt: *const u8 = ctx.arg(0);
+    let error: i64 = ctx.arg(2);
+    let mut ev = new_event(ctx, what);
+    ev.error = error as i32;
+    fill_xprt(&cfg, &mut ev, xprt);
+    emit(kind::NFS, &ev);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "xprt_lookup_rqst")]
+pub fn nfs_xprt_lookup_rqst(ctx: RawTracePointContext) -> i32 {
+    let status: i64 = ctx.arg(2);
+    let xprt: *const u8 = ctx.arg(0);
+    let key = xprt as u64;
+    // Every reply passes here: only a transport that had timed out is of interest.
+    if status as i32 != 0 || unsafe { NFS_UNRESPONSIVE.get(key) }.is_none() {
+        return 0;
+    }
+    let _ = NFS_UNRESPONSIVE.remove(key);
+    let Some(cfg) = config() else { return 0 };
+    let mut ev = new_event(&ctx, WHAT_SERVER_RESPONDING);
+    let xid: u64 = ctx.arg(1);
+    ev.xid = u32::from_be(xid as u32);
+    fill_xprt(&cfg, &mut ev, xprt);
+    emit(kind::NFS, &ev);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "nfs4_state_mgr_failed")]
+pub fn nfs4_state_mgr_failed(ctx: RawTracePointContext) -> i32 {
+    let Some(cfg) = config() else { return 0 };
+    if cfg.nfs_client == 0 {
+        return 0;
+    }
+    let clp: *const u8 = ctx.arg(0);
+    let section: *const u8 = ctx.arg(1);
+    let status: i64 = ctx.arg(2);
+    let mut ev = new_event(&ctx, WHAT_STATE_MGR_FAILED);
+    ev.error = status as i32;
+    fill_sockaddr(&mut ev, clp, cfg.nfs_client_addr);
+    read_str(section, &mut ev.procedure);
+    emit(kind::NFS, &ev);
+    0
+}
+
+#[inline(always)]
+fn new_event(ctx: &RawTracePointContext, what: u32) -> NfsEvent {
+    let mut header = EventHeader::zeroed();
+    header.kind = kind::NFS;
+    header.version = VERSION;
+    header.timestamp_ns = unsafe { bpf_ktime_get_boot_ns() };
+    header.tgid = ctx.tgid();
+    header.pid = ctx.pid();
+    header.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    header.comm = bpf_get_current_comm().unwrap_or_default();
+    NfsEvent {
+        header,
+        what,
+        error: 0,
+        xid: 0,
+        ntrans: 0,
+        client_id: 0,
+        owner_pid: 0,
+        timeout_jiffies: 0,
+        server_family: 0,
+        server_port: 0,
+        _pad: 0,
+        server_addr: [0; 16],
+        program: [0; NAME_LEN],
+        procedure: [0; NAME_LEN],
+    }
+}
+
+/// xid, transmissions and timeout of a request.
+#[inline(always)]
+fn fill_request(cfg: &NfsConfig, ev: &mut NfsEvent, rqst: *const u8) {
+    ev.xid = u32::from_be(at(rqst, cfg.rqst_xid).unwrap_or(0));
+    ev.ntrans = at::<i32>(rqst, cfg.rqst_ntrans).unwrap_or(0) as u32;
+    ev.timeout_jiffies = at(rqst, cfg.rqst_timeout).unwrap_or(0);
+}
+
+/// Owner, client, program/procedure and transport of a task; returns the transport.
+#[inline(always)]
+fn fill_task(cfg: &NfsConfig, ev: &mut NfsEvent, task: *const u8) -> *const u8 {
+    ev.owner_pid = at::<i32>(task, cfg.task_owner).unwrap_or(0) as u32;
+    if let Ok(proc_info) = at::<*const u8>(task, cfg.task_proc)
+        && let Ok(name) = at::<*const u8>(proc_info, cfg.procinfo_name)
+    {
+        read_str(name, &mut ev.procedure);
+    }
+    if let Ok(clnt) = at::<*const u8>(task, cfg.task_client) {
+        ev.client_id = at(clnt, cfg.clnt_clid).unwrap_or(0);
+        if let Ok(program) = at::<*const u8>(clnt, cfg.clnt_program)
+            && let Ok(name) = at::<*const u8>(program, cfg.program_name)
+        {
+            read_str(name, &mut ev.program);
+        }
+    }
+    let xprt = at::<*const u8>(task, cfg.task_xprt).unwrap_or(core::ptr::null());
+    fill_xprt(cfg, ev, xprt);
+    xprt
+}
+
+/// Server address and network namespace of a transport.
+#[inline(always)]
+fn fill_xprt(cfg: &NfsConfig, ev: &mut NfsEvent, xprt: *const u8) {
+    if xprt.is_null() {
+        return;
+    }
+    fill_sockaddr(ev, xprt, cfg.xprt_addr);
+    if let Ok(net) = at::<*const u8>(xprt, cfg.xprt_net) {
+        ev.header.netns_ino = at(net, cfg.net_ns_inum).unwrap_or(0);
+    }
+}
+
+/// A `struct sockaddr_storage` holding a `sockaddr_in` or `sockaddr_in6`.
+#[inline(always)]
+fn fill_sockaddr(ev: &mut NfsEvent, base: *const u8, offset: u32) {
+    let Ok(family) = at::<u16>(base, offset) else { return };
+    ev.server_family = family;
+    ev.server_port = u16::from_be(at(base, offset + 2).unwrap_or(0));
+    if family == AF_INET {
+        ev.server_addr[..4].copy_from_slice(&at::<[u8; 4]>(base, offset + 4).unwrap_or([0; 4]));
+    } else if family == AF_INET6 {
+        ev.server_addr = at(base, offset + 8).unwrap_or([0; 16]);
+    }
+}
+
+#[inline(always)]
+fn read_str(src: *const u8, dst: &mut [u8; NAME_LEN]) {
+    if !src.is_null() {
+        let _ = unsafe { bpf_probe_read_kernel_str_bytes(src, dst) };
+    }
+}
