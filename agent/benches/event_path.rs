@@ -137,6 +137,8 @@ fn oom_event() -> Vec<u8> {
         total_vm: 50000,
         oom_score_adj: 900,
         flags: oom::FLAG_HAS_RSS | oom::FLAG_HAS_SCORE_ADJ,
+        oom_cgroup_id: 0,
+        totalpages: 0,
         stack_bytes: (frames.len() * 8) as i64,
         invoker_stack: [0; oom::STACK_DEPTH],
     };

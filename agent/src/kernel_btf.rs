@@ -102,6 +102,13 @@ impl KernelBtf {
         self.offset_of(struct_name, path).is_ok()
     }
 
+    /// Whether the kernel has a function `name` (a BTF FUNC: fentry can attach to it).
+    pub fn has_function(&self, name: &str) -> bool {
+        self.btf
+            .resolve_types_by_name(name)
+            .is_ok_and(|types| types.iter().any(|t| matches!(t, Type::Func(_))))
+    }
+
     /// Enumerators of `enum enum_name` as (name, value).
     pub fn enum_values(&self, enum_name: &str) -> Result<Vec<(String, u64)>, BtfError> {
         for ty in self.btf.resolve_types_by_name(enum_name).map_err(parse_err)? {

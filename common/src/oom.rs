@@ -5,7 +5,7 @@ use crate::{
     task::TaskOffsets,
 };
 
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Frames of the OOM-invoking task's kernel stack: its call path tells a memcg OOM
 /// (`mem_cgroup_out_of_memory`) from a global one (`out_of_memory` from the page allocator).
 pub const STACK_DEPTH: usize = 32;
@@ -17,6 +17,13 @@ pub const FLAG_VICTIM_PID_ONLY: u32 = 1 << 0;
 pub const FLAG_HAS_RSS: u32 = 1 << 1;
 /// `oom_score_adj` was read.
 pub const FLAG_HAS_SCORE_ADJ: u32 = 1 << 2;
+/// From `oom_kill_process(oc)`: `oc->memcg` was set (a cgroup hit its limit;
+/// `oom_cgroup_id` names it) — or, without this flag but with `FLAG_FROM_OOM_CONTROL`, it was
+/// NULL (the node ran out).
+pub const FLAG_MEMCG_OOM: u32 = 1 << 3;
+/// The event comes from `oom_kill_process(oc)`: scope, OOMing cgroup and `totalpages` are the
+/// kernel's own, not derived.
+pub const FLAG_FROM_OOM_CONTROL: u32 = 1 << 4;
 
 /// One OOM kill. The header describes the victim; `invoker_*` the task whose allocation ran the
 /// OOM killer.
@@ -35,12 +42,16 @@ pub struct OomKillEvent {
     pub total_vm: u64,
     pub oom_score_adj: i32,
     pub flags: u32,
+    /// cgroup v2 id of the memory cgroup whose limit was hit (`oc->memcg`), 0 when unknown.
+    pub oom_cgroup_id: u64,
+    /// Pages the OOM killer weighed the victim against (`oc->totalpages`), 0 when unknown.
+    pub totalpages: u64,
     /// Bytes `bpf_get_stack` wrote into `invoker_stack`, or a negative errno.
     pub stack_bytes: i64,
     pub invoker_stack: [u64; STACK_DEPTH],
 }
 
-const _: () = assert!(size_of::<OomKillEvent>() == 56 + 16 + 16 + 32 + 8 + 8 + 8 * STACK_DEPTH);
+const _: () = assert!(size_of::<OomKillEvent>() == 56 + 16 + 16 + 32 + 8 + 16 + 8 + 8 * STACK_DEPTH);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -55,7 +66,11 @@ pub struct OomConfig {
     pub mm_rss_anon: u32,
     pub mm_rss_shmem: u32,
     pub mm_total_vm: u32,
-    pub _pad: u32,
+    /// `struct oom_control` members and `mem_cgroup.css.cgroup`, for the fentry hook.
+    pub oc_chosen: u32,
+    pub oc_memcg: u32,
+    pub oc_totalpages: u32,
+    pub memcg_css_cgroup: u32,
 }
 
 #[cfg(feature = "user")]

@@ -20,7 +20,7 @@ use crate::{
 
 pub const NAME: &str = "hung-task";
 const GLOBAL: &str = "HUNG_TASK_CONFIG";
-const PROG: ProgramSpec = ProgramSpec { program: "sched_process_hang", tracepoint: "sched_process_hang" };
+const PROG: ProgramSpec = ProgramSpec::tp_btf("sched_process_hang", "sched_process_hang");
 
 pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, String> {
     vmlinux.tracepoint_arg_count("sched_process_hang").map_err(|e| e.to_string())?;
@@ -58,6 +58,7 @@ pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, String> {
         programs: vec![PROG],
         hook: "tp_btf/sched_process_hang".into(),
         notes,
+        fallback: None,
     })
 }
 

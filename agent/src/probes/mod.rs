@@ -11,7 +11,7 @@ pub mod tcp_reset;
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, Program},
+    programs::{BtfTracePoint, FEntry, Program},
 };
 use kstall_common::kind;
 use serde::{Deserialize, Serialize};
@@ -39,11 +39,19 @@ pub fn names() -> impl Iterator<Item = &'static str> {
     ALL.iter().map(|p| p.name)
 }
 
-/// One tp_btf program of a probe and the tracepoint it attaches to.
+/// One program of a probe and where it attaches: a tracepoint (tp_btf) or, with `fentry`, a
+/// kernel function.
 #[derive(Debug, Clone, Copy)]
 pub struct ProgramSpec {
     pub program: &'static str,
-    pub tracepoint: &'static str,
+    pub target: &'static str,
+    pub fentry: bool,
+}
+
+impl ProgramSpec {
+    pub const fn tp_btf(program: &'static str, target: &'static str) -> Self {
+        Self { program, target, fentry: false }
+    }
 }
 
 /// What a probe needs loaded: its resolved-offsets global and its programs.
@@ -54,6 +62,8 @@ pub struct Plan {
     /// Human description of the hooks in use, for `kstall status`.
     pub hook: String,
     pub notes: Vec<String>,
+    /// Programs and hook description to use when `programs` cannot attach (e.g. fentry refused).
+    pub fallback: Option<(Vec<ProgramSpec>, String)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -185,21 +195,28 @@ pub fn load(config: &Config) -> Loaded {
     };
     let mut attached: Vec<&'static str> = Vec::new();
     for (idx, plan) in plans {
-        match attach(&mut ebpf, &plan, &aya_btf) {
-            Ok(()) => {
-                tracing::info!(probe = ALL[idx].name, hook = %plan.hook, "probe attached");
-                attached.extend(plan.programs.iter().map(|p| p.program));
+        let mut notes = plan.notes;
+        let mut result =
+            attach(&mut ebpf, &plan.programs, &aya_btf).map(|()| (plan.programs, plan.hook.clone()));
+        if let (Err(preferred), Some((programs, hook))) = (&result, plan.fallback) {
+            notes.push(format!("preferred hook {} unavailable: {preferred}", plan.hook));
+            result = attach(&mut ebpf, &programs, &aya_btf).map(|()| (programs, hook));
+        }
+        match result {
+            Ok((programs, hook)) => {
+                tracing::info!(probe = ALL[idx].name, hook = %hook, "probe attached");
+                attached.extend(programs.iter().map(|p| p.program));
                 statuses[idx] = ProbeStatus {
                     name: ALL[idx].name.to_string(),
                     up: true,
-                    hook: Some(plan.hook),
+                    hook: Some(hook),
                     reason: None,
-                    notes: plan.notes,
+                    notes,
                 };
             }
             Err(e) => {
                 statuses[idx].reason = Some(e);
-                statuses[idx].notes = plan.notes;
+                statuses[idx].notes = notes;
             }
         }
     }
@@ -237,10 +254,11 @@ fn index_of(name: &str) -> usize {
 
 /// Loads and attaches every program of `plan`; on failure unloads the ones already loaded, so a
 /// probe is either fully on or fully off.
-fn attach(ebpf: &mut Ebpf, plan: &Plan, btf: &Btf) -> Result<(), String> {
-    for (i, spec) in plan.programs.iter().enumerate() {
+fn attach(ebpf: &mut Ebpf, programs: &[ProgramSpec], btf: &Btf) -> Result<(), String> {
+    for (i, spec) in programs.iter().enumerate() {
         if let Err(e) = attach_one(ebpf, spec, btf) {
-            for done in &plan.programs[..i] {
+            // The failed one too: it may be loaded and only the attach refused.
+            for done in &programs[..=i] {
                 unload(ebpf, done.program);
             }
             return Err(e);
@@ -253,15 +271,20 @@ fn attach_one(ebpf: &mut Ebpf, spec: &ProgramSpec, btf: &Btf) -> Result<(), Stri
     let context = |what: &str, e: &dyn std::error::Error| {
         let full = error_chain(e);
         tracing::debug!(program = spec.program, error = %full, "{what} failed");
-        format!("{} ({}): {what}: {}", spec.tracepoint, spec.program, summarize(&full))
+        format!("{} ({}): {what}: {}", spec.target, spec.program, summarize(&full))
     };
-    let program: &mut BtfTracePoint = ebpf
+    let program = ebpf
         .program_mut(spec.program)
-        .ok_or_else(|| format!("program {} missing from the eBPF object", spec.program))?
-        .try_into()
-        .map_err(|e| context("program type", &e))?;
-    program.load(spec.tracepoint, btf).map_err(|e| context("load", &e))?;
-    program.attach().map_err(|e| context("attach", &e))?;
+        .ok_or_else(|| format!("program {} missing from the eBPF object", spec.program))?;
+    if spec.fentry {
+        let program: &mut FEntry = program.try_into().map_err(|e| context("program type", &e))?;
+        program.load(spec.target, btf).map_err(|e| context("load", &e))?;
+        program.attach().map_err(|e| context("attach", &e))?;
+    } else {
+        let program: &mut BtfTracePoint = program.try_into().map_err(|e| context("program type", &e))?;
+        program.load(spec.target, btf).map_err(|e| context("load", &e))?;
+        program.attach().map_err(|e| context("attach", &e))?;
+    }
     Ok(())
 }
 
@@ -269,6 +292,7 @@ fn attach_one(ebpf: &mut Ebpf, spec: &ProgramSpec, btf: &Btf) -> Result<(), Stri
 fn unload(ebpf: &mut Ebpf, name: &str) {
     let result = match ebpf.program_mut(name) {
         Some(Program::BtfTracePoint(p)) => p.unload(),
+        Some(Program::FEntry(p)) => p.unload(),
         Some(Program::RawTracePoint(p)) => p.unload(),
         _ => Ok(()),
     };

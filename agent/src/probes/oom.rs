@@ -1,10 +1,16 @@
 //! OOM kills. Kernel half: `ebpf/src/probes/oom.rs`; event: `common/src/oom.rs`.
 //!
-//! Scope (memcg or global) comes from the call path of the task that invoked the OOM killer:
-//! `mem_cgroup_out_of_memory` is only on the memory-cgroup path, `out_of_memory` without it only
-//! on the node-wide one. With no usable stack the scope is `unknown`: it is never guessed.
+//! Where the kernel allows fentry, `oom_kill_process(oc)` gives everything first-hand: the victim,
+//! `oc->memcg` (the cgroup that hit its limit, NULL when the node ran out) and `oc->totalpages`.
+//! Elsewhere `mark_victim` gives the victim, and the scope comes from the call path of the task
+//! that invoked the OOM killer: `mem_cgroup_out_of_memory` is only on the memory-cgroup path,
+//! `out_of_memory` without it only on the node-wide one; the OOMing cgroup is then unknown. With
+//! no usable stack the scope is `unknown`: it is never guessed.
 
-use kstall_common::oom::{FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_VICTIM_PID_ONLY, OomConfig, OomKillEvent};
+use kstall_common::oom::{
+    FLAG_FROM_OOM_CONTROL, FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_MEMCG_OOM, FLAG_VICTIM_PID_ONLY, OomConfig,
+    OomKillEvent,
+};
 use serde::Serialize;
 
 use super::{Plan, ProgramSpec};
@@ -16,8 +22,10 @@ use crate::{
 
 pub const NAME: &str = "oom";
 const GLOBAL: &str = "OOM_CONFIG";
-const PROG_TASK: ProgramSpec = ProgramSpec { program: "mark_victim", tracepoint: "mark_victim" };
-const PROG_PID: ProgramSpec = ProgramSpec { program: "mark_victim_pid", tracepoint: "mark_victim" };
+const PROG_OOM_CONTROL: ProgramSpec =
+    ProgramSpec { program: "oom_kill_process", target: "oom_kill_process", fentry: true };
+const PROG_TASK: ProgramSpec = ProgramSpec::tp_btf("mark_victim", "mark_victim");
+const PROG_PID: ProgramSpec = ProgramSpec::tp_btf("mark_victim_pid", "mark_victim");
 
 /// Processes whose death takes the node down with it (incident 2), unless configured otherwise.
 pub const DEFAULT_CRITICAL_COMMS: &[&str] =
@@ -33,24 +41,45 @@ pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, String> {
     let args = vmlinux.tracepoint_arg_count("mark_victim").map_err(|e| e.to_string())?;
     let mut cfg =
         OomConfig { task: super::task::resolve(vmlinux).map_err(|e| e.to_string())?, ..Default::default() };
-    let (program, hook, notes) = if args >= 2 {
-        resolve_victim(vmlinux, &mut cfg).map_err(|e| e.to_string())?;
-        (PROG_TASK, "tp_btf/mark_victim (task, uid)", vec![])
-    } else {
-        let note =
-            "victim: pid only on this kernel (mark_victim(int pid), before 6.9); comm and cgroup unknown";
-        (PROG_PID, "tp_btf/mark_victim (pid)", vec![note.to_string()])
+    let victim_from_task = resolve_victim(vmlinux, &mut cfg);
+    let (program, hook, mut notes) = match (&victim_from_task, args >= 2) {
+        (Ok(()), true) => (PROG_TASK, "tp_btf/mark_victim (task, uid)", vec![]),
+        _ => {
+            let note = "victim: pid only (mark_victim(int pid), before 6.9); comm and cgroup unknown";
+            (PROG_PID, "tp_btf/mark_victim (pid)", vec![note.to_string()])
+        }
     };
-    let mut notes = notes;
-    notes.push("scope: from the OOM-invoking call path; OOMing cgroup: unknown on this hook".into());
     cfg.valid = 1;
-    Ok(Plan {
-        global: GLOBAL,
-        global_value: super::bytes_of(&cfg),
-        programs: vec![program],
-        hook: hook.into(),
-        notes,
-    })
+    // fentry on oom_kill_process when the kernel has the function and its oom_control layout.
+    let oom_control = victim_from_task.and_then(|()| resolve_oom_control(vmlinux, &mut cfg));
+    let (programs, hook, fallback) = match oom_control {
+        Ok(()) => {
+            let fallback_hook =
+                format!("{hook} (scope from the OOM-invoking call path; OOMing cgroup unknown)");
+            (
+                vec![PROG_OOM_CONTROL],
+                "fentry/oom_kill_process".to_string(),
+                Some((vec![program], fallback_hook)),
+            )
+        }
+        Err(e) => {
+            notes.push(format!("fentry/oom_kill_process not planned: {e}"));
+            notes.push("scope: from the OOM-invoking call path; OOMing cgroup: unknown on this hook".into());
+            (vec![program], hook.to_string(), None)
+        }
+    };
+    Ok(Plan { global: GLOBAL, global_value: super::bytes_of(&cfg), programs, hook, notes, fallback })
+}
+
+fn resolve_oom_control(btf: &KernelBtf, cfg: &mut OomConfig) -> Result<(), BtfError> {
+    if !btf.has_function("oom_kill_process") {
+        return Err(BtfError::Missing("function oom_kill_process".into()));
+    }
+    cfg.oc_chosen = btf.offset_of("oom_control", "chosen")?;
+    cfg.oc_memcg = btf.offset_of("oom_control", "memcg")?;
+    cfg.oc_totalpages = btf.offset_of("oom_control", "totalpages")?;
+    cfg.memcg_css_cgroup = btf.offset_of("mem_cgroup", "css.cgroup")?;
+    Ok(())
 }
 
 fn resolve_victim(btf: &KernelBtf, cfg: &mut OomConfig) -> Result<(), BtfError> {
@@ -110,8 +139,10 @@ pub struct OomKill {
     pub shmem_rss_bytes: Option<u64>,
     pub total_vm_bytes: Option<u64>,
     pub oom_score_adj: Option<i32>,
-    /// The cgroup whose limit was hit; not known from this hook.
+    /// The cgroup whose limit was hit (fentry hook only; `None` when unknown).
     pub oom_cgroup_id: Option<u64>,
+    /// Memory the victim was weighed against, in bytes (fentry hook only).
+    pub totalpages_bytes: Option<u64>,
     pub invoker: Invoker,
     /// The invoking task's kernel stack, innermost first: the evidence for `scope`.
     pub invoker_stack: Stack,
@@ -145,7 +176,13 @@ pub fn decode(ev: &OomKillEvent, symbols: &Symbols, ctx: &Context) -> Result<Oom
     let comm = comm_string(&ev.header.comm);
     let critical = ev.header.pid == ctx.agent_pid || (!comm.is_empty() && ctx.critical_comms.contains(&comm));
     Ok(OomKill {
-        scope: scope_of(stack.names()),
+        scope: if ev.flags & FLAG_FROM_OOM_CONTROL == 0 {
+            scope_of(stack.names())
+        } else if ev.flags & FLAG_MEMCG_OOM != 0 {
+            Scope::Memcg
+        } else {
+            Scope::Global
+        },
         critical,
         victim_pid_only: ev.flags & FLAG_VICTIM_PID_ONLY != 0,
         anon_rss_bytes: bytes(ev.anon_rss),
@@ -153,7 +190,8 @@ pub fn decode(ev: &OomKillEvent, symbols: &Symbols, ctx: &Context) -> Result<Oom
         shmem_rss_bytes: bytes(ev.shmem_rss),
         total_vm_bytes: bytes(ev.total_vm),
         oom_score_adj: (ev.flags & FLAG_HAS_SCORE_ADJ != 0).then_some(ev.oom_score_adj),
-        oom_cgroup_id: None,
+        oom_cgroup_id: (ev.oom_cgroup_id != 0).then_some(ev.oom_cgroup_id),
+        totalpages_bytes: (ev.totalpages != 0).then(|| ev.totalpages.saturating_mul(ctx.page_size)),
         invoker: Invoker {
             pid: ev.invoker_pid,
             tgid: ev.invoker_tgid,
@@ -242,6 +280,8 @@ mod tests {
             total_vm: 5000,
             oom_score_adj: -998,
             flags: FLAG_HAS_RSS | FLAG_HAS_SCORE_ADJ,
+            oom_cgroup_id: 0,
+            totalpages: 0,
             stack_bytes: 16,
             invoker_stack: [0; kstall_common::oom::STACK_DEPTH],
         };
@@ -267,6 +307,25 @@ mod tests {
     }
 
     #[test]
+    fn the_oom_control_hook_gives_scope_cgroup_and_totalpages_first_hand() {
+        let ctx = Context { page_size: 4096, agent_pid: 1, ..Context::default() };
+        let mut ev = kill(b"python3", 42);
+        ev.stack_bytes = 0;
+        ev.flags |= FLAG_FROM_OOM_CONTROL | FLAG_MEMCG_OOM;
+        ev.oom_cgroup_id = 4711;
+        ev.totalpages = 16384;
+        let k = decode(&ev, &Symbols::default(), &ctx).unwrap();
+        assert_eq!(
+            (k.scope, k.oom_cgroup_id, k.totalpages_bytes),
+            (Scope::Memcg, Some(4711), Some(64 << 20))
+        );
+        ev.flags &= !FLAG_MEMCG_OOM;
+        ev.oom_cgroup_id = 0;
+        let k = decode(&ev, &Symbols::default(), &ctx).unwrap();
+        assert_eq!((k.scope, k.oom_cgroup_id), (Scope::Global, None), "oc->memcg NULL: the node ran out");
+    }
+
+    #[test]
     fn critical_victims() {
         let ctx = Context { agent_pid: 4242, ..Context::default() };
         let symbols = Symbols::default();
@@ -281,10 +340,15 @@ mod tests {
 
     #[test]
     fn plans_both_tracepoint_forms() {
-        // Debian's 6.1.0-57 carries the 6.9 form (backported): detected from BTF, not the version.
+        // fentry first everywhere; the fallback is the task form: Debian's 6.1.0-57 carries the 6.9
+        // mark_victim (backported), detected from BTF, not the version.
         for k in ["6.1", "6.12", "6.18"] {
             let p = plan(&kernel(k)).unwrap();
-            assert_eq!(p.programs[0].program, "mark_victim", "{k}");
+            assert_eq!(p.programs[0].program, "oom_kill_process", "{k}");
+            assert!(p.programs[0].fentry, "{k}");
+            let (fallback, hook) = p.fallback.expect("a fallback");
+            assert_eq!(fallback[0].program, "mark_victim", "{k}");
+            assert!(hook.starts_with("tp_btf/mark_victim (task, uid)"), "{k}: {hook}");
         }
         // Both rss_stat layouts resolve (percpu_counter since 6.2, atomic_long_t before).
         for k in ["6.1", "6.12", "6.18"] {

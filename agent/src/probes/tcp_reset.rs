@@ -23,13 +23,11 @@ use crate::{config::TcpResetHook, events::DecodeError, kernel_btf::KernelBtf};
 pub const NAME: &str = "tcp-reset";
 
 const GLOBAL: &str = "TCP_RESET_CONFIG";
-const PROG_SEND: ProgramSpec = ProgramSpec { program: "tcp_send_reset", tracepoint: "tcp_send_reset" };
+const PROG_SEND: ProgramSpec = ProgramSpec::tp_btf("tcp_send_reset", "tcp_send_reset");
 /// The same hook before 6.10, without the reason argument.
-const PROG_SEND_SK_ONLY: ProgramSpec =
-    ProgramSpec { program: "tcp_send_reset_sk_only", tracepoint: "tcp_send_reset" };
-const PROG_RECEIVE: ProgramSpec =
-    ProgramSpec { program: "tcp_receive_reset", tracepoint: "tcp_receive_reset" };
-const PROG_NO_SOCKET: ProgramSpec = ProgramSpec { program: "kfree_skb_no_socket", tracepoint: "kfree_skb" };
+const PROG_SEND_SK_ONLY: ProgramSpec = ProgramSpec::tp_btf("tcp_send_reset_sk_only", "tcp_send_reset");
+const PROG_RECEIVE: ProgramSpec = ProgramSpec::tp_btf("tcp_receive_reset", "tcp_receive_reset");
+const PROG_NO_SOCKET: ProgramSpec = ProgramSpec::tp_btf("kfree_skb_no_socket", "kfree_skb");
 
 /// Kernel enum names for the reason values the programs report, read from BTF.
 #[derive(Debug, Default, Clone)]
@@ -88,6 +86,7 @@ pub fn plan(vmlinux: &KernelBtf, hook: TcpResetHook) -> Result<(Plan, Names), St
         programs,
         hook: hook_desc.to_string(),
         notes,
+        fallback: None,
     };
     Ok((plan, names))
 }
@@ -344,16 +343,16 @@ pub(crate) mod tests {
     #[test]
     fn picks_the_no_socket_fallback_before_6_10() {
         let (plan_6_1, names) = plan(&kernel("6.1"), TcpResetHook::Auto).unwrap();
-        assert!(plan_6_1.programs.iter().any(|p| p.tracepoint == "kfree_skb"), "{:?}", plan_6_1.hook);
+        assert!(plan_6_1.programs.iter().any(|p| p.target == "kfree_skb"), "{:?}", plan_6_1.hook);
         // 6.1's tcp_send_reset has no reason argument: the program must not touch one.
         assert!(plan_6_1.programs.iter().any(|p| p.program == "tcp_send_reset_sk_only"));
         assert!(!plan_6_1.programs.iter().any(|p| p.program == "tcp_send_reset"));
         assert_eq!(names.drop_reasons.get(&2).map(String::as_str), Some("NO_SOCKET"));
         let (plan_6_12, _) = plan(&kernel("6.12"), TcpResetHook::Auto).unwrap();
-        assert!(!plan_6_12.programs.iter().any(|p| p.tracepoint == "kfree_skb"), "{:?}", plan_6_12.hook);
+        assert!(!plan_6_12.programs.iter().any(|p| p.target == "kfree_skb"), "{:?}", plan_6_12.hook);
         assert!(plan(&kernel("6.1"), TcpResetHook::TcpSendReset).is_err());
         let (forced, _) = plan(&kernel("6.18"), TcpResetHook::KfreeSkb).unwrap();
-        assert!(forced.programs.iter().any(|p| p.tracepoint == "kfree_skb"));
+        assert!(forced.programs.iter().any(|p| p.target == "kfree_skb"));
     }
 
     #[test]

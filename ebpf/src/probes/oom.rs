@@ -9,17 +9,24 @@
 //!
 //! In both, `current` is the invoking task; its kernel stack (`bpf_get_stack`) is the call path
 //! that says whether a memory cgroup or the whole node ran out.
+//!
+//! Preferred where the kernel allows fentry (not on every kernel: refused on some): `fentry/
+//! oom_kill_process`: `void oom_kill_process(struct oom_control *oc, const char *message)` —
+//! `oc->chosen` is the victim, `oc->memcg` the cgroup that hit its limit (NULL: the node ran
+//! out), `oc->totalpages` what the victim was weighed against. The agent attaches it instead of
+//! `mark_victim` when it can.
 
 use aya_ebpf::{
     EbpfContext,
     helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_stack, bpf_ktime_get_boot_ns},
-    macros::btf_tracepoint,
-    programs::BtfTracePointContext,
+    macros::{btf_tracepoint, fentry},
+    programs::{BtfTracePointContext, FEntryContext},
 };
 use kstall_common::{
     kind,
     oom::{
-        FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_VICTIM_PID_ONLY, OomConfig, OomKillEvent, STACK_DEPTH, VERSION,
+        FLAG_FROM_OOM_CONTROL, FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_MEMCG_OOM, FLAG_VICTIM_PID_ONLY,
+        OomConfig, OomKillEvent, STACK_DEPTH, VERSION,
     },
     task::TaskOffsets,
 };
@@ -53,8 +60,18 @@ static OOM_CONFIG: OomConfig = OomConfig {
     mm_rss_anon: 0,
     mm_rss_shmem: 0,
     mm_total_vm: 0,
-    _pad: 0,
+    oc_chosen: 0,
+    oc_memcg: 0,
+    oc_totalpages: 0,
+    memcg_css_cgroup: 0,
 };
+
+#[fentry(function = "oom_kill_process")]
+pub fn oom_kill_process(ctx: FEntryContext) -> u32 {
+    let oc: *const u8 = ctx.arg(0);
+    emit_kill(&ctx, Victim::OomControl(oc));
+    0
+}
 
 #[btf_tracepoint(function = "mark_victim")]
 pub fn mark_victim(ctx: BtfTracePointContext) -> u32 {
@@ -71,12 +88,13 @@ pub fn mark_victim_pid(ctx: BtfTracePointContext) -> u32 {
 }
 
 enum Victim {
+    OomControl(*const u8),
     Task(*const u8),
     Pid(u32),
 }
 
 #[inline(always)]
-fn emit_kill(ctx: &BtfTracePointContext, victim: Victim) {
+fn emit_kill<C: EbpfContext>(ctx: &C, victim: Victim) {
     let cfg = unsafe { core::ptr::read_volatile(&OOM_CONFIG) };
     if cfg.valid == 0 {
         return;
@@ -95,6 +113,26 @@ fn emit_kill(ctx: &BtfTracePointContext, victim: Victim) {
         ev.invoker_cgroup_id = bpf_get_current_cgroup_id();
         ev.invoker_comm = bpf_get_current_comm().unwrap_or_default();
         match victim {
+            Victim::OomControl(oc) => {
+                let Ok(task) = at::<*const u8>(oc, cfg.oc_chosen) else {
+                    entry.discard(0);
+                    return;
+                };
+                let _ = fill_header(&cfg.task, task, &mut ev.header);
+                fill_rss(&cfg, task, ev);
+                ev.flags |= FLAG_FROM_OOM_CONTROL;
+                ev.totalpages = at(oc, cfg.oc_totalpages).unwrap_or(0);
+                if let Ok(memcg) = at::<*const u8>(oc, cfg.oc_memcg)
+                    && !memcg.is_null()
+                {
+                    ev.flags |= FLAG_MEMCG_OOM;
+                    if let Ok(cgroup) = at::<*const u8>(memcg, cfg.memcg_css_cgroup)
+                        && let Ok(kn) = at::<*const u8>(cgroup, cfg.task.cgroup_kn)
+                    {
+                        ev.oom_cgroup_id = at(kn, cfg.task.kernfs_node_id).unwrap_or(0);
+                    }
+                }
+            }
             Victim::Task(task) => {
                 // An exiting victim has no nsproxy: that only leaves netns at 0.
                 let _ = fill_header(&cfg.task, task, &mut ev.header);
