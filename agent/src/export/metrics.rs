@@ -212,7 +212,8 @@ impl Metrics {
     }
 
     fn observe_nfs(&self, nfs: &Nfs) {
-        let server = nfs.server_addr.map(|a| a.to_string()).unwrap_or_default();
+        // Transports without an IP address are local ones (rpcbind over a unix socket).
+        let server = nfs.server_addr.map(|a| a.to_string()).unwrap_or_else(|| "local".into());
         let server = [server.as_str()];
         let error =
             nfs.error_name.map(str::to_string).or(nfs.error.map(|e| e.to_string())).unwrap_or_default();
