@@ -369,8 +369,8 @@ fn describe_hung_task_detector(
     status.notes.push(note);
 }
 
-/// Attaches the NFS probe once the sunrpc module appears (the first NFS mount loads it), without a
-/// restart.
+/// Attaches the NFS probe once the sunrpc module appears (the first NFS mount loads it), and its
+/// nfsv4 hook once nfsv4 does, without a restart.
 async fn attach_nfs_when_loaded(
     loaded: Arc<Mutex<probes::Loaded>>,
     statuses: Arc<Mutex<Vec<probes::ProbeStatus>>>,
@@ -384,17 +384,14 @@ async fn attach_nfs_when_loaded(
             _ = tick.tick() => {}
         }
         let mut probes = loaded.lock().expect("probes");
-        if !probes.nfs_waiting {
+        if !probes.nfs.pending {
             return;
         }
-        // BTF parsing and attaching take a moment; nothing else waits on this lock meanwhile.
+        // BTF parsing and attaching take a moment; nothing on the event path waits on this lock.
         let Some(status) = probes.attach_nfs_if_loaded() else { continue };
         drop(probes);
         match &status.reason {
-            None => tracing::info!(
-                hook = status.hook.as_deref().unwrap_or(""),
-                "sunrpc appeared: nfs probe attached"
-            ),
+            None => tracing::info!(hook = status.hook.as_deref().unwrap_or(""), "nfs probe attached"),
             Some(reason) => tracing::warn!(reason, "sunrpc appeared but the nfs probe cannot attach"),
         }
         let mut all = statuses.lock().expect("probe statuses");
@@ -402,6 +399,5 @@ async fn attach_nfs_when_loaded(
             *slot = status;
         }
         metrics.set_probe_statuses(&all);
-        return;
     }
 }

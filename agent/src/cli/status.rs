@@ -54,7 +54,13 @@ fn fetch(socket: &PathBuf) -> Result<StatusReport, String> {
     request.push(b'\n');
     stream.write_all(&request).map_err(unreachable)?;
     let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line).map_err(unreachable)?;
+    BufReader::new(stream).read_line(&mut line).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
+            "the agent at {} did not answer within 5 s (still starting? see its log)",
+            socket.display()
+        ),
+        _ => unreachable(e),
+    })?;
     if let Ok(err) = serde_json::from_str::<ErrorReply>(&line) {
         return Err(format!("the agent refused the request: {}", err.error));
     }

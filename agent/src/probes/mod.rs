@@ -87,8 +87,8 @@ pub struct Loaded {
     ebpf: Option<Ebpf>,
     /// Attached programs, by name.
     attached: Vec<&'static str>,
-    /// The NFS programs are loaded and wait for sunrpc to appear.
-    pub nfs_waiting: bool,
+    /// The NFS probe's programs attached so far, and whether it waits for a module.
+    pub nfs: nfs::Attachment,
     pub statuses: Vec<ProbeStatus>,
     pub decoder: Decoder,
     pub events: Option<RingBuf<MapData>>,
@@ -108,7 +108,7 @@ pub fn load(config: &Config) -> Loaded {
     let loaded = |statuses| Loaded {
         ebpf: None,
         attached: Vec::new(),
-        nfs_waiting: false,
+        nfs: nfs::Attachment::default(),
         statuses,
         decoder: Decoder::new(),
         events: None,
@@ -220,26 +220,20 @@ pub fn load(config: &Config) -> Loaded {
             }
         }
     }
-    let mut nfs_waiting = false;
+    let mut nfs_attachment = nfs::Attachment::default();
     if enabled(nfs::NAME) {
         let idx = index_of(nfs::NAME);
         statuses[idx] = match nfs::load_programs(&mut ebpf) {
             Err(e) => ProbeStatus::down(nfs::NAME, e),
-            Ok(()) => match nfs::attach_when_loaded(&mut ebpf) {
-                Some(status) => {
-                    attached.extend(nfs::PROGRAMS.iter().map(|p| p.0));
-                    status
-                }
-                None => {
-                    nfs_waiting = true;
-                    ProbeStatus::down(nfs::NAME, nfs::WAITING)
-                }
-            },
+            Ok(()) => nfs::attach_available(&mut ebpf, &mut nfs_attachment).unwrap_or_else(|| {
+                nfs_attachment.pending = true;
+                ProbeStatus::down(nfs::NAME, nfs::WAITING)
+            }),
         };
     }
     let events = ebpf.take_map("EVENTS").and_then(|m| RingBuf::try_from(m).ok());
     let lost = ebpf.take_map("LOST").and_then(|m| PerCpuArray::try_from(m).ok());
-    Loaded { ebpf: Some(ebpf), attached, nfs_waiting, statuses, decoder, events, lost }
+    Loaded { ebpf: Some(ebpf), attached, nfs: nfs_attachment, statuses, decoder, events, lost }
 }
 
 /// The bytes of a kernel-shared config struct, for `EbpfLoader::override_global`.
@@ -305,22 +299,19 @@ impl Loaded {
     /// Detaches and unloads every program (stops intake); maps stay readable for the final drain.
     pub fn detach_all(&mut self) -> usize {
         let Some(ebpf) = self.ebpf.as_mut() else { return 0 };
-        let programs = std::mem::take(&mut self.attached);
+        let mut programs = std::mem::take(&mut self.attached);
+        programs.append(&mut self.nfs.programs);
         for name in &programs {
             unload(ebpf, name);
         }
         programs.len()
     }
 
-    /// Attaches the NFS programs if sunrpc has appeared since; the probe's new status then.
+    /// Attaches the NFS programs whose modules have appeared since; the probe's new status, or
+    /// `None` when no module came.
     pub fn attach_nfs_if_loaded(&mut self) -> Option<ProbeStatus> {
         let ebpf = self.ebpf.as_mut()?;
-        let status = nfs::attach_when_loaded(ebpf)?;
-        self.nfs_waiting = false;
-        if status.up {
-            self.attached.extend(nfs::PROGRAMS.iter().map(|p| p.0));
-        }
-        Some(status)
+        nfs::attach_available(ebpf, &mut self.nfs)
     }
 }
 

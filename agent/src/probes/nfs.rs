@@ -1,7 +1,7 @@
 //! NFS / SUNRPC client. Kernel half: `ebpf/src/probes/nfs.rs`; event: `common/src/nfs.rs`.
 //!
 //! sunrpc is a module loaded by the first NFS mount, possibly long after the agent started: the
-//! programs are loaded with the agent and attached by [`attach_when_loaded`] once
+//! programs are loaded with the agent and attached by [`attach_available`] once
 //! `/sys/kernel/btf/sunrpc` appears, with offsets read from that module's BTF then. While the
 //! links exist the module cannot be unloaded (the kernel holds a reference for them).
 
@@ -79,19 +79,30 @@ pub fn resolve(sunrpc: &KernelBtf, nfsv4: Option<&KernelBtf>) -> Result<NfsConfi
     Ok(cfg)
 }
 
-/// If sunrpc is loaded now: resolves offsets, hands them to the programs and attaches every
-/// program whose tracepoint exists. `None` while sunrpc is not loaded.
-pub fn attach_when_loaded(ebpf: &mut Ebpf) -> Option<ProbeStatus> {
-    let down = |reason: String| ProbeStatus {
-        name: NAME.into(),
-        up: false,
-        hook: None,
-        reason: Some(reason),
-        notes: vec![],
-    };
-    if !std::path::Path::new("/sys/kernel/btf/sunrpc").exists() {
+/// What the NFS probe has attached so far; sunrpc and nfsv4 load one after the other, so a
+/// first look may see only part of it.
+#[derive(Debug, Default)]
+pub struct Attachment {
+    /// Programs attached (by name).
+    pub programs: Vec<&'static str>,
+    /// A module the probe still needs may yet load: keep looking.
+    pub pending: bool,
+    /// The modules loaded at the last look: BTF is only parsed again when this changes.
+    modules_seen: Vec<&'static str>,
+}
+
+/// Attaches what has become attachable since `att`: resolves offsets from the modules loaded now,
+/// hands them to the programs, attaches each program whose tracepoint exists. `None` while
+/// sunrpc is not loaded; otherwise the probe's status.
+pub fn attach_available(ebpf: &mut Ebpf, att: &mut Attachment) -> Option<ProbeStatus> {
+    let loaded: Vec<&'static str> = ["sunrpc", "nfsv4"]
+        .into_iter()
+        .filter(|m| std::path::Path::new("/sys/kernel/btf").join(m).exists())
+        .collect();
+    if !loaded.contains(&"sunrpc") || loaded == att.modules_seen {
         return None;
     }
+    att.modules_seen = loaded;
     let result = (|| -> Result<ProbeStatus, String> {
         let vmlinux = KernelBtf::vmlinux_from_sys_fs().map_err(|e| e.to_string())?;
         let sunrpc = vmlinux.module_from_sys_fs("sunrpc").map_err(|e| e.to_string())?;
@@ -101,32 +112,48 @@ pub fn attach_when_loaded(ebpf: &mut Ebpf) -> Option<ProbeStatus> {
             Array::try_from(ebpf.map_mut("NFS_CONFIG").ok_or("map NFS_CONFIG missing from the eBPF object")?)
                 .map_err(|e| e.to_string())?;
         map.set(0, cfg, 0).map_err(|e| e.to_string())?;
-        let mut attached = Vec::new();
         let mut notes = Vec::new();
+        att.pending = false;
         for (program, tracepoint, module) in PROGRAMS {
-            let btf = if *module == "sunrpc" { Some(&sunrpc) } else { nfsv4.as_ref() };
-            if btf.is_none_or(|b| b.tracepoint_arg_count(tracepoint).is_err()) {
-                notes.push(format!(
-                    "{tracepoint}: not in this kernel ({module} not loaded or no such tracepoint)"
-                ));
+            if att.programs.contains(program) {
                 continue;
             }
-            let p: &mut RawTracePoint = ebpf
-                .program_mut(program)
-                .and_then(|p| p.try_into().ok())
-                .ok_or(format!("{program} missing"))?;
-            p.attach(tracepoint).map_err(|e| format!("{tracepoint}: attach: {}", super::error_chain(&e)))?;
-            attached.push(*tracepoint);
+            let btf = if *module == "sunrpc" { Some(&sunrpc) } else { nfsv4.as_ref() };
+            match btf {
+                None => {
+                    att.pending = true;
+                    notes.push(format!(
+                        "{tracepoint}: waiting for the {module} module (attaches when it loads)"
+                    ));
+                }
+                Some(btf) if btf.tracepoint_arg_count(tracepoint).is_err() => {
+                    notes.push(format!("{tracepoint}: not in this kernel"));
+                }
+                Some(_) => {
+                    let p: &mut RawTracePoint = ebpf
+                        .program_mut(program)
+                        .and_then(|p| p.try_into().ok())
+                        .ok_or(format!("{program} missing"))?;
+                    p.attach(tracepoint)
+                        .map_err(|e| format!("{tracepoint}: attach: {}", super::error_chain(&e)))?;
+                    att.programs.push(program);
+                }
+            }
         }
+        let hooks: Vec<&str> =
+            PROGRAMS.iter().filter(|(p, _, _)| att.programs.contains(p)).map(|(_, tp, _)| *tp).collect();
         Ok(ProbeStatus {
             name: NAME.into(),
             up: true,
-            hook: Some(format!("raw_tracepoint/{{{}}}", attached.join(","))),
+            hook: Some(format!("raw_tracepoint/{{{}}}", hooks.join(","))),
             reason: None,
             notes,
         })
     })();
-    Some(result.unwrap_or_else(down))
+    Some(result.unwrap_or_else(|reason| {
+        att.pending = false;
+        ProbeStatus { name: NAME.into(), up: false, hook: None, reason: Some(reason), notes: vec![] }
+    }))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -304,6 +331,69 @@ pub(crate) mod tests {
         ev.server_family = 1;
         let n = decode(&ev, Clock::default()).unwrap();
         assert_eq!((n.server_addr, n.server_port, n.timeout_ms), (None, None, None));
+    }
+
+    /// Records kstall wrote on real kernels (testdata/README.md), decoded as the agent does.
+    fn recorded(kernel: &str) -> Vec<Nfs> {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("testdata/nfs/{kernel}.raw"));
+        let decoder = crate::events::Decoder::new();
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .lines()
+            .map(|line| {
+                let hex = line.split_once(' ').expect("<kind> <hex>").1;
+                let bytes: Vec<u8> = (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                    .collect();
+                match decoder.decode(&bytes).unwrap_or_else(|e| panic!("{kernel}: {e}: {line}")).payload {
+                    crate::events::Payload::Nfs(nfs) => nfs,
+                    other => panic!("{kernel}: not an NFS event: {other:?}"),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn recorded_samples_decode_on_6_1_and_6_12() {
+        // (kernel, socket_connect, timeout, socket_error, retransmit, server_responding) as counted
+        // by the recording run's own event stream.
+        for (kernel, counts) in [("6.1", [20, 35, 16, 1, 2]), ("6.12", [40, 36, 35, 1, 2])] {
+            let events = recorded(kernel);
+            let count = |what: What| events.iter().filter(|e| e.what == what).count();
+            let seen = [
+                What::SocketConnect,
+                What::Timeout,
+                What::SocketError,
+                What::Retransmit,
+                What::ServerResponding,
+            ]
+            .map(count);
+            assert_eq!(seen, counts, "{kernel}");
+            let server: IpAddr = "10.55.0.1".parse().unwrap();
+            for e in events.iter().filter(|e| matches!(e.what, What::Timeout | What::Retransmit)) {
+                assert_eq!((e.server_addr, e.server_port), (Some(server), Some(2049)), "{kernel}: {e:?}");
+                assert_eq!(e.program.as_deref(), Some("nfs"), "{kernel}: {e:?}");
+                assert!(e.xid.is_some() && e.owner_pid.is_some(), "{kernel}: {e:?}");
+                assert!(matches!(e.procedure.as_deref(), Some("OPEN" | "SEQUENCE")), "{kernel}: {e:?}");
+                assert!(e.client_id.is_some(), "{kernel}: {e:?}");
+            }
+            // The retransmit is of a request that had timed out: same xid, second transmission.
+            let retransmit = events.iter().find(|e| e.what == What::Retransmit).unwrap();
+            assert_eq!(retransmit.ntrans, Some(2), "{kernel}");
+            assert!(events.iter().any(|e| e.what == What::Timeout && e.xid == retransmit.xid), "{kernel}");
+            // The DROP gave ETIMEDOUT, the killed sidecar forwarder ECONNREFUSED.
+            let errors: Vec<_> =
+                events.iter().filter(|e| e.what == What::SocketError).filter_map(|e| e.error_name).collect();
+            assert!(
+                errors.contains(&"ETIMEDOUT") && errors.contains(&"ECONNREFUSED"),
+                "{kernel}: {errors:?}"
+            );
+            for e in events.iter().filter(|e| e.what == What::ServerResponding) {
+                assert_eq!(e.server_addr, Some(server), "{kernel}");
+            }
+        }
     }
 
     #[test]
