@@ -1,9 +1,28 @@
-//! Identity of a task other than `current` (a hung task, an OOM victim), read through offsets the
-//! agent resolved from BTF.
+//! Identity of the task an event is about: `current`, or another task (a hung task, an OOM
+//! victim) read through offsets the agent resolved from BTF.
 
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_ktime_get_boot_ns},
+};
 use kstall_common::{EventHeader, task::TaskOffsets};
 
 use crate::read::at;
+
+/// A header for an event about `current`, stamped now; `netns_ino` is left for the probe (the
+/// event's own namespace, which in softirq context is not current's).
+#[inline(always)]
+pub fn current_header<C: EbpfContext>(ctx: &C, kind: u32, version: u32) -> EventHeader {
+    let mut header = EventHeader::zeroed();
+    header.kind = kind;
+    header.version = version;
+    header.timestamp_ns = unsafe { bpf_ktime_get_boot_ns() };
+    header.tgid = ctx.tgid();
+    header.pid = ctx.pid();
+    header.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    header.comm = bpf_get_current_comm().unwrap_or_default();
+    header
+}
 
 /// Fills pid, tgid, comm, cgroup id and netns of `task` into `header`. Returns false when the
 /// task has no nsproxy left (it is exiting), in which case `netns_ino` stays 0.

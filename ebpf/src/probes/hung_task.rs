@@ -17,7 +17,6 @@ use kstall_common::{
         FLAG_BLOCKER_TRACKED, FLAG_NO_NSPROXY, HungTaskConfig, HungTaskEvent, STACK_DEPTH, VERSION,
     },
     kind,
-    task::TaskOffsets,
 };
 
 use crate::{
@@ -26,30 +25,10 @@ use crate::{
     task::fill_header,
 };
 
-const NO_TASK_OFFSETS: TaskOffsets = TaskOffsets {
-    pid: 0,
-    tgid: 0,
-    comm: 0,
-    cgroups: 0,
-    css_set_dfl_cgrp: 0,
-    cgroup_kn: 0,
-    kernfs_node_id: 0,
-    nsproxy: 0,
-    nsproxy_net_ns: 0,
-    net_ns_inum: 0,
-};
-
 /// Filled by the agent from the running kernel's BTF before load.
 #[unsafe(no_mangle)]
-static HUNG_TASK_CONFIG: HungTaskConfig = HungTaskConfig {
-    valid: 0,
-    blocker: 0,
-    task: NO_TASK_OFFSETS,
-    task_last_switch_time: 0,
-    task_blocker: 0,
-    mutex_owner: 0,
-    rwsem_owner: 0,
-};
+// SAFETY: plain integers; all zero means "not configured" (`valid == 0`).
+static HUNG_TASK_CONFIG: HungTaskConfig = unsafe { core::mem::zeroed() };
 
 /// Low bits of a mutex's or rwsem's `owner` word that are flags, not pointer.
 const OWNER_FLAGS_MASK: u64 = 0x7;

@@ -16,24 +16,20 @@
 //!   status)`
 
 use aya_ebpf::{
-    EbpfContext,
-    helpers::{
-        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_ktime_get_boot_ns,
-        bpf_probe_read_kernel_str_bytes,
-    },
+    helpers::bpf_probe_read_kernel_str_bytes,
     macros::{map, raw_tracepoint},
     maps::{Array, HashMap},
     programs::RawTracePointContext,
 };
 use kstall_common::{
-    EventHeader, kind,
+    kind,
     nfs::{
         NAME_LEN, NfsConfig, NfsEvent, VERSION, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING, WHAT_SOCKET_CONNECT,
         WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET, WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
     },
 };
 
-use crate::{maps::emit, read::at};
+use crate::{maps::emit, read::at, task::current_header};
 
 #[map]
 static NFS_CONFIG: Array<NfsConfig> = Array::with_max_entries(1, 0);
@@ -146,14 +142,7 @@ pub fn nfs4_state_mgr_failed(ctx: RawTracePointContext) -> i32 {
 
 #[inline(always)]
 fn new_event(ctx: &RawTracePointContext, what: u32) -> NfsEvent {
-    let mut header = EventHeader::zeroed();
-    header.kind = kind::NFS;
-    header.version = VERSION;
-    header.timestamp_ns = unsafe { bpf_ktime_get_boot_ns() };
-    header.tgid = ctx.tgid();
-    header.pid = ctx.pid();
-    header.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-    header.comm = bpf_get_current_comm().unwrap_or_default();
+    let header = current_header(ctx, kind::NFS, VERSION);
     NfsEvent {
         header,
         what,

@@ -28,7 +28,6 @@ use kstall_common::{
         FLAG_FROM_OOM_CONTROL, FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_MEMCG_OOM, FLAG_VICTIM_PID_ONLY,
         OomConfig, OomKillEvent, STACK_DEPTH, VERSION,
     },
-    task::TaskOffsets,
 };
 
 use crate::{
@@ -39,32 +38,8 @@ use crate::{
 
 /// Filled by the agent from the running kernel's BTF before load.
 #[unsafe(no_mangle)]
-static OOM_CONFIG: OomConfig = OomConfig {
-    valid: 0,
-    task: TaskOffsets {
-        pid: 0,
-        tgid: 0,
-        comm: 0,
-        cgroups: 0,
-        css_set_dfl_cgrp: 0,
-        cgroup_kn: 0,
-        kernfs_node_id: 0,
-        nsproxy: 0,
-        nsproxy_net_ns: 0,
-        net_ns_inum: 0,
-    },
-    task_mm: 0,
-    task_signal: 0,
-    signal_oom_score_adj: 0,
-    mm_rss_file: 0,
-    mm_rss_anon: 0,
-    mm_rss_shmem: 0,
-    mm_total_vm: 0,
-    oc_chosen: 0,
-    oc_memcg: 0,
-    oc_totalpages: 0,
-    memcg_css_cgroup: 0,
-};
+// SAFETY: plain integers; all zero means "not configured" (`valid == 0`).
+static OOM_CONFIG: OomConfig = unsafe { core::mem::zeroed() };
 
 #[fentry(function = "oom_kill_process")]
 pub fn oom_kill_process(ctx: FEntryContext) -> u32 {

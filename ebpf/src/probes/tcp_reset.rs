@@ -11,14 +11,9 @@
 //! - `tp_btf/tcp_receive_reset`: `TP_PROTO(struct sock *sk)` (>= 4.15): the client side; its
 //!   `skc_dport` is the destination the application dialled (NAT is invisible to it).
 
-use aya_ebpf::{
-    EbpfContext,
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_ktime_get_boot_ns},
-    macros::btf_tracepoint,
-    programs::BtfTracePointContext,
-};
+use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use kstall_common::{
-    EventHeader, kind,
+    kind,
     tcp_reset::{
         DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6, FLAG_HAS_CONNTRACK, FLAG_HAS_REASON,
         FLAG_HAS_SOCKET, HOOK_KFREE_SKB_NO_SOCKET, HOOK_TCP_RECEIVE_RESET, HOOK_TCP_SEND_RESET,
@@ -26,36 +21,12 @@ use kstall_common::{
     },
 };
 
-use crate::{maps::emit, read::at};
+use crate::{maps::emit, read::at, task::current_header};
 
 /// Filled by the agent from the running kernel's BTF before load.
 #[unsafe(no_mangle)]
-static TCP_RESET_CONFIG: TcpResetConfig = TcpResetConfig {
-    valid: 0,
-    send_reset_skips_no_socket: 0,
-    drop_reason_no_socket: 0,
-    conntrack: 0,
-    sk_family: 0,
-    sk_state: 0,
-    sk_num: 0,
-    sk_dport: 0,
-    sk_rcv_saddr: 0,
-    sk_daddr: 0,
-    sk_v6_rcv_saddr: 0,
-    sk_v6_daddr: 0,
-    sk_net: 0,
-    net_ns_inum: 0,
-    skb_head: 0,
-    skb_network_header: 0,
-    skb_transport_header: 0,
-    skb_protocol: 0,
-    skb_dev: 0,
-    skb_nfct: 0,
-    dev_nd_net: 0,
-    ct_orig_dst_addr: 0,
-    ct_orig_dst_port: 0,
-    ct_reply_src_port: 0,
-};
+// SAFETY: plain integers; all zero means "not configured" (`valid == 0`).
+static TCP_RESET_CONFIG: TcpResetConfig = unsafe { core::mem::zeroed() };
 
 const AF_INET: u16 = 2;
 const AF_INET6: u16 = 10;
@@ -158,14 +129,7 @@ pub fn tcp_receive_reset(ctx: BtfTracePointContext) -> u32 {
 
 #[inline(always)]
 fn new_event(ctx: &BtfTracePointContext, direction: u8, hook: u8) -> TcpResetEvent {
-    let mut header = EventHeader::zeroed();
-    header.kind = kind::TCP_RESET;
-    header.version = VERSION;
-    header.timestamp_ns = unsafe { bpf_ktime_get_boot_ns() };
-    header.tgid = ctx.tgid();
-    header.pid = ctx.pid();
-    header.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-    header.comm = bpf_get_current_comm().unwrap_or_default();
+    let header = current_header(ctx, kind::TCP_RESET, VERSION);
     TcpResetEvent {
         header,
         direction,
