@@ -32,8 +32,8 @@ const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
 /// How often hung tasks are checked for having left D state.
 const HUNG_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 const SYMBOLS_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
-/// How often to look for the sunrpc module while the NFS probe waits for it.
-const NFS_WATCH_INTERVAL: Duration = Duration::from_secs(5);
+/// How often to look for the kernel modules probes wait for (sunrpc, nfsv4, nf_conntrack).
+const MODULE_WATCH_INTERVAL: Duration = Duration::from_secs(5);
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // First of all: a SIGTERM that arrives while starting must still end in a clean shutdown
@@ -118,18 +118,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         loaded.lost.take().map(|lost| tokio::spawn(poll_losses(lost, metrics.clone(), stop_intake.clone())));
     let loaded = Arc::new(Mutex::new(loaded));
     // Its own token: it must stop before the probes are detached, not with the readers after.
-    let stop_nfs_watch = CancellationToken::new();
-    let nfs_watch = tokio::spawn(attach_nfs_when_loaded(
-        loaded.clone(),
-        statuses,
-        metrics.clone(),
-        stop_nfs_watch.clone(),
-    ));
+    let stop_module_watch = CancellationToken::new();
+    let module_watch =
+        tokio::spawn(watch_modules(loaded.clone(), statuses, metrics.clone(), stop_module_watch.clone()));
 
     signals.wait().await;
     tracing::info!("shutting down: detaching probes");
-    stop_nfs_watch.cancel();
-    let _ = nfs_watch.await;
+    stop_module_watch.cancel();
+    let _ = module_watch.await;
     let detached = loaded.lock().expect("probes").detach_all();
     stop_intake.cancel();
     if let Some(reader) = reader {
@@ -369,34 +365,45 @@ fn describe_hung_task_detector(
     status.notes.push(note);
 }
 
-/// Attaches the NFS probe once the sunrpc module appears (the first NFS mount loads it), and its
-/// nfsv4 hook once nfsv4 does, without a restart.
-async fn attach_nfs_when_loaded(
+/// Completes what waits for a kernel module: the NFS probe attaches when sunrpc appears (the
+/// first NFS mount loads it) and its nfsv4 hook when nfsv4 does; tcp-reset gets original
+/// destinations when nf_conntrack loads (the first NAT rule). No restart needed.
+async fn watch_modules(
     loaded: Arc<Mutex<probes::Loaded>>,
     statuses: Arc<Mutex<Vec<probes::ProbeStatus>>>,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(NFS_WATCH_INTERVAL);
+    let mut tick = tokio::time::interval(MODULE_WATCH_INTERVAL);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
+        // BTF parsing and attaching take a moment; nothing on the event path waits on this lock.
         let mut probes = loaded.lock().expect("probes");
-        if !probes.nfs.pending {
+        if !probes.nfs.pending && !probes.conntrack_pending {
             return;
         }
-        // BTF parsing and attaching take a moment; nothing on the event path waits on this lock.
-        let Some(status) = probes.attach_nfs_if_loaded() else { continue };
+        let nfs = if probes.nfs.pending { probes.attach_nfs_if_loaded() } else { None };
+        let conntrack = if probes.conntrack_pending { probes.conntrack_if_loaded() } else { None };
         drop(probes);
-        match &status.reason {
-            None => tracing::info!(hook = status.hook.as_deref().unwrap_or(""), "nfs probe attached"),
-            Some(reason) => tracing::warn!(reason, "sunrpc appeared but the nfs probe cannot attach"),
-        }
         let mut all = statuses.lock().expect("probe statuses");
-        if let Some(slot) = all.iter_mut().find(|s| s.name == status.name) {
-            *slot = status;
+        if let Some(status) = nfs {
+            match &status.reason {
+                None => tracing::info!(hook = status.hook.as_deref().unwrap_or(""), "nfs probe attached"),
+                Some(reason) => tracing::warn!(reason, "sunrpc appeared but the nfs probe cannot attach"),
+            }
+            if let Some(slot) = all.iter_mut().find(|s| s.name == status.name) {
+                *slot = status;
+            }
+        }
+        if let Some(note) = conntrack {
+            tracing::info!(note, "nf_conntrack appeared");
+            if let Some(tcp) = all.iter_mut().find(|s| s.name == probes::tcp_reset::NAME) {
+                tcp.notes.retain(|n| !n.starts_with("original destination"));
+                tcp.notes.push(note);
+            }
         }
         metrics.set_probe_statuses(&all);
     }

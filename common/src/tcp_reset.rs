@@ -66,8 +66,8 @@ pub struct TcpResetConfig {
     pub send_reset_skips_no_socket: u32,
     /// `SKB_DROP_REASON_NO_SOCKET` on this kernel.
     pub drop_reason_no_socket: u32,
-    /// 1 when the `nf_conn` offsets below are valid.
-    pub conntrack: u32,
+    /// `sk_buff._nfct` (0 when the kernel has no conntrack at all).
+    pub skb_nfct: u32,
 
     pub sk_family: u32,
     pub sk_state: u32,
@@ -85,17 +85,24 @@ pub struct TcpResetConfig {
     pub skb_transport_header: u32,
     pub skb_protocol: u32,
     pub skb_dev: u32,
-    pub skb_nfct: u32,
     pub dev_nd_net: u32,
+}
 
-    pub ct_orig_dst_addr: u32,
-    pub ct_orig_dst_port: u32,
-    pub ct_reply_src_port: u32,
+/// `struct nf_conn` offsets. In a map, not a global: where conntrack is a module, its BTF (and so
+/// these offsets) may only exist after the agent started, when the first NAT rule loads it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConntrackOffsets {
+    pub valid: u32,
+    pub orig_dst_addr: u32,
+    pub orig_dst_port: u32,
+    pub reply_src_port: u32,
 }
 
 #[cfg(feature = "user")]
 mod user {
     // SAFETY: repr(C), only integer fields, no implicit padding (the padding is written out).
     unsafe impl aya::Pod for super::TcpResetConfig {}
+    unsafe impl aya::Pod for super::ConntrackOffsets {}
     unsafe impl aya::Pod for super::TcpResetEvent {}
 }

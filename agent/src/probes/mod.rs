@@ -10,10 +10,10 @@ pub mod tcp_reset;
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{Array, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, FEntry, Program},
 };
-use kstall_common::kind;
+use kstall_common::{kind, tcp_reset::ConntrackOffsets};
 use serde::{Deserialize, Serialize};
 
 use crate::{config::Config, events::Decoder, kernel_btf::KernelBtf};
@@ -89,6 +89,8 @@ pub struct Loaded {
     attached: Vec<&'static str>,
     /// The NFS probe's programs attached so far, and whether it waits for a module.
     pub nfs: nfs::Attachment,
+    /// tcp-reset runs without original destinations until nf_conntrack (a module) loads.
+    pub conntrack_pending: bool,
     pub statuses: Vec<ProbeStatus>,
     pub decoder: Decoder,
     pub events: Option<RingBuf<MapData>>,
@@ -109,6 +111,7 @@ pub fn load(config: &Config) -> Loaded {
         ebpf: None,
         attached: Vec::new(),
         nfs: nfs::Attachment::default(),
+        conntrack_pending: false,
         statuses,
         decoder: Decoder::new(),
         events: None,
@@ -137,12 +140,14 @@ pub fn load(config: &Config) -> Loaded {
     };
 
     let mut decoder = Decoder::new();
+    let mut conntrack = tcp_reset::Conntrack::Unavailable;
     let mut plans: Vec<(usize, Plan)> = Vec::new();
     if enabled(tcp_reset::NAME) {
         let idx = index_of(tcp_reset::NAME);
         match tcp_reset::plan(&vmlinux, config.tcp_reset_hook) {
-            Ok((plan, names)) => {
+            Ok((plan, names, ct)) => {
                 decoder.tcp_reset = names;
+                conntrack = ct;
                 plans.push((idx, plan));
             }
             Err(e) => statuses[idx].reason = Some(e),
@@ -231,9 +236,30 @@ pub fn load(config: &Config) -> Loaded {
             }),
         };
     }
+    let mut conntrack_pending = false;
+    if statuses[index_of(tcp_reset::NAME)].up {
+        match conntrack {
+            tcp_reset::Conntrack::Ready(offsets) => {
+                if let Err(e) = set_conntrack_offsets(&mut ebpf, offsets) {
+                    statuses[index_of(tcp_reset::NAME)].notes.push(format!("original destination: {e}"));
+                }
+            }
+            tcp_reset::Conntrack::WaitingForModule => conntrack_pending = true,
+            tcp_reset::Conntrack::Unavailable => {}
+        }
+    }
     let events = ebpf.take_map("EVENTS").and_then(|m| RingBuf::try_from(m).ok());
     let lost = ebpf.take_map("LOST").and_then(|m| PerCpuArray::try_from(m).ok());
-    Loaded { ebpf: Some(ebpf), attached, nfs: nfs_attachment, statuses, decoder, events, lost }
+    Loaded {
+        ebpf: Some(ebpf),
+        attached,
+        nfs: nfs_attachment,
+        conntrack_pending,
+        statuses,
+        decoder,
+        events,
+        lost,
+    }
 }
 
 /// The bytes of a kernel-shared config struct, for `EbpfLoader::override_global`.
@@ -282,6 +308,13 @@ fn attach_one(ebpf: &mut Ebpf, spec: &ProgramSpec, btf: &Btf) -> Result<(), Stri
     Ok(())
 }
 
+fn set_conntrack_offsets(ebpf: &mut Ebpf, offsets: ConntrackOffsets) -> Result<(), String> {
+    let mut map: Array<_, ConntrackOffsets> =
+        Array::try_from(ebpf.map_mut("CONNTRACK").ok_or("map CONNTRACK missing from the eBPF object")?)
+            .map_err(|e| e.to_string())?;
+    map.set(0, offsets, 0).map_err(|e| e.to_string())
+}
+
 /// Detaches (drops the links) and unloads one program.
 fn unload(ebpf: &mut Ebpf, name: &str) {
     let result = match ebpf.program_mut(name) {
@@ -305,6 +338,25 @@ impl Loaded {
             unload(ebpf, name);
         }
         programs.len()
+    }
+
+    /// Hands tcp-reset the `nf_conn` layout once the nf_conntrack module has loaded; the status
+    /// note to show then, or `None` while it has not.
+    pub fn conntrack_if_loaded(&mut self) -> Option<String> {
+        if !std::path::Path::new("/sys/kernel/btf/nf_conntrack").exists() {
+            return None;
+        }
+        let ebpf = self.ebpf.as_mut()?;
+        let vmlinux_result = KernelBtf::vmlinux_from_sys_fs();
+        let result = match &vmlinux_result {
+            Ok(vmlinux) => tcp_reset::conntrack_from_module(vmlinux)?,
+            Err(e) => Err(e.to_string()),
+        };
+        self.conntrack_pending = false;
+        Some(match result.and_then(|offsets| set_conntrack_offsets(ebpf, offsets)) {
+            Ok(()) => format!("{} (nf_conntrack module BTF, loaded after start)", tcp_reset::CONNTRACK_NOTE),
+            Err(e) => format!("original destination: unavailable ({e}); original_port stays empty"),
+        })
     }
 
     /// Attaches the NFS programs whose modules have appeared since; the probe's new status, or

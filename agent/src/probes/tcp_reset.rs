@@ -12,8 +12,8 @@ use std::{
 };
 
 use kstall_common::tcp_reset::{
-    self as raw, DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6, FLAG_HAS_CONNTRACK,
-    FLAG_HAS_REASON, FLAG_HAS_SOCKET, TcpResetConfig, TcpResetEvent,
+    self as raw, ConntrackOffsets, DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6,
+    FLAG_HAS_CONNTRACK, FLAG_HAS_REASON, FLAG_HAS_SOCKET, TcpResetConfig, TcpResetEvent,
 };
 use serde::Serialize;
 
@@ -36,8 +36,17 @@ pub struct Names {
     drop_reasons: HashMap<u32, String>,
 }
 
+/// Where the `nf_conn` offsets stand at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conntrack {
+    Ready(ConntrackOffsets),
+    /// nf_conntrack is a module not loaded yet: it comes with the first NAT rule.
+    WaitingForModule,
+    Unavailable,
+}
+
 /// Resolves everything the kernel half needs from BTF and picks the hooks.
-pub fn plan(vmlinux: &KernelBtf, hook: TcpResetHook) -> Result<(Plan, Names), String> {
+pub fn plan(vmlinux: &KernelBtf, hook: TcpResetHook) -> Result<(Plan, Names, Conntrack), String> {
     let send_has_reason = vmlinux.tracepoint_arg_count("tcp_send_reset").map_err(|e| e.to_string())? >= 3;
     vmlinux.tracepoint_arg_count("tcp_receive_reset").map_err(|e| e.to_string())?;
     let use_kfree_skb = match hook {
@@ -67,10 +76,32 @@ pub fn plan(vmlinux: &KernelBtf, hook: TcpResetHook) -> Result<(Plan, Names), St
             .0;
         names.drop_reasons = drop_reasons;
     }
-    match resolve_conntrack(vmlinux, &mut cfg) {
-        Ok(source) => notes.push(format!("original destination: conntrack ({source})")),
-        Err(e) => notes.push(format!("original destination: unavailable ({e}); original_port stays empty")),
-    }
+    cfg.skb_nfct = vmlinux.offset_of("sk_buff", "_nfct").unwrap_or(0);
+    let conntrack = if cfg.skb_nfct == 0 {
+        notes.push(
+            "original destination: unavailable (kernel without conntrack); original_port stays empty".into(),
+        );
+        Conntrack::Unavailable
+    } else if vmlinux.has_field("nf_conn", "tuplehash") {
+        let offsets = conntrack_offsets(vmlinux).map_err(|e| e.to_string())?;
+        notes.push(format!("{CONNTRACK_NOTE} (vmlinux BTF)"));
+        Conntrack::Ready(offsets)
+    } else {
+        match conntrack_from_module(vmlinux) {
+            Some(Ok(offsets)) => {
+                notes.push(format!("{CONNTRACK_NOTE} (nf_conntrack module BTF)"));
+                Conntrack::Ready(offsets)
+            }
+            Some(Err(e)) => {
+                notes.push(format!("original destination: unavailable ({e}); original_port stays empty"));
+                Conntrack::Unavailable
+            }
+            None => {
+                notes.push(CONNTRACK_WAITING.into());
+                Conntrack::WaitingForModule
+            }
+        }
+    };
 
     let mut programs = vec![if send_has_reason { PROG_SEND } else { PROG_SEND_SK_ONLY }, PROG_RECEIVE];
     let hook_desc = if use_kfree_skb {
@@ -88,7 +119,25 @@ pub fn plan(vmlinux: &KernelBtf, hook: TcpResetHook) -> Result<(Plan, Names), St
         notes,
         fallback: None,
     };
-    Ok((plan, names))
+    Ok((plan, names, conntrack))
+}
+
+/// The status note that says where original destinations come from.
+pub const CONNTRACK_NOTE: &str = "original destination: conntrack";
+const CONNTRACK_WAITING: &str =
+    "original destination: waiting for the nf_conntrack module (loads with the first NAT rule)";
+
+/// `nf_conn` offsets from the nf_conntrack module's BTF; `None` while it is not loaded.
+pub fn conntrack_from_module(vmlinux: &KernelBtf) -> Option<Result<ConntrackOffsets, String>> {
+    if !std::path::Path::new("/sys/kernel/btf/nf_conntrack").exists() {
+        return None;
+    }
+    Some(
+        vmlinux
+            .module_from_sys_fs("nf_conntrack")
+            .and_then(|module| conntrack_offsets(&module))
+            .map_err(|e| e.to_string()),
+    )
 }
 
 fn enum_names(btf: &KernelBtf, name: &str, prefix: &str) -> Result<HashMap<u32, String>, String> {
@@ -123,34 +172,14 @@ fn resolve_offsets(btf: &KernelBtf) -> Result<TcpResetConfig, crate::kernel_btf:
     })
 }
 
-/// Conntrack offsets: `nf_conn` is in vmlinux when conntrack is built in, else in the loaded
-/// `nf_conntrack` module's BTF. Returns where they came from.
-fn resolve_conntrack(vmlinux: &KernelBtf, cfg: &mut TcpResetConfig) -> Result<&'static str, String> {
-    let skb_nfct = vmlinux.offset_of("sk_buff", "_nfct").map_err(|e| e.to_string())?;
-    let module;
-    let (btf, source) = if vmlinux.has_field("nf_conn", "tuplehash") {
-        (vmlinux, "vmlinux BTF")
-    } else {
-        module = vmlinux
-            .module_from_sys_fs("nf_conntrack")
-            .map_err(|e| format!("nf_conntrack module not loaded: {e}"))?;
-        (&module, "nf_conntrack module BTF")
-    };
-    fill_conntrack_offsets(btf, cfg).map_err(|e| e.to_string())?;
-    cfg.skb_nfct = skb_nfct;
-    cfg.conntrack = 1;
-    Ok(source)
-}
-
-fn fill_conntrack_offsets(
-    btf: &KernelBtf,
-    cfg: &mut TcpResetConfig,
-) -> Result<(), crate::kernel_btf::BtfError> {
+fn conntrack_offsets(btf: &KernelBtf) -> Result<ConntrackOffsets, crate::kernel_btf::BtfError> {
     // IP_CT_DIR_ORIGINAL = 0, IP_CT_DIR_REPLY = 1.
-    cfg.ct_orig_dst_addr = btf.offset_of("nf_conn", "tuplehash[0].tuple.dst.u3")?;
-    cfg.ct_orig_dst_port = btf.offset_of("nf_conn", "tuplehash[0].tuple.dst.u.all")?;
-    cfg.ct_reply_src_port = btf.offset_of("nf_conn", "tuplehash[1].tuple.src.u.all")?;
-    Ok(())
+    Ok(ConntrackOffsets {
+        valid: 1,
+        orig_dst_addr: btf.offset_of("nf_conn", "tuplehash[0].tuple.dst.u3")?,
+        orig_dst_port: btf.offset_of("nf_conn", "tuplehash[0].tuple.dst.u.all")?,
+        reply_src_port: btf.offset_of("nf_conn", "tuplehash[1].tuple.src.u.all")?,
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -342,16 +371,16 @@ pub(crate) mod tests {
 
     #[test]
     fn picks_the_no_socket_fallback_before_6_10() {
-        let (plan_6_1, names) = plan(&kernel("6.1"), TcpResetHook::Auto).unwrap();
+        let (plan_6_1, names, _) = plan(&kernel("6.1"), TcpResetHook::Auto).unwrap();
         assert!(plan_6_1.programs.iter().any(|p| p.target == "kfree_skb"), "{:?}", plan_6_1.hook);
         // 6.1's tcp_send_reset has no reason argument: the program must not touch one.
         assert!(plan_6_1.programs.iter().any(|p| p.program == "tcp_send_reset_sk_only"));
         assert!(!plan_6_1.programs.iter().any(|p| p.program == "tcp_send_reset"));
         assert_eq!(names.drop_reasons.get(&2).map(String::as_str), Some("NO_SOCKET"));
-        let (plan_6_12, _) = plan(&kernel("6.12"), TcpResetHook::Auto).unwrap();
+        let (plan_6_12, ..) = plan(&kernel("6.12"), TcpResetHook::Auto).unwrap();
         assert!(!plan_6_12.programs.iter().any(|p| p.target == "kfree_skb"), "{:?}", plan_6_12.hook);
         assert!(plan(&kernel("6.1"), TcpResetHook::TcpSendReset).is_err());
-        let (forced, _) = plan(&kernel("6.18"), TcpResetHook::KfreeSkb).unwrap();
+        let (forced, ..) = plan(&kernel("6.18"), TcpResetHook::KfreeSkb).unwrap();
         assert!(forced.programs.iter().any(|p| p.target == "kfree_skb"));
     }
 
@@ -360,16 +389,16 @@ pub(crate) mod tests {
         let mut seen = Vec::new();
         for k in crate::kernel_btf::tests::KERNELS {
             let btf = kernel(k);
-            let mut cfg = resolve_offsets(&btf).unwrap_or_else(|e| panic!("{k}: {e}"));
+            let cfg = resolve_offsets(&btf).unwrap_or_else(|e| panic!("{k}: {e}"));
             let ct = if btf.has_field("nf_conn", "tuplehash") {
                 btf
             } else {
                 btf.module_from_bytes(&testdata(k, "nf_conntrack")).unwrap()
             };
-            fill_conntrack_offsets(&ct, &mut cfg).unwrap();
+            let ct = conntrack_offsets(&ct).unwrap();
             assert_eq!(cfg.sk_num, cfg.sk_dport + 2, "{k}");
-            assert!(cfg.ct_reply_src_port > cfg.ct_orig_dst_port, "{k}");
-            seen.push(cfg);
+            assert!(ct.reply_src_port > ct.orig_dst_port, "{k}");
+            seen.push((cfg, ct));
         }
         // The point of resolving at load time: one binary, different layouts.
         assert!(seen.windows(2).any(|w| w[0] != w[1]));

@@ -11,13 +11,17 @@
 //! - `tp_btf/tcp_receive_reset`: `TP_PROTO(struct sock *sk)` (>= 4.15): the client side; its
 //!   `skc_dport` is the destination the application dialled (NAT is invisible to it).
 
-use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
+use aya_ebpf::{
+    macros::{btf_tracepoint, map},
+    maps::Array,
+    programs::BtfTracePointContext,
+};
 use kstall_common::{
     kind,
     tcp_reset::{
-        DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6, FLAG_HAS_CONNTRACK, FLAG_HAS_REASON,
-        FLAG_HAS_SOCKET, HOOK_KFREE_SKB_NO_SOCKET, HOOK_TCP_RECEIVE_RESET, HOOK_TCP_SEND_RESET,
-        TcpResetConfig, TcpResetEvent, VERSION,
+        ConntrackOffsets, DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6, FLAG_HAS_CONNTRACK,
+        FLAG_HAS_REASON, FLAG_HAS_SOCKET, HOOK_KFREE_SKB_NO_SOCKET, HOOK_TCP_RECEIVE_RESET,
+        HOOK_TCP_SEND_RESET, TcpResetConfig, TcpResetEvent, VERSION,
     },
 };
 
@@ -27,6 +31,10 @@ use crate::{maps::emit, read::at, task::current_header};
 #[unsafe(no_mangle)]
 // SAFETY: plain integers; all zero means "not configured" (`valid == 0`).
 static TCP_RESET_CONFIG: TcpResetConfig = unsafe { core::mem::zeroed() };
+
+/// Written by the agent once `struct nf_conn`'s layout is known (see `ConntrackOffsets`).
+#[map]
+static CONNTRACK: Array<ConntrackOffsets> = Array::with_max_entries(1, 0);
 
 const AF_INET: u16 = 2;
 const AF_INET6: u16 = 10;
@@ -225,7 +233,7 @@ fn fill_from_incoming_skb(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *co
     {
         ev.header.netns_ino = at(net, cfg.net_ns_inum).unwrap_or(0);
     }
-    if cfg.conntrack != 0 {
+    if cfg.skb_nfct != 0 {
         let _ = fill_conntrack(cfg, ev, skb);
     }
     Ok(tcp_flags)
@@ -239,10 +247,14 @@ fn fill_conntrack(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *const u8) 
     if ctinfo >= IP_CT_IS_REPLY || ctinfo == IP_CT_UNTRACKED {
         return Ok(());
     }
+    let Some(off) = CONNTRACK.get(0) else { return Ok(()) };
+    if off.valid == 0 {
+        return Ok(());
+    }
     let ct = (nfct & !NFCT_INFOMASK) as *const u8;
-    ev.orig_dst_port = u16::from_be(at(ct, cfg.ct_orig_dst_port)?);
-    ev.redirect_port = u16::from_be(at(ct, cfg.ct_reply_src_port)?);
-    ev.orig_dst_addr = at(ct, cfg.ct_orig_dst_addr)?;
+    ev.orig_dst_port = u16::from_be(at(ct, off.orig_dst_port)?);
+    ev.redirect_port = u16::from_be(at(ct, off.reply_src_port)?);
+    ev.orig_dst_addr = at(ct, off.orig_dst_addr)?;
     ev.flags |= FLAG_HAS_CONNTRACK;
     Ok(())
 }
