@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     api::{self, server::AgentState},
+    attribution::cgroup::CgroupIndex,
     config::Config,
     events::{Decoder, Event, Payload},
     export::{http, metrics::Metrics},
@@ -32,6 +33,8 @@ const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
 /// How often hung tasks are checked for having left D state.
 const HUNG_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 const SYMBOLS_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
+/// How often the cgroup hierarchy is walked again (pods come and go).
+const CGROUP_RESCAN_INTERVAL: Duration = Duration::from_secs(5);
 /// How often to look for the kernel modules probes wait for (sunrpc, nfsv4, nf_conntrack).
 const MODULE_WATCH_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -98,6 +101,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         );
     }
     let hung = Arc::new(Mutex::new(HungTaskTracker::default()));
+    let cgroups = Arc::new(CgroupIndex::for_this_host());
+    let cgroup_walker = tokio::spawn(rescan_cgroups(cgroups.clone(), stop_intake.clone()));
     let sweeper =
         tokio::spawn(sweep_hung_tasks(hung.clone(), metrics.clone(), events_tx.clone(), stop_intake.clone()));
     let record_raw = match &config.record_raw {
@@ -111,7 +116,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None => None,
     };
     let reader = loaded.events.take().map(|ring| {
-        let pipeline = Pipeline { decoder, metrics: metrics.clone(), events: events_tx, hung, record_raw };
+        let pipeline = Pipeline {
+            decoder,
+            cgroups: cgroups.clone(),
+            metrics: metrics.clone(),
+            events: events_tx,
+            hung,
+            record_raw,
+        };
         tokio::spawn(read_events(ring, pipeline, stop_intake.clone()))
     });
     let loss =
@@ -135,7 +147,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(loss) = loss {
         let _ = loss.await;
     }
-    let _ = tokio::join!(sweeper, refresher);
+    let _ = tokio::join!(sweeper, refresher, cgroup_walker);
     drop(hung_task_timeout);
     shutdown.cancel();
     let _ = tokio::join!(http_task, api_task);
@@ -167,6 +179,7 @@ impl Signals {
 
 struct Pipeline {
     decoder: Decoder,
+    cgroups: Arc<CgroupIndex>,
     metrics: Arc<Metrics>,
     events: broadcast::Sender<Arc<Event>>,
     hung: Arc<Mutex<HungTaskTracker>>,
@@ -179,8 +192,11 @@ impl Pipeline {
             record(out, bytes);
         }
         match self.decoder.decode(bytes) {
-            Ok(event) => {
+            Ok(mut event) => {
                 self.metrics.received(event.header.probe);
+                if event.cgroup_is_subjects() {
+                    event.workload = self.cgroups.workload(event.header.cgroup_id);
+                }
                 if matches!(event.payload, Payload::HungTask(_)) {
                     let mut hung = self.hung.lock().expect("hung-task tracker");
                     let news = hung.observe(&event);
@@ -406,5 +422,21 @@ async fn watch_modules(
             }
         }
         metrics.set_probe_statuses(&all);
+    }
+}
+
+/// Keeps the cgroup id -> workload index current by walking the v2 hierarchy off the event path.
+async fn rescan_cgroups(cgroups: Arc<CgroupIndex>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(CGROUP_RESCAN_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let index = cgroups.clone();
+        match tokio::task::spawn_blocking(move || index.rescan()).await {
+            Ok(n) => tracing::trace!(cgroups = n, "cgroup hierarchy walked"),
+            Err(e) => tracing::warn!(error = %e, "cgroup walk failed"),
+        }
     }
 }

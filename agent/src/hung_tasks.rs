@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::{
+    attribution::cgroup::Workload,
     events::{Event, Header, Payload},
     probes::hung_task::{HungTask, WaitClass},
 };
@@ -35,6 +36,7 @@ pub enum TaskState {
 struct Tracked {
     header: Header,
     hung: HungTask,
+    workload: Option<Workload>,
 }
 
 #[derive(Default)]
@@ -58,7 +60,10 @@ impl HungTaskTracker {
             self.overflow += 1;
             return false;
         }
-        self.tasks.insert(event.header.pid, Tracked { header: event.header.clone(), hung: hung.clone() });
+        self.tasks.insert(
+            event.header.pid,
+            Tracked { header: event.header.clone(), hung: hung.clone(), workload: event.workload.clone() },
+        );
         true
     }
 
@@ -86,6 +91,7 @@ impl HungTaskTracker {
                         blocked_secs: tracked.hung.blocked_secs,
                         why,
                     }),
+                    workload: tracked.workload,
                 })
             })
             .collect()
@@ -145,6 +151,7 @@ mod tests {
                 blocker: None,
                 exiting: false,
             }),
+            workload: None,
         }
     }
 

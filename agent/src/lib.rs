@@ -2,6 +2,7 @@
 //! `main.rs` is only the command line; `benches/` measure the event path through this library.
 
 pub mod api;
+pub mod attribution;
 pub mod cli;
 pub mod config;
 mod daemon;

@@ -374,21 +374,34 @@ pub fn bpf_programs(names: &[&str]) -> Vec<Value> {
 }
 
 /// A cgroup v2 directory made for a test (on the unified hierarchy, wherever it is mounted),
-/// removed on drop.
+/// removed on drop with every parent directory the test created for it.
 pub struct Cgroup {
     pub path: PathBuf,
+    created: Vec<PathBuf>,
 }
 
 impl Cgroup {
     pub fn new(tag: &str) -> Self {
+        Self::at(&format!("kstall-{tag}-{}", std::process::id()))
+    }
+
+    /// A cgroup at `relative` below the v2 root (e.g. a kubepods-style path), parents included.
+    pub fn at(relative: &str) -> Self {
         let root = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
             PathBuf::from("/sys/fs/cgroup")
         } else {
             PathBuf::from("/sys/fs/cgroup/unified")
         };
-        let path = root.join(format!("kstall-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        Cgroup { path }
+        let mut path = root;
+        let mut created = Vec::new();
+        for part in relative.split('/').filter(|p| !p.is_empty()) {
+            path.push(part);
+            if !path.exists() {
+                std::fs::create_dir(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                created.push(path.clone());
+            }
+        }
+        Cgroup { path, created }
     }
 
     /// What kstall reports as `cgroup_id`: the directory's inode.
@@ -409,7 +422,9 @@ impl Drop for Cgroup {
                 let _ = std::fs::write(parent.join("cgroup.procs"), pid);
             }
         }
-        let _ = std::fs::remove_dir(&self.path);
+        for dir in self.created.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 
