@@ -78,7 +78,7 @@ pub struct Event {
     /// The pod/container (or host unit) of the header's task, where that task is what the event
     /// is about (hung task, OOM victim) and its cgroup is known.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub workload: Option<Workload>,
+    pub workload: Option<Arc<Workload>>,
 }
 
 impl Event {

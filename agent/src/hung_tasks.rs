@@ -3,7 +3,7 @@
 //! event) once it leaves D state or exits — which it learns by looking at `/proc`, off the event
 //! path.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use serde::Serialize;
 
@@ -36,7 +36,7 @@ pub enum TaskState {
 struct Tracked {
     header: Header,
     hung: HungTask,
-    workload: Option<Workload>,
+    workload: Option<Arc<Workload>>,
 }
 
 #[derive(Default)]

@@ -12,7 +12,7 @@ use std::{
     collections::HashMap,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
-    sync::RwLock,
+    sync::{Arc, RwLock},
 };
 
 use serde::Serialize;
@@ -105,7 +105,8 @@ fn host_unit(parts: &[&str]) -> Option<String> {
 #[derive(Default)]
 pub struct CgroupIndex {
     root: Option<PathBuf>,
-    paths: RwLock<HashMap<u64, Workload>>,
+    /// Shared: attaching a workload to an event is a reference count, not a copy of its strings.
+    paths: RwLock<HashMap<u64, Arc<Workload>>>,
 }
 
 impl CgroupIndex {
@@ -129,15 +130,23 @@ impl CgroupIndex {
     }
 
     /// The workload of cgroup `id`, when the last walk saw it.
-    pub fn workload(&self, id: u64) -> Option<Workload> {
+    pub fn workload(&self, id: u64) -> Option<Arc<Workload>> {
         self.paths.read().expect("cgroup index").get(&id).cloned()
+    }
+
+    /// An index over given (id, path) pairs instead of a walk.
+    pub fn from_paths<'a>(paths: impl IntoIterator<Item = (u64, &'a str)>) -> Self {
+        let index = Self::default();
+        *index.paths.write().expect("cgroup index") =
+            paths.into_iter().map(|(id, path)| (id, Arc::new(parse(path)))).collect();
+        index
     }
 }
 
-fn walk(root: &Path, dir: &Path, found: &mut HashMap<u64, Workload>) {
+fn walk(root: &Path, dir: &Path, found: &mut HashMap<u64, Arc<Workload>>) {
     let Ok(meta) = std::fs::metadata(dir) else { return };
     let relative = dir.strip_prefix(root).unwrap_or(dir).to_string_lossy();
-    found.insert(meta.ino(), parse(&relative));
+    found.insert(meta.ino(), Arc::new(parse(&relative)));
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
