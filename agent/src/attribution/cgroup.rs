@@ -215,21 +215,71 @@ mod tests {
         assert!(matches!(parse(&format!("/kubepods/pod{UID}/short-id")), Workload::Pod { .. }));
     }
 
-    #[test]
-    fn parser_never_panics_on_noise() {
-        let mut state = 0x1234_5678_9abc_def0u64;
-        let alphabet = b"/-_.kubepodsliceburstable0123456789abcdefcri-containerd";
-        for _ in 0..20_000 {
-            let len = (state % 120) as usize;
-            let path: String = (0..len)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    char::from(alphabet[(state % alphabet.len() as u64) as usize])
-                })
-                .collect();
-            let _ = parse(&path);
+    use proptest::prelude::*;
+
+    fn uid() -> impl Strategy<Value = String> {
+        "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+    }
+
+    fn qos() -> impl Strategy<Value = Qos> {
+        prop_oneof![Just(Qos::Guaranteed), Just(Qos::Burstable), Just(Qos::BestEffort)]
+    }
+
+    /// The path each driver gives a container (or the pod itself, without `container`).
+    fn path(systemd: bool, qos: Qos, uid: &str, runtime: &str, container: Option<&str>) -> String {
+        let q = match qos {
+            Qos::Guaranteed => None,
+            Qos::Burstable => Some("burstable"),
+            Qos::BestEffort => Some("besteffort"),
+        };
+        if systemd {
+            let (qos_dir, pod_prefix) = match q {
+                Some(q) => (format!("/kubepods-{q}.slice"), format!("kubepods-{q}-pod")),
+                None => (String::new(), "kubepods-pod".to_string()),
+            };
+            let pod = format!("kubepods.slice{qos_dir}/{pod_prefix}{}.slice", uid.replace('-', "_"));
+            match container {
+                Some(id) => format!("/{pod}/{runtime}-{id}.scope"),
+                None => format!("/{pod}"),
+            }
+        } else {
+            let qos_dir = q.map(|q| format!("/{q}")).unwrap_or_default();
+            let pod = format!("/kubepods{qos_dir}/pod{uid}");
+            match container {
+                Some(id) => format!("{pod}/{id}"),
+                None => pod,
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn every_layout_round_trips(
+            systemd: bool,
+            qos in qos(),
+            uid in uid(),
+            runtime in prop_oneof![Just("cri-containerd"), Just("crio"), Just("docker")],
+            id in "[0-9a-f]{64}",
+            with_container: bool,
+            v1_prefix in prop_oneof![Just(""), Just("/memory"), Just("/cpu,cpuacct")],
+        ) {
+            let container = with_container.then_some(id.as_str());
+            let p = format!("{v1_prefix}{}", path(systemd, qos, &uid, runtime, container));
+            let expected = match container {
+                Some(id) => Workload::Container { pod_uid: uid.clone(), container_id: id.to_string(), qos },
+                None => Workload::Pod { pod_uid: uid.clone(), qos },
+            };
+            prop_assert_eq!(parse(&p), expected, "{}", p);
+        }
+
+        #[test]
+        fn never_panics(p in "[/a-z0-9_.,-]{0,200}") {
+            let _ = parse(&p);
+        }
+
+        #[test]
+        fn never_panics_on_kubepods_like_noise(p in "(/(kubepods(\\.slice)?|kubepods-[a-z]{0,12}(-pod[0-9a-f_-]{0,40})?\\.slice|pod[0-9a-f-]{0,40}|[a-z-]{0,20}[0-9a-f]{0,70}(\\.scope)?)){0,6}") {
+            let _ = parse(&p);
         }
     }
 }
