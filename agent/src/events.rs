@@ -195,12 +195,7 @@ fn boot_to_unix_offset_ns() -> i128 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probes::tcp_reset::tests::redirected_syn_reset;
-
-    fn bytes_of<T>(value: &T) -> Vec<u8> {
-        // SAFETY: test-only view of a repr(C) integer struct.
-        unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
-    }
+    use crate::probes::{bytes_of, tcp_reset::tests::redirected_syn_reset};
 
     #[test]
     fn round_trip() {

@@ -295,13 +295,15 @@ fn parse_port_range(text: &str) -> Option<RangeInclusive<u16>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{events::Decoder, probes::tcp_reset::tests::redirected_syn_reset};
+    use crate::{
+        events::Decoder,
+        probes::{bytes_of, tcp_reset::tests::redirected_syn_reset},
+    };
 
     fn event(mutate: impl Fn(&mut kstall_common::tcp_reset::TcpResetEvent)) -> Event {
         let mut raw = redirected_syn_reset();
         mutate(&mut raw);
-        let bytes = unsafe { std::slice::from_raw_parts(&raw as *const _ as *const u8, size_of_val(&raw)) };
-        Decoder::new().decode(bytes).unwrap()
+        Decoder::new().decode(&bytes_of(&raw)).unwrap()
     }
 
     #[test]
@@ -355,9 +357,7 @@ mod tests {
         let m = Metrics::new(32768..=60999);
         let observe = |what, error| {
             let raw = nfs_event(what, error);
-            let bytes =
-                unsafe { std::slice::from_raw_parts(&raw as *const _ as *const u8, size_of_val(&raw)) };
-            m.observe(&Decoder::new().decode(bytes).unwrap());
+            m.observe(&Decoder::new().decode(&bytes_of(&raw)).unwrap());
         };
         observe(WHAT_TIMEOUT, -110);
         assert!(m.render().contains(r#"kstall_nfs_server_responding{server="10.55.0.1"} 0"#));

@@ -262,7 +262,7 @@ pub fn load(config: &Config) -> Loaded {
     }
 }
 
-/// The bytes of a kernel-shared config struct, for `EbpfLoader::override_global`.
+/// The bytes of a kernel-shared struct (a config for `EbpfLoader::override_global`, or a record).
 pub(crate) fn bytes_of<T: aya::Pod>(value: &T) -> Vec<u8> {
     // SAFETY: `Pod` types are plain integers without padding.
     unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
