@@ -6,7 +6,6 @@ use std::{hint::black_box, sync::Arc};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kstall::{
-    attribution::cgroup::{CgroupIndex, parse},
     events::Decoder,
     probes::hung_task::Clock,
     symbols::{SymbolTable, Symbols},
@@ -221,94 +220,5 @@ fn event_path(c: &mut Criterion) {
     group.finish();
 }
 
-/// Issue 4's node: 500 pods of 10 containers (5,000 cgroups) in the systemd driver's layout.
-fn attribution(c: &mut Criterion) {
-    let paths: Vec<(u64, String)> = (0..5_000u64)
-        .map(|i| {
-            let pod = format!("{:08x}_1111_4222_8333_{:012x}", i / 10, i / 10);
-            let container = format!("{:064x}", i);
-            let path = format!(
-                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod}.slice/cri-containerd-{container}.scope"
-            );
-            (1000 + i, path)
-        })
-        .collect();
-    let index = CgroupIndex::from_paths(paths.iter().map(|(id, p)| (*id, p.as_str())));
-    let mut group = c.benchmark_group("attribution (5,000 cgroups)");
-    group.throughput(Throughput::Elements(1));
-    let mut next = 0u64;
-    group.bench_function("cgroup id -> workload (event path)", |b| {
-        b.iter(|| {
-            next = (next + 7919) % 5_000;
-            black_box(index.workload(black_box(1000 + next)))
-        })
-    });
-    group.throughput(Throughput::Elements(paths.len() as u64));
-    group.bench_function("parse every path (the walk's parsing)", |b| {
-        b.iter(|| {
-            paths
-                .iter()
-                .map(|(_, p)| parse(black_box(p)))
-                .filter(|w| matches!(w, kstall::attribution::cgroup::Workload::Container { .. }))
-                .count()
-        })
-    });
-    group.finish();
-    walk_real_hierarchy(c);
-}
-
-/// The start-up (and every 5 s) walk over a real cgroup v2 hierarchy with 5,000 cgroups added:
-/// needs root; the cgroups are removed afterwards, also on a panic.
-fn walk_real_hierarchy(c: &mut Criterion) {
-    struct Cgroups(std::path::PathBuf);
-    impl Drop for Cgroups {
-        fn drop(&mut self) {
-            // Leaves first: rmdir only removes empty cgroups.
-            let mut dirs: Vec<_> = walkdir(&self.0);
-            dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
-            for d in dirs {
-                let _ = std::fs::remove_dir(d);
-            }
-        }
-    }
-    fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-        let mut out = vec![dir.to_path_buf()];
-        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                out.extend(walkdir(&e.path()));
-            }
-        }
-        out
-    }
-    let root = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
-        .into_iter()
-        .map(std::path::PathBuf::from)
-        .find(|p| p.join("cgroup.controllers").exists());
-    let Some(root) = root else {
-        println!("skipping the real cgroup walk: no cgroup v2 hierarchy");
-        return;
-    };
-    let base = root.join(format!("kstall-bench-{}", std::process::id()));
-    if std::fs::create_dir(&base).is_err() {
-        println!("skipping the real cgroup walk: cannot create cgroups (needs root)");
-        return;
-    }
-    let guard = Cgroups(base.clone());
-    for pod in 0..500 {
-        let pod_dir = base.join(format!("pod{pod:08x}-1111-4222-8333-{pod:012x}"));
-        std::fs::create_dir(&pod_dir).expect("pod cgroup");
-        for container in 0..10 {
-            std::fs::create_dir(pod_dir.join(format!("{:064x}", pod * 10 + container)))
-                .expect("container cgroup");
-        }
-    }
-    let index = CgroupIndex::for_this_host();
-    let mut group = c.benchmark_group("attribution (5,000 cgroups)");
-    group.sample_size(10);
-    group.bench_function("walk the real hierarchy", |b| b.iter(|| black_box(index.rescan())));
-    group.finish();
-    drop(guard);
-}
-
-criterion_group!(benches, event_path, attribution);
+criterion_group!(benches, event_path);
 criterion_main!(benches);

@@ -2,7 +2,7 @@
 //! (flags and env win over the file), validated in one place before anything touches the kernel.
 //! A bad value is one line naming the field; the caller exits 64.
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
@@ -54,6 +54,25 @@ pub struct AgentArgs {
     /// and how the decoders' test samples are recorded on real kernels.
     #[arg(long, env = "KSTALL_RECORD_RAW", value_name = "FILE")]
     pub record_raw: Option<PathBuf>,
+    /// Where pod names come from: auto (the pods file if given, else the Kubernetes API when
+    /// running in a cluster or given a kubeconfig, else none), api, file or none [default: auto].
+    #[arg(long, env = "KSTALL_POD_METADATA", value_name = "SOURCE")]
+    pub pod_metadata: Option<String>,
+    /// The JSON of `kubectl get pods -o json`, reloaded when it changes.
+    #[arg(long, env = "KSTALL_PODS_FILE", value_name = "FILE")]
+    pub pods_file: Option<PathBuf>,
+    /// kubeconfig for the Kubernetes API source [default: in-cluster service account].
+    #[arg(long, env = "KSTALL_KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name, whose pods are watched [default: $NODE_NAME, else the hostname].
+    #[arg(long, env = "KSTALL_NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// Pod label keys copied onto events, comma-separated (e.g. app,team) [default: none].
+    #[arg(long, env = "KSTALL_POD_LABELS", value_name = "LIST", value_delimiter = ',')]
+    pub pod_labels: Option<Vec<String>>,
+    /// How long a deleted pod is still named on late events: 90s, 30m, 1h, 1d [default: 1h].
+    #[arg(long, env = "KSTALL_POD_RETENTION", value_name = "DURATION")]
+    pub pod_retention: Option<String>,
 }
 
 /// The file form: same settings, native TOML types. Unknown keys are errors (a typo must not be
@@ -71,6 +90,12 @@ struct FileConfig {
     hung_task_timeout_secs: Option<u64>,
     critical_comms: Option<Vec<String>>,
     record_raw: Option<PathBuf>,
+    pod_metadata: Option<String>,
+    pods_file: Option<PathBuf>,
+    kubeconfig: Option<PathBuf>,
+    node_name: Option<String>,
+    pod_labels: Option<Vec<String>>,
+    pod_retention: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +112,18 @@ pub enum TcpResetHook {
     KfreeSkb,
 }
 
+/// The source of pod names, namespaces and workloads.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PodMetadata {
+    /// Events carry pod UIDs and container ids only.
+    None,
+    File(PathBuf),
+    /// The API server; in-cluster credentials unless a kubeconfig is given.
+    Api {
+        kubeconfig: Option<PathBuf>,
+    },
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub listen: SocketAddr,
@@ -99,6 +136,10 @@ pub struct Config {
     pub hung_task_timeout_secs: Option<u64>,
     pub critical_comms: Vec<String>,
     pub record_raw: Option<PathBuf>,
+    pub pod_metadata: PodMetadata,
+    pub node_name: String,
+    pub pod_labels: Vec<String>,
+    pub pod_retention: Duration,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -189,7 +230,61 @@ impl Config {
             Some(list) => validate_comms(list)?,
         };
 
+        let pods_file = args.pods_file.or(file.pods_file);
+        let kubeconfig = args.kubeconfig.or(file.kubeconfig);
+        let pod_metadata = match args.pod_metadata.or(file.pod_metadata).as_deref() {
+            None | Some("auto") => match (&pods_file, &kubeconfig) {
+                (Some(path), _) => PodMetadata::File(path.clone()),
+                (None, Some(_)) => PodMetadata::Api { kubeconfig: kubeconfig.clone() },
+                (None, None) if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+                    PodMetadata::Api { kubeconfig: None }
+                }
+                (None, None) => PodMetadata::None,
+            },
+            Some("api") => PodMetadata::Api { kubeconfig: kubeconfig.clone() },
+            Some("file") => match &pods_file {
+                Some(path) => PodMetadata::File(path.clone()),
+                None => return Err(invalid("pod_metadata", "\"file\" needs --pods-file")),
+            },
+            Some("none") => PodMetadata::None,
+            Some(other) => {
+                return Err(invalid(
+                    "pod_metadata",
+                    format!("{other:?} is not one of auto, api, file, none"),
+                ));
+            }
+        };
+        if let PodMetadata::File(path) = &pod_metadata {
+            // A file that is wrong at start is a mistake to report now; a bad later write only
+            // keeps the pods already known.
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| invalid("pods_file", format!("cannot read {}: {e}", path.display())))?;
+            crate::attribution::pods::file::parse(path, &text, &[])
+                .map_err(|e| invalid("pods_file", e.to_string()))?;
+        }
+
+        let node_name = match args.node_name.or(file.node_name) {
+            Some(name) => name.trim().to_string(),
+            None => std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(hostname),
+        };
+        if node_name.is_empty() {
+            return Err(invalid("node_name", "is empty"));
+        }
+
+        let pod_labels = validate_label_keys(args.pod_labels.or(file.pod_labels).unwrap_or_default())?;
+
+        let pod_retention = match args.pod_retention.or(file.pod_retention) {
+            Some(text) => parse_duration(&text).filter(|d| !d.is_zero()).ok_or_else(|| {
+                invalid("pod_retention", format!("{text:?} is not a duration like 90s, 30m, 1h"))
+            })?,
+            None => DEFAULT_POD_RETENTION,
+        };
+
         Ok(Config {
+            pod_metadata,
+            node_name,
+            pod_labels,
+            pod_retention,
             critical_comms,
             record_raw: args.record_raw.or(file.record_raw),
             listen,
@@ -202,6 +297,42 @@ impl Config {
             hung_task_timeout_secs,
         })
     }
+}
+
+const DEFAULT_POD_RETENTION: Duration = Duration::from_secs(3600);
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
+}
+
+/// `90s`, `30m`, `1h`, `1d`, or plain seconds.
+fn parse_duration(text: &str) -> Option<Duration> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let n: u64 = t[..split].parse().ok()?;
+    let unit = match &t[split..] {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return None,
+    };
+    Some(Duration::from_secs(n.checked_mul(unit)?))
+}
+
+/// Kubernetes label keys: `[prefix/]name`, name up to 63 of `[A-Za-z0-9._-]`.
+fn validate_label_keys(list: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    let keys: Vec<String> = list.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+    for key in &keys {
+        let name = key.rsplit_once('/').map_or(key.as_str(), |(_, n)| n);
+        let valid = !name.is_empty()
+            && name.len() <= 63
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !valid {
+            return Err(invalid("pod_labels", format!("{key:?} is not a Kubernetes label key")));
+        }
+    }
+    Ok(keys)
 }
 
 /// 0 would disable the detector: that is not what a user of this flag wants.
@@ -327,6 +458,19 @@ mod tests {
                 AgentArgs { hung_task_timeout_secs: Some("3s".into()), ..Default::default() },
                 "hung_task_timeout_secs",
             ),
+            (AgentArgs { pod_metadata: Some("etcd".into()), ..Default::default() }, "pod_metadata"),
+            (AgentArgs { pod_metadata: Some("file".into()), ..Default::default() }, "pod_metadata"),
+            (
+                AgentArgs { pods_file: Some("/nonexistent/pods.json".into()), ..Default::default() },
+                "pods_file",
+            ),
+            (AgentArgs { pod_retention: Some("1 hour".into()), ..Default::default() }, "pod_retention"),
+            (AgentArgs { pod_retention: Some("0s".into()), ..Default::default() }, "pod_retention"),
+            (
+                AgentArgs { pod_labels: Some(vec!["app".into(), "bad key".into()]), ..Default::default() },
+                "pod_labels",
+            ),
+            (AgentArgs { node_name: Some(" ".into()), ..Default::default() }, "node_name"),
         ];
         for (args, field) in cases {
             let err = resolve(args).expect_err(field);
@@ -340,6 +484,34 @@ mod tests {
         let err =
             resolve(AgentArgs { probes: Some(vec!["oom-kil".into()]), ..Default::default() }).unwrap_err();
         assert!(err.message.contains("tcp-reset"), "{err}");
+    }
+
+    #[test]
+    fn pod_metadata_sources() {
+        let pods = file(r#"{"apiVersion": "v1", "kind": "List", "items": []}"#);
+        let c = resolve(AgentArgs { pods_file: Some(pods.path().into()), ..Default::default() }).unwrap();
+        assert_eq!(c.pod_metadata, PodMetadata::File(pods.path().into()));
+        let c = resolve(AgentArgs { kubeconfig: Some("/k".into()), ..Default::default() }).unwrap();
+        assert_eq!(c.pod_metadata, PodMetadata::Api { kubeconfig: Some("/k".into()) });
+        let c = resolve(AgentArgs { pod_metadata: Some("none".into()), ..Default::default() }).unwrap();
+        assert_eq!(c.pod_metadata, PodMetadata::None);
+        assert_eq!(c.pod_retention, Duration::from_secs(3600));
+        let bad = file("{ nope");
+        let err =
+            resolve(AgentArgs { pods_file: Some(bad.path().into()), ..Default::default() }).unwrap_err();
+        assert_eq!(err.field, "pods_file");
+        assert!(!err.to_string().contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("30m"), Some(Duration::from_secs(1800)));
+        assert_eq!(parse_duration("2h"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("1d"), Some(Duration::from_secs(86400)));
+        assert_eq!(parse_duration("120"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1w"), None);
+        assert_eq!(parse_duration("h"), None);
     }
 
     #[test]

@@ -9,13 +9,23 @@ use std::{
 
 use anyhow::Context as _;
 use aya::maps::{MapData, PerCpuArray, RingBuf};
-use tokio::{io::unix::AsyncFd, net::TcpListener, signal::unix::SignalKind, sync::broadcast};
+use tokio::{
+    io::unix::AsyncFd,
+    net::TcpListener,
+    signal::unix::SignalKind,
+    sync::{broadcast, mpsc, watch},
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     api::{self, server::AgentState},
-    attribution::cgroup::CgroupIndex,
-    config::Config,
+    attribution::{
+        Attribution, Index, Key, Resolution,
+        cgroup::Hierarchies,
+        pods,
+        resolver::{self, Resolver},
+    },
+    config::{Config, PodMetadata},
     events::{Decoder, Event, Payload},
     export::{http, metrics::Metrics},
     hung_tasks::{self, HungTaskTracker},
@@ -33,8 +43,13 @@ const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
 /// How often hung tasks are checked for having left D state.
 const HUNG_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 const SYMBOLS_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
-/// How often the cgroup hierarchy is walked again (pods come and go).
-const CGROUP_RESCAN_INTERVAL: Duration = Duration::from_secs(5);
+/// How long an event whose pod is not known yet waits for the resolver's answer before it goes
+/// out with what is known.
+const ATTRIBUTION_HOLD: Duration = Duration::from_millis(100);
+/// How often held events are looked at again.
+const HOLD_CHECK_INTERVAL: Duration = Duration::from_millis(20);
+/// Events held at once at most; beyond it they go out with what is known at once.
+const MAX_HELD: usize = 10_000;
 /// How often to look for the kernel modules probes wait for (sunrpc, nfsv4, nf_conntrack).
 const MODULE_WATCH_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -101,8 +116,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         );
     }
     let hung = Arc::new(Mutex::new(HungTaskTracker::default()));
-    let cgroups = Arc::new(CgroupIndex::for_this_host());
-    let cgroup_walker = tokio::spawn(rescan_cgroups(cgroups.clone(), stop_intake.clone()));
+    let (index, attribution_tasks, misses) = start_attribution(&config, stop_intake.clone()).await;
     let sweeper =
         tokio::spawn(sweep_hung_tasks(hung.clone(), metrics.clone(), events_tx.clone(), stop_intake.clone()));
     let record_raw = match &config.record_raw {
@@ -118,7 +132,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let reader = loaded.events.take().map(|ring| {
         let pipeline = Pipeline {
             decoder,
-            cgroups: cgroups.clone(),
+            index,
+            misses,
+            held: Held::default(),
             metrics: metrics.clone(),
             events: events_tx,
             hung,
@@ -147,7 +163,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(loss) = loss {
         let _ = loss.await;
     }
-    let _ = tokio::join!(sweeper, refresher, cgroup_walker);
+    let _ = tokio::join!(sweeper, refresher);
+    for task in attribution_tasks {
+        let _ = task.await;
+    }
     drop(hung_task_timeout);
     shutdown.cancel();
     let _ = tokio::join!(http_task, api_task);
@@ -179,11 +198,30 @@ impl Signals {
 
 struct Pipeline {
     decoder: Decoder,
-    cgroups: Arc<CgroupIndex>,
+    index: watch::Receiver<Arc<Index>>,
+    misses: mpsc::Sender<Key>,
+    held: Held,
     metrics: Arc<Metrics>,
     events: broadcast::Sender<Arc<Event>>,
     hung: Arc<Mutex<HungTaskTracker>>,
     record_raw: Option<std::io::BufWriter<std::fs::File>>,
+}
+
+/// Events waiting for the resolver, in arrival order.
+#[derive(Default)]
+struct Held {
+    events: std::collections::VecDeque<HeldEvent>,
+    /// Keys already sent to the resolver (until the next index).
+    asked: std::collections::HashSet<Key>,
+    /// Keys whose wait ran out: their events are not held again until the next index.
+    gave_up: std::collections::HashSet<Key>,
+}
+
+struct HeldEvent {
+    until: Instant,
+    key: Key,
+    fallback: Option<Arc<Attribution>>,
+    event: Event,
 }
 
 impl Pipeline {
@@ -192,22 +230,9 @@ impl Pipeline {
             record(out, bytes);
         }
         match self.decoder.decode(bytes) {
-            Ok(mut event) => {
+            Ok(event) => {
                 self.metrics.received(event.header.probe);
-                if event.cgroup_is_subjects() {
-                    event.workload = self.cgroups.workload(event.header.cgroup_id);
-                }
-                if matches!(event.payload, Payload::HungTask(_)) {
-                    let mut hung = self.hung.lock().expect("hung-task tracker");
-                    let news = hung.observe(&event);
-                    self.metrics.set_hung_tasks(&hung);
-                    if !news {
-                        return;
-                    }
-                }
-                self.metrics.observe(&event);
-                // No subscriber is not an error.
-                let _ = self.events.send(Arc::new(event));
+                self.attribute(event);
             }
             Err(e) => {
                 tracing::debug!(error = %e, "undecodable event");
@@ -215,6 +240,140 @@ impl Pipeline {
             }
         }
     }
+
+    fn attribute(&mut self, mut event: Event) {
+        let resolution = self.index.borrow().resolve(&event);
+        match resolution {
+            Resolution::Found(who) => {
+                event.attribution = Some(who);
+                self.emit(event);
+            }
+            Resolution::Missing { key, fallback } => {
+                if self.held.gave_up.contains(&key) || self.held.events.len() >= MAX_HELD {
+                    self.emit_unresolved(event, fallback);
+                    return;
+                }
+                if self.held.asked.insert(key) {
+                    // A full queue means the resolver is busy with misses already: it will walk.
+                    let _ = self.misses.try_send(key);
+                }
+                self.held.events.push_back(HeldEvent {
+                    until: Instant::now() + ATTRIBUTION_HOLD,
+                    key,
+                    fallback,
+                    event,
+                });
+            }
+        }
+    }
+
+    /// Sends held events whose answer arrived or whose wait ran out, in arrival order.
+    fn release_held(&mut self) {
+        if self.index.has_changed().unwrap_or(false) {
+            self.index.mark_unchanged();
+            self.held.asked.clear();
+            self.held.gave_up.clear();
+        }
+        if self.held.events.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let index = self.index.borrow().clone();
+        for held in std::mem::take(&mut self.held.events) {
+            match index.resolve(&held.event) {
+                Resolution::Found(who) => {
+                    let mut event = held.event;
+                    event.attribution = Some(who);
+                    self.emit(event);
+                }
+                Resolution::Missing { .. } if now >= held.until => {
+                    self.held.gave_up.insert(held.key);
+                    self.emit_unresolved(held.event, held.fallback);
+                }
+                Resolution::Missing { .. } => self.held.events.push_back(held),
+            }
+        }
+    }
+
+    fn emit_unresolved(&mut self, mut event: Event, fallback: Option<Arc<Attribution>>) {
+        if fallback.is_none() {
+            self.metrics.unattributed(event.header.probe);
+        }
+        event.attribution = Some(fallback.unwrap_or_default());
+        self.emit(event);
+    }
+
+    fn emit(&mut self, event: Event) {
+        if matches!(event.payload, Payload::HungTask(_)) {
+            let mut hung = self.hung.lock().expect("hung-task tracker");
+            let news = hung.observe(&event);
+            self.metrics.set_hung_tasks(&hung);
+            if !news {
+                return;
+            }
+        }
+        self.metrics.observe(&event);
+        // No subscriber is not an error.
+        let _ = self.events.send(Arc::new(event));
+    }
+
+    /// At shutdown: nothing waits any more.
+    fn flush_held(&mut self) {
+        for held in std::mem::take(&mut self.held.events) {
+            self.emit_unresolved(held.event, held.fallback);
+        }
+    }
+}
+
+/// Starts the resolver and the configured pod metadata source, after a first walk so that the
+/// first events already find the pods that exist.
+async fn start_attribution(
+    config: &Config,
+    stop: CancellationToken,
+) -> (watch::Receiver<Arc<Index>>, Vec<tokio::task::JoinHandle<()>>, mpsc::Sender<Key>) {
+    let settings = resolver::Settings {
+        hierarchies: Hierarchies::for_this_host(),
+        proc: "/proc".into(),
+        retention: config.pod_retention,
+        metadata_source: !matches!(config.pod_metadata, PodMetadata::None),
+    };
+    let first = tokio::task::spawn_blocking(move || {
+        let mut r = Resolver::new(settings);
+        r.full_walk(Instant::now());
+        let index = r.index();
+        (r, index)
+    })
+    .await;
+    let (resolver, index) = first.expect("first cgroup walk");
+    tracing::info!(
+        cgroups = index.by_cgroup.len(),
+        pod_netns = index.by_netns.len(),
+        "cgroup hierarchy walked"
+    );
+    let (index_tx, index_rx) = watch::channel(Arc::new(index));
+    let (pods_tx, pods_rx) = mpsc::channel(64);
+    let (misses_tx, misses_rx) = mpsc::channel(1024);
+    let inputs = resolver::Inputs { pods: pods_rx, misses: misses_rx };
+    let mut tasks = vec![tokio::spawn(resolver::run(resolver, inputs, index_tx, stop.clone()))];
+    let labels = config.pod_labels.clone();
+    match &config.pod_metadata {
+        PodMetadata::None => {}
+        PodMetadata::File(path) => {
+            tasks.push(tokio::spawn(pods::file::watch(path.clone(), labels, pods_tx, stop)));
+        }
+        PodMetadata::Api { kubeconfig } => {
+            let (kubeconfig, node) = (kubeconfig.clone(), config.node_name.clone());
+            tasks.push(tokio::spawn(async move {
+                match pods::api::client(kubeconfig.as_deref()).await {
+                    Ok(client) => pods::api::watch_pods(client, node, labels, pods_tx, stop).await,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no Kubernetes API: events carry pod UIDs, not names")
+                    }
+                }
+            }));
+        }
+    }
+    (index_rx, tasks, misses_tx)
 }
 
 /// Reads the ring buffer until intake stops, then drains what is left. Returns the number of
@@ -230,9 +389,12 @@ async fn read_events(ring: RingBuf<MapData>, mut pipeline: Pipeline, stop: Cance
     };
     let mut drain_tick = tokio::time::interval(DRAIN_INTERVAL);
     drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut hold_tick = tokio::time::interval(HOLD_CHECK_INTERVAL);
+    hold_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
+            _ = hold_tick.tick() => pipeline.release_held(),
             _ = drain_tick.tick() => {
                 let ring = fd.get_mut();
                 while let Some(item) = ring.next() {
@@ -260,6 +422,8 @@ async fn read_events(ring: RingBuf<MapData>, mut pipeline: Pipeline, stop: Cance
         pipeline.handle(&item);
         drained += 1;
     }
+    pipeline.release_held();
+    pipeline.flush_held();
     if let Some(out) = &mut pipeline.record_raw {
         let _ = std::io::Write::flush(out);
     }
@@ -422,21 +586,5 @@ async fn watch_modules(
             }
         }
         metrics.set_probe_statuses(&all);
-    }
-}
-
-/// Keeps the cgroup id -> workload index current by walking the v2 hierarchy off the event path.
-async fn rescan_cgroups(cgroups: Arc<CgroupIndex>, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(CGROUP_RESCAN_INTERVAL);
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let index = cgroups.clone();
-        match tokio::task::spawn_blocking(move || index.rescan()).await {
-            Ok(n) => tracing::trace!(cgroups = n, "cgroup hierarchy walked"),
-            Err(e) => tracing::warn!(error = %e, "cgroup walk failed"),
-        }
     }
 }

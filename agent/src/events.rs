@@ -9,7 +9,7 @@ use kstall_common::{
 use serde::Serialize;
 
 use crate::{
-    attribution::cgroup::Workload,
+    attribution::Attribution,
     hung_tasks::HungTaskCleared,
     probes::{
         hung_task::{self, HungTask},
@@ -75,17 +75,10 @@ pub struct Event {
     pub header: Header,
     #[serde(flatten)]
     pub payload: Payload,
-    /// The pod/container (or host unit) of the header's task, where that task is what the event
-    /// is about (hung task, OOM victim) and its cgroup is known.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub workload: Option<Arc<Workload>>,
-}
-
-impl Event {
-    /// Whether the header's cgroup is the subject's own (not whoever ran a softirq or a kworker).
-    pub fn cgroup_is_subjects(&self) -> bool {
-        matches!(self.payload, Payload::HungTask(_) | Payload::OomKill(_))
-    }
+    /// Namespace, pod, container, workload — or host. Set by the pipeline before anything sees
+    /// the event; `None` only straight out of the decoder.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub attribution: Option<Arc<Attribution>>,
 }
 
 /// Per-kernel context decoding needs: enum names read from BTF, kernel symbols, the tick rate,
@@ -154,7 +147,7 @@ impl Decoder {
                 netns: raw_header.netns_ino,
             },
             payload,
-            workload: None,
+            attribution: None,
         })
     }
 }

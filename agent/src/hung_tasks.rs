@@ -8,7 +8,7 @@ use std::{collections::HashMap, sync::Arc};
 use serde::Serialize;
 
 use crate::{
-    attribution::cgroup::Workload,
+    attribution::Attribution,
     events::{Event, Header, Payload},
     probes::hung_task::{HungTask, WaitClass},
 };
@@ -36,7 +36,7 @@ pub enum TaskState {
 struct Tracked {
     header: Header,
     hung: HungTask,
-    workload: Option<Arc<Workload>>,
+    attribution: Option<Arc<Attribution>>,
 }
 
 #[derive(Default)]
@@ -62,7 +62,11 @@ impl HungTaskTracker {
         }
         self.tasks.insert(
             event.header.pid,
-            Tracked { header: event.header.clone(), hung: hung.clone(), workload: event.workload.clone() },
+            Tracked {
+                header: event.header.clone(),
+                hung: hung.clone(),
+                attribution: event.attribution.clone(),
+            },
         );
         true
     }
@@ -91,19 +95,15 @@ impl HungTaskTracker {
                         blocked_secs: tracked.hung.blocked_secs,
                         why,
                     }),
-                    workload: tracked.workload,
+                    attribution: tracked.attribution,
                 })
             })
             .collect()
     }
 
-    /// Hung tasks per wait class now.
-    pub fn counts(&self) -> HashMap<WaitClass, usize> {
-        let mut counts = HashMap::new();
-        for t in self.tasks.values() {
-            *counts.entry(t.hung.wait).or_default() += 1;
-        }
-        counts
+    /// The tasks hung now: wait class and who they are.
+    pub fn hung(&self) -> impl Iterator<Item = (WaitClass, Option<&Attribution>)> {
+        self.tasks.values().map(|t| (t.hung.wait, t.attribution.as_deref()))
     }
 
     pub fn longest_blocked_secs(&self) -> u64 {
@@ -151,7 +151,7 @@ mod tests {
                 blocker: None,
                 exiting: false,
             }),
-            workload: None,
+            attribution: None,
         }
     }
 
@@ -162,7 +162,7 @@ mod tests {
         assert!(!t.observe(&report(10, 11, 4, WaitClass::Writeback)));
         assert!(!t.observe(&report(10, 11, 5, WaitClass::Writeback)));
         assert!(t.observe(&report(20, 20, 3, WaitClass::Nfs)));
-        assert_eq!(t.counts()[&WaitClass::Writeback], 1);
+        assert_eq!(t.hung().filter(|(w, _)| *w == WaitClass::Writeback).count(), 1);
         assert_eq!(t.longest_blocked_secs(), 5);
         // The tid was reused by another process: that is a new hung task.
         assert!(t.observe(&report(30, 11, 3, WaitClass::Mm)));

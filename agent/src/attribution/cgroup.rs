@@ -7,17 +7,17 @@
 //!   runtimes `cri-containerd`, `crio`, `docker`;
 //! - cgroupfs driver: `kubepods/<qos>/pod<uid>/<id>` (Guaranteed: `kubepods/pod<uid>/<id>`);
 //! - anything else under `system.slice/<unit>`: a host process of that systemd unit.
+//!
+//! v1 hierarchies use the same paths under a controller's mount.
 
 use std::{
-    collections::HashMap,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
-    sync::{Arc, RwLock},
 };
 
 use serde::Serialize;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Workload {
     /// A container of a pod.
@@ -28,7 +28,7 @@ pub enum Workload {
     Host { unit: Option<String> },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Qos {
     Guaranteed,
@@ -101,58 +101,108 @@ fn host_unit(parts: &[&str]) -> Option<String> {
     parts.iter().rev().find(|p| p.ends_with(".service") || p.ends_with(".scope")).map(|p| p.to_string())
 }
 
-/// cgroup id -> path, for the v2 hierarchy; rebuilt by [`CgroupIndex::rescan`] off the event path.
-#[derive(Default)]
-pub struct CgroupIndex {
-    root: Option<PathBuf>,
-    /// Shared: attaching a workload to an event is a reference count, not a copy of its strings.
-    paths: RwLock<HashMap<u64, Arc<Workload>>>,
+/// The hierarchies pods live in: the v2 one (whose ids events carry: `/sys/fs/cgroup`, or
+/// `/sys/fs/cgroup/unified` on a hybrid host) and, on nodes whose kubelet uses cgroup v1, the v1
+/// memory hierarchy.
+#[derive(Debug, Clone, Default)]
+pub struct Hierarchies {
+    pub v2: Option<PathBuf>,
+    pub v1_memory: Option<PathBuf>,
 }
 
-impl CgroupIndex {
-    /// The v2 hierarchy: `/sys/fs/cgroup` on a pure v2 host, `/sys/fs/cgroup/unified` on hybrid.
+impl Hierarchies {
     pub fn for_this_host() -> Self {
-        let root = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        let v2 = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
             .into_iter()
             .map(PathBuf::from)
             .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.controllers").exists());
-        Self { root, paths: RwLock::default() }
-    }
-
-    /// Walks the hierarchy and replaces the index. Returns the number of cgroups seen.
-    pub fn rescan(&self) -> usize {
-        let Some(root) = &self.root else { return 0 };
-        let mut found = HashMap::new();
-        walk(root, root, &mut found);
-        let n = found.len();
-        *self.paths.write().expect("cgroup index") = found;
-        n
-    }
-
-    /// The workload of cgroup `id`, when the last walk saw it.
-    pub fn workload(&self, id: u64) -> Option<Arc<Workload>> {
-        self.paths.read().expect("cgroup index").get(&id).cloned()
-    }
-
-    /// An index over given (id, path) pairs instead of a walk.
-    pub fn from_paths<'a>(paths: impl IntoIterator<Item = (u64, &'a str)>) -> Self {
-        let index = Self::default();
-        *index.paths.write().expect("cgroup index") =
-            paths.into_iter().map(|(id, path)| (id, Arc::new(parse(path)))).collect();
-        index
+        let v1_memory = Some(PathBuf::from("/sys/fs/cgroup/memory"))
+            .filter(|p| p.join("cgroup.procs").exists() && p.join("memory.limit_in_bytes").exists());
+        Self { v2, v1_memory }
     }
 }
 
-fn walk(root: &Path, dir: &Path, found: &mut HashMap<u64, Arc<Workload>>) {
+/// One cgroup directory found by a walk.
+#[derive(Debug, Clone)]
+pub struct CgroupDir {
+    /// The kernfs inode: what the kernel calls the cgroup's id.
+    pub id: u64,
+    pub dir: PathBuf,
+    pub workload: Workload,
+}
+
+/// Every cgroup under `root`. With `only_kubepods`, only the `kubepods` subtrees (a v1 hierarchy
+/// is walked for the pods' processes, not for node units).
+pub fn walk(root: &Path, only_kubepods: bool) -> Vec<CgroupDir> {
+    let mut found = Vec::new();
+    if only_kubepods {
+        for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with("kubepods") {
+                walk_into(root, &entry.path(), &mut found);
+            }
+        }
+    } else {
+        walk_into(root, root, &mut found);
+    }
+    found
+}
+
+fn walk_into(root: &Path, dir: &Path, found: &mut Vec<CgroupDir>) {
     let Ok(meta) = std::fs::metadata(dir) else { return };
     let relative = dir.strip_prefix(root).unwrap_or(dir).to_string_lossy();
-    found.insert(meta.ino(), Arc::new(parse(&relative)));
+    found.push(CgroupDir { id: meta.ino(), dir: dir.to_path_buf(), workload: parse(&relative) });
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            walk(root, &entry.path(), found);
+            walk_into(root, &entry.path(), found);
         }
     }
+}
+
+/// The directory of v2 cgroup `id`, found without a walk: cgroup ids are kernfs file handles
+/// (`FILEID_KERNFS`), so `open_by_handle_at` opens the cgroup directly. Needs CAP_DAC_READ_SEARCH.
+pub fn dir_of_id(v2_root: &Path, id: u64) -> std::io::Result<PathBuf> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    const FILEID_KERNFS: libc::c_int = 0xfe;
+    #[repr(C)]
+    struct Handle {
+        handle_bytes: libc::c_uint,
+        handle_type: libc::c_int,
+        id: u64,
+    }
+    let mount = std::fs::File::open(v2_root)?;
+    let mut handle = Handle { handle_bytes: 8, handle_type: FILEID_KERNFS, id };
+    // SAFETY: `Handle` is `struct file_handle` with its 8-byte payload inline; the fd is checked.
+    let fd = unsafe {
+        libc::open_by_handle_at(
+            mount.as_raw_fd(),
+            (&raw mut handle).cast(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// The processes (tgids) in a cgroup.
+pub fn procs(dir: &Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|text| text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// The pod workload of a process from `/proc/<tgid>/cgroup`, in whichever hierarchy shows one
+/// (a v1 controller's line on nodes whose kubelet uses cgroup v1).
+pub fn workload_of_process(proc: &Path, tgid: u32) -> Option<Workload> {
+    let text = std::fs::read_to_string(proc.join(tgid.to_string()).join("cgroup")).ok()?;
+    text.lines()
+        .filter_map(|line| line.splitn(3, ':').nth(2))
+        .map(parse)
+        .find(|w| !matches!(w, Workload::Host { .. }))
 }
 
 #[cfg(test)]

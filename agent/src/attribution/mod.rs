@@ -1,4 +1,290 @@
-//! Who an event is about: the pod, container and QoS class behind a cgroup, or the host unit.
-//! (Pod metadata, the netns path for softirq events and retention come in later steps.)
+//! Who an event is about: namespace, pod, container and workload — or the host.
+//!
+//! - [`cgroup`]: cgroup id -> pod UID, container id, QoS class (or the host's systemd unit);
+//! - [`netns`]: network namespace -> pod, for events in softirq or kworker context, learned from
+//!   the processes in each pod's cgroups;
+//! - [`pods`]: pod UID -> name, namespace, workload, from the Kubernetes API or a pods file,
+//!   deleted pods kept for a retention time;
+//! - [`resolver`]: the background task that keeps all of that current and publishes an [`Index`].
+//!
+//! The event path only reads the published [`Index`]: a hash-map hit. A miss is answered by the
+//! resolver off the event path while the event waits a bounded time (see `daemon.rs`).
 
 pub mod cgroup;
+pub mod netns;
+pub mod pods;
+pub mod resolver;
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
+};
+
+use serde::Serialize;
+
+use self::cgroup::{Qos, Workload};
+use crate::events::{Event, Payload};
+
+/// The labels an event carries. Every field is always present in JSON and metrics, empty when
+/// unknown, so a dashboard can tell apart a host process (`host: true`, pod empty) from an event
+/// kstall could not attribute (`host: false`, pod empty).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Attribution {
+    pub namespace: String,
+    pub pod: String,
+    /// The container's name; empty for events attributed by network namespace (a pod's
+    /// containers share it) or while the pod's metadata is unknown.
+    pub container: String,
+    /// `Kind/name` of the owning workload (`Deployment/web`), empty when unknown.
+    pub workload: String,
+    /// A node process (`unit` is its systemd unit), or a host-network event.
+    pub host: bool,
+    /// The event happened in the host's network namespace: it may be any hostNetwork pod's or a
+    /// node process's — kstall does not guess which.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub host_network: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qos: Option<Qos>,
+    /// The pod's labels selected with `--pod-labels`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// The pod is Terminating, or was already deleted (kept for the retention time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_phase: Option<PodPhase>,
+    /// How the event was tied to it.
+    pub via: Via,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Via {
+    /// The cgroup of the task the event is about.
+    #[default]
+    Cgroup,
+    /// The network namespace of the socket or packet.
+    Netns,
+    /// The task's process, found in a pod's cgroup of a v1 hierarchy.
+    Process,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PodPhase {
+    Terminating,
+    Deleted,
+}
+
+/// What the resolver is asked when an event misses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Key {
+    Cgroup(u64),
+    Netns(u32),
+    /// A process whose v2 cgroup says "host" on a node whose pods live in a v1 hierarchy.
+    Process(u32),
+    /// A pod seen in the cgroup tree before its metadata arrived from the API or file.
+    PodMeta(u64),
+}
+
+pub enum Resolution {
+    Found(Arc<Attribution>),
+    /// Not known yet: ask the resolver for `key`, hold the event a moment, then send it with
+    /// `fallback` (what is known without the answer).
+    Missing {
+        key: Key,
+        fallback: Option<Arc<Attribution>>,
+    },
+}
+
+/// The read-only snapshot the event path looks events up in; replaced whole by the resolver.
+#[derive(Debug, Default)]
+pub struct Index {
+    pub by_cgroup: HashMap<u64, Arc<Attribution>>,
+    pub by_netns: HashMap<u32, Arc<Attribution>>,
+    /// Processes in pods' v1 cgroups: for nodes whose kubelet uses cgroup v1, where the v2 cgroup
+    /// id of an event says nothing about the pod.
+    pub by_process: HashMap<u32, Arc<Attribution>>,
+    /// The pods' cgroups live in a v1 hierarchy.
+    pub v1_pods: bool,
+    /// A metadata source (API, file) is configured: a pod without a name is worth a short wait.
+    pub metadata_source: bool,
+    /// Keys the resolver looked for and did not find: events with them are not held again until
+    /// the next full walk.
+    pub unresolvable: HashSet<Key>,
+}
+
+impl Index {
+    pub fn resolve(&self, event: &Event) -> Resolution {
+        let found = |a: &Arc<Attribution>| {
+            if self.metadata_source && a.pod.is_empty() && a.pod_uid.is_some() {
+                self.missing(key_for_meta(a), Some(a.clone()))
+            } else {
+                Resolution::Found(a.clone())
+            }
+        };
+        if subject_is_task(event) {
+            let cgroup = event.header.cgroup_id;
+            let by_cgroup = self.by_cgroup.get(&cgroup);
+            if let Some(a) = by_cgroup.filter(|a| a.pod_uid.is_some()) {
+                return found(a);
+            }
+            let tgid = event.header.tgid;
+            if let Some(a) = self.by_process.get(&tgid) {
+                return found(a);
+            }
+            match by_cgroup {
+                Some(host) if self.v1_pods => self.missing(Key::Process(tgid), Some(host.clone())),
+                Some(host) => Resolution::Found(host.clone()),
+                None => self.missing(Key::Cgroup(cgroup), None),
+            }
+        } else {
+            let netns = event.header.netns;
+            match self.by_netns.get(&netns) {
+                Some(a) => found(a),
+                None if netns == 0 => Resolution::Found(Arc::default()),
+                None => self.missing(Key::Netns(netns), None),
+            }
+        }
+    }
+
+    fn missing(&self, key: Key, fallback: Option<Arc<Attribution>>) -> Resolution {
+        if self.unresolvable.contains(&key) {
+            Resolution::Found(fallback.unwrap_or_default())
+        } else {
+            Resolution::Missing { key, fallback }
+        }
+    }
+}
+
+/// Pod metadata misses are keyed by a hash of the UID: `Key` stays `Copy`.
+fn key_for_meta(a: &Attribution) -> Key {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    a.pod_uid.hash(&mut h);
+    Key::PodMeta(h.finish())
+}
+
+/// Whether the event's header task is what it is about (a hung task, an OOM victim). Resets and
+/// RPC events run in softirq or kworker context: their task is whoever the CPU was running.
+fn subject_is_task(event: &Event) -> bool {
+    matches!(event.payload, Payload::HungTask(_) | Payload::OomKill(_) | Payload::HungTaskCleared(_))
+}
+
+/// The attribution of a workload, with the pod's metadata when it is known.
+pub fn attribute(workload: &Workload, meta: Option<&pods::PodMeta>, deleted: bool, via: Via) -> Attribution {
+    let (pod_uid, container_id, qos) = match workload {
+        Workload::Host { unit } => {
+            return Attribution { host: true, unit: unit.clone(), via, ..Default::default() };
+        }
+        Workload::Pod { pod_uid, qos } => (pod_uid, None, qos),
+        Workload::Container { pod_uid, container_id, qos } => (pod_uid, Some(container_id), qos),
+    };
+    let mut a = Attribution {
+        pod_uid: Some(pod_uid.clone()),
+        container_id: container_id.cloned(),
+        qos: Some(*qos),
+        via,
+        ..Default::default()
+    };
+    if let Some(meta) = meta {
+        a.namespace = meta.namespace.clone();
+        a.pod = meta.name.clone();
+        a.workload = meta.workload.clone();
+        a.labels = meta.labels.clone();
+        a.container = container_id.and_then(|id| meta.containers.get(id)).cloned().unwrap_or_default();
+        a.pod_phase =
+            if deleted { Some(PodPhase::Deleted) } else { meta.terminating.then_some(PodPhase::Terminating) };
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        events::Decoder,
+        probes::{bytes_of, tcp_reset::tests::redirected_syn_reset},
+    };
+
+    fn reset_in(netns: u32) -> Event {
+        let mut raw = redirected_syn_reset();
+        raw.header.netns_ino = netns;
+        Decoder::new().decode(&bytes_of(&raw)).unwrap()
+    }
+
+    fn pod(uid: &str, name: &str) -> Arc<Attribution> {
+        Arc::new(Attribution {
+            pod_uid: Some(uid.into()),
+            pod: name.into(),
+            via: Via::Netns,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn resets_are_attributed_by_netns_not_by_the_interrupted_task() {
+        let mut index = Index::default();
+        index.by_netns.insert(4026532999, pod("u1", "web"));
+        // The reset's header cgroup is whoever ran the softirq: it must not be used.
+        index.by_cgroup.insert(7, pod("u2", "innocent"));
+        let mut event = reset_in(4026532999);
+        event.header.cgroup_id = 7;
+        let Resolution::Found(a) = index.resolve(&event) else { panic!() };
+        assert_eq!(a.pod, "web");
+    }
+
+    #[test]
+    fn a_miss_asks_once_then_the_key_is_unresolvable() {
+        let mut index = Index::default();
+        assert!(matches!(
+            index.resolve(&reset_in(5)),
+            Resolution::Missing { key: Key::Netns(5), fallback: None }
+        ));
+        index.unresolvable.insert(Key::Netns(5));
+        let Resolution::Found(a) = index.resolve(&reset_in(5)) else { panic!() };
+        assert_eq!(*a, Attribution::default());
+    }
+
+    #[test]
+    fn a_pod_without_metadata_waits_only_when_a_source_is_configured() {
+        let mut index = Index::default();
+        index.by_netns.insert(9, pod("u1", ""));
+        assert!(matches!(index.resolve(&reset_in(9)), Resolution::Found(_)));
+        index.metadata_source = true;
+        assert!(matches!(
+            index.resolve(&reset_in(9)),
+            Resolution::Missing { key: Key::PodMeta(_), fallback: Some(_) }
+        ));
+    }
+
+    #[test]
+    fn container_names_and_phases_come_from_metadata() {
+        let workload =
+            Workload::Container { pod_uid: "u1".into(), container_id: "c1".into(), qos: Qos::Burstable };
+        let meta = pods::PodMeta {
+            uid: "u1".into(),
+            name: "web-1".into(),
+            namespace: "shop".into(),
+            workload: "Deployment/web".into(),
+            node: "n".into(),
+            labels: BTreeMap::new(),
+            host_network: false,
+            containers: HashMap::from([("c1".to_string(), "app".to_string())]),
+            terminating: true,
+        };
+        let a = attribute(&workload, Some(&meta), false, Via::Cgroup);
+        assert_eq!((a.namespace.as_str(), a.pod.as_str(), a.container.as_str()), ("shop", "web-1", "app"));
+        assert_eq!(a.pod_phase, Some(PodPhase::Terminating));
+        assert_eq!(attribute(&workload, Some(&meta), true, Via::Cgroup).pod_phase, Some(PodPhase::Deleted));
+        let bare = attribute(&workload, None, false, Via::Cgroup);
+        assert_eq!((bare.pod.as_str(), bare.pod_uid.as_deref()), ("", Some("u1")));
+        let host =
+            attribute(&Workload::Host { unit: Some("kubelet.service".into()) }, None, false, Via::Cgroup);
+        assert!(host.host && host.pod.is_empty());
+    }
+}

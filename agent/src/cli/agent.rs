@@ -32,8 +32,10 @@ pub fn run(args: AgentArgs) -> ExitCode {
 }
 
 fn init_logging(config: &Config) {
-    // Validated in Config::resolve.
-    let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
+    // Validated in Config::resolve. kube's client logs every failed request of a retry loop; the
+    // pod source reports an outage once instead (a filter naming kube_client still wins).
+    let filter = EnvFilter::try_new(format!("kube_client=off,{}", config.log_level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
     let json = match config.log_format {
         LogFormat::Json => true,
         LogFormat::Text => false,

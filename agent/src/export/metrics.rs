@@ -1,16 +1,17 @@
 //! Prometheus metrics. Label values are bounded: ports in the ephemeral range collapse to
-//! `ephemeral`, reasons are kernel enum names.
+//! `ephemeral`, reasons are kernel enum names. Every metric about events carries the pod labels
+//! ([`POD_LABELS`]); a pod's series live as long as kstall remembers the pod.
 
 use std::ops::RangeInclusive;
 
 use prometheus::{Encoder as _, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use crate::{
+    attribution::Attribution,
     events::{Event, Payload},
     hung_tasks::HungTaskTracker,
     probes::{
         ProbeStatus,
-        hung_task::WaitClass,
         nfs::{Nfs, What},
         tcp_reset::Direction,
     },
@@ -23,6 +24,7 @@ pub struct Metrics {
     events_lost_total: IntCounterVec,
     decode_errors_total: IntCounterVec,
     subscriber_drops_total: IntCounterVec,
+    unattributed_total: IntCounterVec,
     tcp_resets_total: IntCounterVec,
     hung_tasks: IntGaugeVec,
     hung_tasks_total: IntCounterVec,
@@ -36,10 +38,33 @@ pub struct Metrics {
     ephemeral_ports: RangeInclusive<u16>,
 }
 
+/// The labels that say who an event is about. `host` is "true" for node processes and
+/// host-network events, "false" otherwise (an empty pod with host="false": not attributed).
+pub const POD_LABELS: [&str; 5] = ["namespace", "pod", "container", "workload", "host"];
+
+fn pod_label_values(a: Option<&Attribution>) -> [&str; 5] {
+    match a {
+        Some(a) => [&a.namespace, &a.pod, &a.container, &a.workload, if a.host { "true" } else { "false" }],
+        None => ["", "", "", "", "false"],
+    }
+}
+
+/// `labels` followed by the pod labels.
+fn with_pod_labels<'a>(labels: &[&'a str], a: Option<&'a Attribution>) -> Vec<&'a str> {
+    let mut all = labels.to_vec();
+    all.extend(pod_label_values(a));
+    all
+}
+
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
     registry.register(Box::new(c.clone())).expect("unique metric");
     c
+}
+
+/// A counter about events: `labels` plus the pod labels.
+fn event_counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    counter(registry, name, help, &[labels, &POD_LABELS[..]].concat())
 }
 
 impl Metrics {
@@ -61,9 +86,10 @@ impl Metrics {
         let hung_tasks = IntGaugeVec::new(
             Opts::new(
                 "kstall_hung_tasks",
-                "Tasks the kernel's hung-task detector reports as hung now, by wait class.",
+                "Tasks the kernel's hung-task detector reports as hung now, by wait class and pod \
+                 (a series exists only while a task is hung).",
             ),
-            &["wait"],
+            &[&["wait"], &POD_LABELS[..]].concat(),
         )
         .expect("valid metric");
         registry.register(Box::new(hung_tasks.clone())).expect("unique metric");
@@ -73,46 +99,43 @@ impl Metrics {
         )
         .expect("valid metric");
         registry.register(Box::new(hung_task_longest_blocked.clone())).expect("unique metric");
-        for wait in WaitClass::ALL {
-            hung_tasks.with_label_values(&[wait.as_str()]).set(0);
-        }
         let nfs_server_responding = IntGaugeVec::new(
             Opts::new(
                 "kstall_nfs_server_responding",
                 "0 after a major RPC timeout to the server (the kernel's \"server not responding\"), \
                  1 again once a reply arrives (\"server OK\").",
             ),
-            &["server"],
+            &[&["server"], &POD_LABELS[..]].concat(),
         )
         .expect("valid metric");
         registry.register(Box::new(nfs_server_responding.clone())).expect("unique metric");
         Self {
             nfs_server_responding,
-            nfs_retransmits_total: counter(
+            nfs_retransmits_total: event_counter(
                 &registry,
                 "kstall_nfs_rpc_retransmits_total",
                 "RPC requests retransmitted to an NFS/RPC server.",
                 &["server"],
             ),
-            nfs_timeouts_total: counter(
+            nfs_timeouts_total: event_counter(
                 &registry,
                 "kstall_nfs_rpc_timeouts_total",
                 "Major RPC timeouts (\"server not responding\").",
                 &["server"],
             ),
-            nfs_connect_errors_total: counter(
+            nfs_connect_errors_total: event_counter(
                 &registry,
                 "kstall_nfs_connect_errors_total",
                 "Failed connects, socket errors and connection resets of RPC transports, by errno.",
                 &["server", "error"],
             ),
-            nfs_state_manager_failures_total: counter(
+            nfs_state_manager_failures_total: event_counter(
                 &registry,
                 "kstall_nfs_state_manager_failures_total",
                 "NFSv4 state recovery failures (nfs4_state_mgr_failed), by section.",
                 &["server", "section"],
             ),
-            oom_kills_total: counter(
+            oom_kills_total: event_counter(
                 &registry,
                 "kstall_oom_kills_total",
                 "OOM kills. scope: memcg (a cgroup limit), global (the node ran out) or unknown; \
@@ -121,7 +144,7 @@ impl Metrics {
             ),
             hung_tasks,
             hung_task_longest_blocked,
-            hung_tasks_total: counter(
+            hung_tasks_total: event_counter(
                 &registry,
                 "kstall_hung_tasks_total",
                 "Tasks newly reported hung (a task counts once however long it stays hung), by wait class.",
@@ -146,13 +169,20 @@ impl Metrics {
                 "Ring buffer records that could not be decoded.",
                 &["error"],
             ),
+            unattributed_total: counter(
+                &registry,
+                "kstall_events_unattributed_total",
+                "Events sent without knowing their pod or host: the resolver had no answer within \
+                 the hold time (a network namespace or cgroup of no pod, or one already gone).",
+                &["probe"],
+            ),
             subscriber_drops_total: counter(
                 &registry,
                 "kstall_api_events_dropped_total",
                 "Events not delivered to an API client that fell behind.",
                 &["stream"],
             ),
-            tcp_resets_total: counter(
+            tcp_resets_total: event_counter(
                 &registry,
                 "kstall_tcp_resets_total",
                 "TCP resets. port: the refusing local port (sent) or the remote port (received); \
@@ -181,6 +211,7 @@ impl Metrics {
 
     /// An event that is news (repeated hung-task reports are not).
     pub fn observe(&self, event: &Event) {
+        let who = event.attribution.as_deref();
         match &event.payload {
             Payload::TcpReset(reset) => {
                 let port = match reset.direction {
@@ -188,35 +219,35 @@ impl Metrics {
                     Direction::Received => reset.remote_port,
                 };
                 let original = reset.original_dst_port.map(|p| self.port_label(p)).unwrap_or_default();
-                self.tcp_resets_total
-                    .with_label_values(&[
-                        reset.direction.as_str(),
-                        &self.port_label(port),
-                        &original,
-                        reset.reason.as_deref().unwrap_or(""),
-                    ])
-                    .inc();
+                let port = self.port_label(port);
+                let labels =
+                    [reset.direction.as_str(), &port, &original, reset.reason.as_deref().unwrap_or("")];
+                self.tcp_resets_total.with_label_values(&with_pod_labels(&labels, who)).inc();
             }
-            Payload::HungTask(hung) => self.hung_tasks_total.with_label_values(&[hung.wait.as_str()]).inc(),
+            Payload::HungTask(hung) => {
+                self.hung_tasks_total.with_label_values(&with_pod_labels(&[hung.wait.as_str()], who)).inc()
+            }
             Payload::HungTaskCleared(_) => {}
-            Payload::Nfs(nfs) => self.observe_nfs(nfs),
-            Payload::OomKill(kill) => self
-                .oom_kills_total
-                .with_label_values(&[
-                    kill.scope.as_str(),
-                    &event.header.comm,
-                    if kill.critical { "true" } else { "false" },
-                ])
-                .inc(),
+            Payload::Nfs(nfs) => self.observe_nfs(nfs, who),
+            Payload::OomKill(kill) => {
+                let critical = if kill.critical { "true" } else { "false" };
+                let labels = [kill.scope.as_str(), event.header.comm.as_str(), critical];
+                self.oom_kills_total.with_label_values(&with_pod_labels(&labels, who)).inc()
+            }
         }
     }
 
-    fn observe_nfs(&self, nfs: &Nfs) {
+    fn observe_nfs(&self, nfs: &Nfs, who: Option<&Attribution>) {
         // Transports without an IP address are local ones (rpcbind over a unix socket).
         let server = nfs.server_addr.map(|a| a.to_string()).unwrap_or_else(|| "local".into());
-        let server = [server.as_str()];
+        let server = with_pod_labels(&[server.as_str()], who);
         let error =
             nfs.error_name.map(str::to_string).or(nfs.error.map(|e| e.to_string())).unwrap_or_default();
+        fn with<'a>(server: &[&'a str], extra: &'a str) -> Vec<&'a str> {
+            let mut labels = vec![server[0], extra];
+            labels.extend(&server[1..]);
+            labels
+        }
         match nfs.what {
             What::Retransmit => self.nfs_retransmits_total.with_label_values(&server).inc(),
             What::Timeout => {
@@ -227,24 +258,33 @@ impl Metrics {
             // A connect in progress is how every TCP connect starts, not an error.
             What::SocketConnect if nfs.error.is_none_or(|e| e == -libc::EINPROGRESS) => {}
             What::SocketConnect | What::SocketError => {
-                self.nfs_connect_errors_total.with_label_values(&[server[0], &error]).inc()
+                self.nfs_connect_errors_total.with_label_values(&with(&server, &error)).inc()
             }
-            What::SocketReset => self.nfs_connect_errors_total.with_label_values(&[server[0], "reset"]).inc(),
+            What::SocketReset => {
+                self.nfs_connect_errors_total.with_label_values(&with(&server, "reset")).inc()
+            }
             What::StateManagerFailed => self
                 .nfs_state_manager_failures_total
-                .with_label_values(&[server[0], nfs.procedure.as_deref().unwrap_or("")])
+                .with_label_values(&with(&server, nfs.procedure.as_deref().unwrap_or("")))
                 .inc(),
         }
     }
 
     pub fn set_hung_tasks(&self, tracker: &HungTaskTracker) {
-        let counts = tracker.counts();
-        for wait in WaitClass::ALL {
-            self.hung_tasks
-                .with_label_values(&[wait.as_str()])
-                .set(counts.get(&wait).copied().unwrap_or(0) as i64);
+        let mut counts: std::collections::HashMap<Vec<&str>, i64> = std::collections::HashMap::new();
+        for (wait, who) in tracker.hung() {
+            *counts.entry(with_pod_labels(&[wait.as_str()], who)).or_default() += 1;
+        }
+        // Series of pods no longer hung disappear rather than stay at 0 forever.
+        self.hung_tasks.reset();
+        for (labels, n) in counts {
+            self.hung_tasks.with_label_values(&labels).set(n);
         }
         self.hung_task_longest_blocked.set(tracker.longest_blocked_secs() as i64);
+    }
+
+    pub fn unattributed(&self, probe: &str) {
+        self.unattributed_total.with_label_values(&[probe]).inc();
     }
 
     pub fn decode_error(&self, label: &str) {
@@ -313,7 +353,14 @@ mod tests {
             m.received(e.header.probe);
             m.observe(e);
         };
-        observe(&event(|_| {}));
+        let mut in_pod = event(|_| {});
+        in_pod.attribution = Some(std::sync::Arc::new(Attribution {
+            namespace: "shop".into(),
+            pod: "web-1".into(),
+            workload: "Deployment/web".into(),
+            ..Default::default()
+        }));
+        observe(&in_pod);
         observe(&event(|e| {
             e.direction = kstall_common::tcp_reset::DIRECTION_RECEIVED;
             e.hook = kstall_common::tcp_reset::HOOK_TCP_RECEIVE_RESET;
@@ -328,23 +375,28 @@ mod tests {
         let text = m.render();
         assert!(
             text.contains(
-                r#"kstall_tcp_resets_total{direction="sent",original_port="2049",port="15001",reason="1"} 1"#
+                r#"kstall_tcp_resets_total{container="",direction="sent",host="false",namespace="shop",original_port="2049",pod="web-1",port="15001",reason="1",workload="Deployment/web"} 1"#
             ),
             "{text}"
         );
         assert!(
             text.contains(
-                r#"kstall_tcp_resets_total{direction="received",original_port="",port="2049",reason=""} 1"#
+                r#"kstall_tcp_resets_total{container="",direction="received",host="false",namespace="",original_port="",pod="",port="2049",reason="",workload=""} 1"#
             ),
             "{text}"
         );
         assert!(
             text.contains(
-                r#"kstall_tcp_resets_total{direction="sent",original_port="",port="ephemeral",reason=""} 1"#
+                r#"kstall_tcp_resets_total{container="",direction="sent",host="false",namespace="",original_port="",pod="",port="ephemeral",reason="",workload=""} 1"#
             ),
             "{text}"
         );
         assert!(text.contains(r#"kstall_events_total{probe="tcp-reset"} 3"#), "{text}");
+    }
+
+    /// Label sets of `kstall_nfs_*` for events no pod was found for.
+    fn nfs(name: &str, labels: &str) -> String {
+        format!(r#"{name}{{container="",{labels}host="false",namespace="",pod="","#)
     }
 
     #[test]
@@ -360,19 +412,22 @@ mod tests {
             m.observe(&Decoder::new().decode(&bytes_of(&raw)).unwrap());
         };
         observe(WHAT_TIMEOUT, -110);
-        assert!(m.render().contains(r#"kstall_nfs_server_responding{server="10.55.0.1"} 0"#));
+        let responding = nfs("kstall_nfs_server_responding", "");
+        assert!(m.render().contains(&format!(r#"{responding}server="10.55.0.1",workload=""}} 0"#)));
         observe(WHAT_RETRANSMIT, 0);
         observe(WHAT_SOCKET_CONNECT, -115);
         observe(WHAT_SOCKET_ERROR, -111);
         observe(WHAT_SERVER_RESPONDING, 0);
         let text = m.render();
-        assert!(text.contains(r#"kstall_nfs_server_responding{server="10.55.0.1"} 1"#), "{text}");
-        assert!(text.contains(r#"kstall_nfs_rpc_timeouts_total{server="10.55.0.1"} 1"#), "{text}");
-        assert!(text.contains(r#"kstall_nfs_rpc_retransmits_total{server="10.55.0.1"} 1"#), "{text}");
+        let server = r#"server="10.55.0.1",workload=""}"#;
+        assert!(text.contains(&format!("{responding}{server} 1")), "{text}");
+        assert!(text.contains(&format!("{}{server} 1", nfs("kstall_nfs_rpc_timeouts_total", ""))), "{text}");
         assert!(
-            text.contains(r#"kstall_nfs_connect_errors_total{error="ECONNREFUSED",server="10.55.0.1"} 1"#),
+            text.contains(&format!("{}{server} 1", nfs("kstall_nfs_rpc_retransmits_total", ""))),
             "{text}"
         );
+        let refused = nfs("kstall_nfs_connect_errors_total", r#"error="ECONNREFUSED","#);
+        assert!(text.contains(&format!("{refused}{server} 1")), "{text}");
         assert!(!text.contains("EINPROGRESS"), "a connect in progress is not an error: {text}");
     }
 

@@ -230,7 +230,7 @@ pub fn scope_of<'a>(frames: impl Iterator<Item = &'a str> + Clone) -> Scope {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use kstall_common::{EventHeader, kind};
 
     use super::*;
@@ -260,6 +260,11 @@ mod tests {
             Scope::Unknown,
             "unsymbolized, no guess"
         );
+    }
+
+    /// A memcg OOM kill of `python3`, as the kernel records it.
+    pub fn victim_event() -> OomKillEvent {
+        kill(b"python3", 42)
     }
 
     fn kill(comm: &[u8], pid: u32) -> OomKillEvent {

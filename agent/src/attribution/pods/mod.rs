@@ -1,0 +1,284 @@
+//! Pod metadata: what a pod UID is called (name, namespace, owning workload, labels, container
+//! names). Two sources feed the same updates — the Kubernetes API ([`api`]) and a `kubectl get pods
+//! -o json` file ([`file`]) — into a [`PodStore`] that keeps deleted pods for a while, because the
+//! incidents are about pods that are Terminating or already gone.
+
+pub mod api;
+pub mod file;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::Pod;
+use serde::Serialize;
+
+/// What kstall knows about a pod from its metadata source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PodMeta {
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    /// The owning workload as `Kind/name` (`Deployment/web`, `StatefulSet/db`, `Node/...` for
+    /// static pods), empty for a bare pod.
+    pub workload: String,
+    pub node: String,
+    /// The pod labels selected by `--pod-labels`.
+    pub labels: BTreeMap<String, String>,
+    pub host_network: bool,
+    /// Container id (runtime prefix stripped) -> container name, from the pod status.
+    pub containers: HashMap<String, String>,
+    /// The API server set a deletion timestamp: the pod is Terminating.
+    pub terminating: bool,
+}
+
+impl PodMeta {
+    /// `None` for a pod without a UID (nothing to attribute it by).
+    pub fn from_pod(pod: &Pod, selected_labels: &[String]) -> Option<Self> {
+        let meta = &pod.metadata;
+        let uid = meta.uid.clone().filter(|u| !u.is_empty())?;
+        let labels = meta.labels.as_ref();
+        let spec = pod.spec.as_ref();
+        let mut containers = HashMap::new();
+        if let Some(status) = &pod.status {
+            let all = [
+                &status.init_container_statuses,
+                &status.container_statuses,
+                &status.ephemeral_container_statuses,
+            ];
+            for s in all.into_iter().flatten().flatten() {
+                if let Some(id) = s.container_id.as_deref().and_then(strip_runtime) {
+                    containers.insert(id.to_string(), s.name.clone());
+                }
+            }
+        }
+        Some(PodMeta {
+            uid,
+            name: meta.name.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            workload: workload_of(pod),
+            node: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+            labels: selected_labels
+                .iter()
+                .filter_map(|k| labels.and_then(|l| l.get(k)).map(|v| (k.clone(), v.clone())))
+                .collect(),
+            host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+            containers,
+            terminating: meta.deletion_timestamp.is_some(),
+        })
+    }
+}
+
+/// `containerd://<id>`, `cri-o://<id>`, `docker://<id>` -> `<id>`.
+fn strip_runtime(container_id: &str) -> Option<&str> {
+    let id = container_id.split_once("://").map_or(container_id, |(_, id)| id);
+    (!id.is_empty()).then_some(id)
+}
+
+/// The controller owner; a ReplicaSet created by a Deployment (its name is the Deployment's plus
+/// `-<pod-template-hash>`) is reported as that Deployment, which is what people name.
+fn workload_of(pod: &Pod) -> String {
+    let meta = &pod.metadata;
+    let Some(owner) = meta.owner_references.iter().flatten().find(|o| o.controller == Some(true)) else {
+        return String::new();
+    };
+    let hash = meta.labels.as_ref().and_then(|l| l.get("pod-template-hash"));
+    if owner.kind == "ReplicaSet"
+        && let Some(deployment) = hash.and_then(|h| owner.name.strip_suffix(h.as_str())?.strip_suffix('-'))
+    {
+        return format!("Deployment/{deployment}");
+    }
+    format!("{}/{}", owner.kind, owner.name)
+}
+
+/// What a source tells the store.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PodUpdate {
+    /// The complete set of pods (an initial list, a relist, a reloaded file): pods missing from
+    /// it are deleted.
+    Snapshot(Vec<PodMeta>),
+    Upsert(PodMeta),
+    Delete {
+        uid: String,
+    },
+}
+
+struct Entry {
+    meta: Arc<PodMeta>,
+    /// When the source stopped listing the pod; it is forgotten `retention` later.
+    deleted_at: Option<Instant>,
+}
+
+/// Pod UID -> metadata, with deleted pods kept for `retention`.
+pub struct PodStore {
+    pods: HashMap<String, Entry>,
+    retention: Duration,
+    /// Bumped on every change, so derived indexes know when to rebuild.
+    generation: u64,
+}
+
+impl PodStore {
+    pub fn new(retention: Duration) -> Self {
+        Self { pods: HashMap::new(), retention, generation: 0 }
+    }
+
+    pub fn apply(&mut self, update: PodUpdate, now: Instant) {
+        match update {
+            PodUpdate::Snapshot(pods) => {
+                let listed: HashMap<String, PodMeta> = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
+                for (uid, entry) in &mut self.pods {
+                    if !listed.contains_key(uid) && entry.deleted_at.is_none() {
+                        entry.deleted_at = Some(now);
+                    }
+                }
+                for (_, meta) in listed {
+                    self.upsert(meta);
+                }
+            }
+            PodUpdate::Upsert(meta) => self.upsert(meta),
+            PodUpdate::Delete { uid } => {
+                if let Some(entry) = self.pods.get_mut(&uid) {
+                    entry.deleted_at.get_or_insert(now);
+                }
+            }
+        }
+        self.generation += 1;
+    }
+
+    fn upsert(&mut self, meta: PodMeta) {
+        match self.pods.get_mut(&meta.uid) {
+            Some(entry) if *entry.meta == meta && entry.deleted_at.is_none() => {}
+            _ => {
+                let uid = meta.uid.clone();
+                self.pods.insert(uid, Entry { meta: Arc::new(meta), deleted_at: None });
+            }
+        }
+    }
+
+    /// Forgets pods deleted longer than `retention` ago; returns their UIDs.
+    pub fn expire(&mut self, now: Instant) -> Vec<String> {
+        let retention = self.retention;
+        let expired: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|(_, e)| e.deleted_at.is_some_and(|at| now.saturating_duration_since(at) >= retention))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in &expired {
+            self.pods.remove(uid);
+        }
+        if !expired.is_empty() {
+            self.generation += 1;
+        }
+        expired
+    }
+
+    pub fn get(&self, uid: &str) -> Option<&Arc<PodMeta>> {
+        self.pods.get(uid).map(|e| &e.meta)
+    }
+
+    /// Whether the pod is known and was deleted (kept for retention).
+    pub fn is_deleted(&self, uid: &str) -> bool {
+        self.pods.get(uid).is_some_and(|e| e.deleted_at.is_some())
+    }
+
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A pod as `kubectl get pods -o json` prints it (trimmed to what kstall reads).
+    pub fn pod_json(uid: &str, name: &str, container_id: &str) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": "shop",
+                "uid": uid,
+                "labels": {"app": "web", "pod-template-hash": "5d8c7b9f4", "team": "storage"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d8c7b9f4",
+                                     "uid": "11111111-2222-3333-4444-555555555555", "controller": true}]
+            },
+            "spec": {"nodeName": "node-a", "containers": [{"name": "app", "image": "nginx"}]},
+            "status": {"containerStatuses": [{"name": "app", "containerID": format!("containerd://{container_id}"),
+                       "image": "nginx", "imageID": "", "ready": true, "restartCount": 0}]}
+        })
+    }
+
+    fn meta(uid: &str) -> PodMeta {
+        let pod: Pod = serde_json::from_value(pod_json(uid, "web-5d8c7b9f4-x2x9z", "abc")).unwrap();
+        PodMeta::from_pod(&pod, &["app".into(), "missing".into()]).unwrap()
+    }
+
+    #[test]
+    fn metadata_from_a_pod() {
+        let m = meta("u1");
+        assert_eq!(
+            (m.name.as_str(), m.namespace.as_str(), m.node.as_str()),
+            ("web-5d8c7b9f4-x2x9z", "shop", "node-a")
+        );
+        assert_eq!(m.workload, "Deployment/web");
+        assert_eq!(m.containers.get("abc").map(String::as_str), Some("app"));
+        assert_eq!(m.labels, BTreeMap::from([("app".to_string(), "web".to_string())]));
+        assert!(!m.host_network && !m.terminating);
+    }
+
+    #[test]
+    fn workload_kinds() {
+        let mut pod: Pod = serde_json::from_value(pod_json("u", "db-0", "abc")).unwrap();
+        let owner = &mut pod.metadata.owner_references.as_mut().unwrap()[0];
+        owner.kind = "StatefulSet".into();
+        owner.name = "db".into();
+        assert_eq!(workload_of(&pod), "StatefulSet/db");
+        // A ReplicaSet whose name does not end in the template hash is not a Deployment's.
+        let owner = &mut pod.metadata.owner_references.as_mut().unwrap()[0];
+        owner.kind = "ReplicaSet".into();
+        owner.name = "handmade".into();
+        assert_eq!(workload_of(&pod), "ReplicaSet/handmade");
+        pod.metadata.owner_references = None;
+        assert_eq!(workload_of(&pod), "");
+    }
+
+    #[test]
+    fn deleted_pods_are_kept_for_the_retention_time() {
+        let t0 = Instant::now();
+        let mut store = PodStore::new(Duration::from_secs(3600));
+        store.apply(PodUpdate::Snapshot(vec![meta("a"), meta("b")]), t0);
+        store.apply(PodUpdate::Delete { uid: "a".into() }, t0 + Duration::from_secs(1));
+        // "b" is missing from the next snapshot: deleted too.
+        store.apply(PodUpdate::Snapshot(vec![meta("a2")]), t0 + Duration::from_secs(2));
+        assert!(store.is_deleted("a") && store.is_deleted("b") && !store.is_deleted("a2"));
+        assert!(store.expire(t0 + Duration::from_secs(60)).is_empty());
+        assert_eq!(store.get("a").unwrap().name, "web-5d8c7b9f4-x2x9z");
+        let mut gone = store.expire(t0 + Duration::from_secs(3602));
+        gone.sort();
+        assert_eq!(gone, ["a", "b"]);
+        assert!(store.get("a").is_none() && store.get("a2").is_some());
+    }
+
+    #[test]
+    fn a_pod_that_comes_back_is_no_longer_deleted() {
+        let t0 = Instant::now();
+        let mut store = PodStore::new(Duration::from_secs(10));
+        store.apply(PodUpdate::Upsert(meta("a")), t0);
+        store.apply(PodUpdate::Delete { uid: "a".into() }, t0);
+        store.apply(PodUpdate::Upsert(meta("a")), t0);
+        assert!(!store.is_deleted("a"));
+        assert!(store.expire(t0 + Duration::from_secs(20)).is_empty());
+    }
+}

@@ -1,0 +1,587 @@
+//! The background half of attribution: walks the cgroup hierarchies, learns each pod's network
+//! namespace from its processes, applies pod metadata updates, answers the event path's misses,
+//! forgets what is older than the retention time, and publishes a fresh [`Index`] after each
+//! change. All of its `/proc` and cgroupfs reads run on the blocking pool; the event path never
+//! waits for them.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Attribution, Index, Key, Via, attribute,
+    cgroup::{self, Hierarchies, Workload},
+    netns,
+    pods::{PodStore, PodUpdate},
+};
+
+/// How often the hierarchies are walked again in full (new cgroups are also found on a miss).
+const FULL_WALK_INTERVAL: Duration = Duration::from_secs(5);
+/// Misses arriving closer together than this share one walk.
+const MISS_BATCH: Duration = Duration::from_millis(20);
+/// Cgroups and namespaces remembered after they disappeared (for the retention time), at most.
+const MAX_REMEMBERED: usize = 100_000;
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub hierarchies: Hierarchies,
+    pub proc: PathBuf,
+    /// How long a deleted pod (and its cgroups and namespace) is still named.
+    pub retention: Duration,
+    pub metadata_source: bool,
+}
+
+struct Remembered<T> {
+    value: T,
+    /// When the last walk stopped seeing it.
+    gone_at: Option<Instant>,
+}
+
+impl<T> Remembered<T> {
+    fn new(value: T) -> Self {
+        Self { value, gone_at: None }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum NetnsOwner {
+    Pod(Workload),
+    /// Processes of two pods were found in it: not guessed.
+    Shared,
+}
+
+pub struct Resolver {
+    settings: Settings,
+    host_netns: Option<u32>,
+    cgroups: HashMap<u64, Remembered<Workload>>,
+    netns: HashMap<u32, Remembered<NetnsOwner>>,
+    /// Processes in pods' v1 cgroups, as of the last walk (pids are reused: not remembered).
+    processes: HashMap<u32, Workload>,
+    pods: PodStore,
+    unresolvable: HashSet<Key>,
+}
+
+impl Resolver {
+    pub fn new(settings: Settings) -> Self {
+        let pods = PodStore::new(settings.retention);
+        Self {
+            host_netns: netns::host(&settings.proc),
+            settings,
+            cgroups: HashMap::new(),
+            netns: HashMap::new(),
+            processes: HashMap::new(),
+            pods,
+            unresolvable: HashSet::new(),
+        }
+    }
+
+    /// Walks everything again; what is no longer there starts its retention time, what is past
+    /// it is forgotten.
+    pub fn full_walk(&mut self, now: Instant) {
+        let mut seen_cgroups = HashSet::new();
+        let mut learned = Learned::default();
+        if let Some(v2) = &self.settings.hierarchies.v2 {
+            for dir in cgroup::walk(v2, false) {
+                seen_cgroups.insert(dir.id);
+                if !matches!(dir.workload, Workload::Host { .. }) {
+                    learned.pod_cgroup(&self.settings.proc, &dir, false);
+                }
+                self.cgroups.insert(dir.id, Remembered::new(dir.workload));
+            }
+        }
+        if let Some(v1) = &self.settings.hierarchies.v1_memory {
+            for dir in cgroup::walk(v1, true) {
+                if !matches!(dir.workload, Workload::Host { .. }) {
+                    learned.pod_cgroup(&self.settings.proc, &dir, true);
+                }
+            }
+        }
+        for (id, c) in &mut self.cgroups {
+            if !seen_cgroups.contains(id) {
+                c.gone_at.get_or_insert(now);
+            }
+        }
+        for n in self.netns.values_mut() {
+            n.gone_at.get_or_insert(now);
+        }
+        self.processes.clear();
+        self.merge(learned);
+        self.forget_expired(now);
+        self.unresolvable.clear();
+    }
+
+    fn merge(&mut self, learned: Learned) {
+        for (ino, owner) in learned.netns {
+            // The host's namespace is hostNetwork pods' and node processes' alike: not a pod's.
+            if Some(ino) != self.host_netns {
+                self.netns.insert(ino, Remembered::new(owner));
+            }
+        }
+        self.processes.extend(learned.processes);
+    }
+
+    fn forget_expired(&mut self, now: Instant) {
+        let retention = self.settings.retention;
+        let expired =
+            |gone: Option<Instant>| gone.is_some_and(|at| now.saturating_duration_since(at) >= retention);
+        self.cgroups.retain(|_, c| !expired(c.gone_at));
+        self.netns.retain(|_, n| !expired(n.gone_at));
+        self.pods.expire(now);
+        // A node that churns through more pods than this within the retention time loses the
+        // oldest departed ones first.
+        let excess = (self.cgroups.len() + self.netns.len()).saturating_sub(MAX_REMEMBERED);
+        if excess > 0 {
+            let mut gone: Vec<(Instant, u64)> =
+                self.cgroups.iter().filter_map(|(id, c)| Some((c.gone_at?, *id))).collect();
+            gone.sort_unstable();
+            for (_, id) in gone.into_iter().take(excess) {
+                self.cgroups.remove(&id);
+            }
+        }
+    }
+
+    /// Answers misses. Unknown network namespaces cost one walk for all of them.
+    pub fn resolve(&mut self, keys: &HashSet<Key>, now: Instant) {
+        let mut walked = false;
+        for &key in keys {
+            let found = match key {
+                Key::Cgroup(id) => self.resolve_cgroup(id),
+                Key::Netns(ino) => {
+                    if !walked {
+                        self.full_walk(now);
+                        walked = true;
+                    }
+                    self.netns.contains_key(&ino) || Some(ino) == self.host_netns
+                }
+                Key::Process(tgid) => match cgroup::workload_of_process(&self.settings.proc, tgid) {
+                    Some(w) => {
+                        self.processes.insert(tgid, w);
+                        true
+                    }
+                    None => false,
+                },
+                // Metadata arrives from its source on its own; the event path's hold bounds the wait.
+                Key::PodMeta(_) => true,
+            };
+            if !found {
+                self.unresolvable.insert(key);
+            }
+        }
+    }
+
+    fn resolve_cgroup(&mut self, id: u64) -> bool {
+        let Some(v2) = &self.settings.hierarchies.v2 else { return false };
+        let Ok(dir) = cgroup::dir_of_id(v2, id) else { return false };
+        let relative = dir.strip_prefix(v2).unwrap_or(&dir).to_string_lossy().into_owned();
+        let found = cgroup::CgroupDir { id, dir, workload: cgroup::parse(&relative) };
+        if !matches!(found.workload, Workload::Host { .. }) {
+            let mut learned = Learned::default();
+            learned.pod_cgroup(&self.settings.proc, &found, false);
+            self.merge(learned);
+        }
+        self.cgroups.insert(id, Remembered::new(found.workload));
+        true
+    }
+
+    pub fn apply(&mut self, update: PodUpdate, now: Instant) {
+        self.pods.apply(update, now);
+    }
+
+    /// The snapshot the event path reads.
+    pub fn index(&self) -> Index {
+        let mut shared = HashMap::new();
+        let mut attribution = |w, via| attribution_of(&mut shared, &self.pods, w, via);
+        let mut index = Index {
+            v1_pods: !self.processes.is_empty()
+                || self.settings.hierarchies.v1_memory.as_ref().is_some_and(|v1| has_kubepods(v1)),
+            metadata_source: self.settings.metadata_source,
+            unresolvable: self.unresolvable.clone(),
+            ..Index::default()
+        };
+        for (id, c) in &self.cgroups {
+            index.by_cgroup.insert(*id, attribution(&c.value, Via::Cgroup));
+        }
+        for (ino, n) in &self.netns {
+            let a = match &n.value {
+                NetnsOwner::Pod(w) => attribution(w, Via::Netns),
+                NetnsOwner::Shared => Arc::new(Attribution { via: Via::Netns, ..Default::default() }),
+            };
+            index.by_netns.insert(*ino, a);
+        }
+        if let Some(host) = self.host_netns {
+            let a = Attribution { host: true, host_network: true, via: Via::Netns, ..Default::default() };
+            index.by_netns.insert(host, Arc::new(a));
+        }
+        for (tgid, w) in &self.processes {
+            index.by_process.insert(*tgid, attribution(w, Via::Process));
+        }
+        index
+    }
+
+    pub fn pods(&self) -> &PodStore {
+        &self.pods
+    }
+}
+
+/// One shared attribution per (workload, via): a pod's many cgroups point at the same one.
+fn attribution_of<'a>(
+    shared: &mut HashMap<(&'a Workload, Via), Arc<Attribution>>,
+    pods: &PodStore,
+    workload: &'a Workload,
+    via: Via,
+) -> Arc<Attribution> {
+    shared
+        .entry((workload, via))
+        .or_insert_with(|| {
+            let uid = match workload {
+                Workload::Container { pod_uid, .. } | Workload::Pod { pod_uid, .. } => Some(pod_uid),
+                Workload::Host { .. } => None,
+            };
+            let meta = uid.and_then(|u| pods.get(u));
+            let deleted = uid.is_some_and(|u| pods.is_deleted(u));
+            Arc::new(attribute(workload, meta.map(|m| &**m), deleted, via))
+        })
+        .clone()
+}
+
+fn has_kubepods(root: &std::path::Path) -> bool {
+    ["kubepods", "kubepods.slice"].iter().any(|d| root.join(d).is_dir())
+}
+
+/// What the processes of pod cgroups tell: each pod's network namespace, and (v1) which pod a
+/// process is in.
+#[derive(Default)]
+struct Learned {
+    netns: HashMap<u32, NetnsOwner>,
+    processes: HashMap<u32, Workload>,
+    /// Pods whose namespace is known: one readable process per pod is enough.
+    pods_done: HashSet<String>,
+}
+
+impl Learned {
+    fn pod_cgroup(&mut self, proc: &std::path::Path, dir: &cgroup::CgroupDir, v1: bool) {
+        let pod = match &dir.workload {
+            Workload::Container { pod_uid, qos, .. } | Workload::Pod { pod_uid, qos } => {
+                Workload::Pod { pod_uid: pod_uid.clone(), qos: *qos }
+            }
+            Workload::Host { .. } => return,
+        };
+        let Workload::Pod { pod_uid, .. } = &pod else { return };
+        let tgids = cgroup::procs(&dir.dir);
+        if v1 {
+            self.processes.extend(tgids.iter().map(|&t| (t, dir.workload.clone())));
+        }
+        if self.pods_done.contains(pod_uid) {
+            return;
+        }
+        let Some(ino) = tgids.iter().find_map(|&t| netns::of_process(proc, t)) else { return };
+        self.pods_done.insert(pod_uid.clone());
+        match self.netns.get(&ino) {
+            Some(NetnsOwner::Pod(other)) if *other != pod => {
+                self.netns.insert(ino, NetnsOwner::Shared);
+            }
+            Some(_) => {}
+            None => {
+                self.netns.insert(ino, NetnsOwner::Pod(pod));
+            }
+        }
+    }
+}
+
+/// Inputs of the resolver task.
+pub struct Inputs {
+    pub pods: mpsc::Receiver<PodUpdate>,
+    pub misses: mpsc::Receiver<Key>,
+}
+
+/// Runs the resolver until `stop`, publishing each new index on `publish`.
+pub async fn run(
+    mut resolver: Resolver,
+    mut inputs: Inputs,
+    publish: watch::Sender<Arc<Index>>,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(FULL_WALK_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        enum Work {
+            Walk,
+            Pods(Vec<PodUpdate>),
+            Misses(HashSet<Key>),
+        }
+        let work = tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => Work::Walk,
+            Some(update) = inputs.pods.recv() => {
+                let mut all = vec![update];
+                while let Ok(more) = inputs.pods.try_recv() {
+                    all.push(more);
+                }
+                Work::Pods(all)
+            }
+            Some(key) = inputs.misses.recv() => {
+                tokio::time::sleep(MISS_BATCH).await;
+                let mut keys = HashSet::from([key]);
+                while let Ok(more) = inputs.misses.try_recv() {
+                    keys.insert(more);
+                }
+                Work::Misses(keys)
+            }
+        };
+        let started = Instant::now();
+        let done = tokio::task::spawn_blocking(move || {
+            let now = Instant::now();
+            match work {
+                Work::Walk => resolver.full_walk(now),
+                Work::Pods(updates) => updates.into_iter().for_each(|u| resolver.apply(u, now)),
+                Work::Misses(keys) => resolver.resolve(&keys, now),
+            }
+            let index = resolver.index();
+            (resolver, index)
+        })
+        .await;
+        let (back, index) = match done {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::error!(error = %e, "attribution resolver failed; events keep the last known pods");
+                return;
+            }
+        };
+        resolver = back;
+        let took = started.elapsed();
+        if took > Duration::from_secs(1) {
+            tracing::warn!(took_ms = took.as_millis() as u64, "attribution update was slow");
+        }
+        tracing::trace!(
+            cgroups = index.by_cgroup.len(),
+            netns = index.by_netns.len(),
+            "attribution index published"
+        );
+        publish.send_replace(Arc::new(index));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{os::unix::fs::MetadataExt as _, path::Path};
+
+    use super::*;
+    use crate::{
+        attribution::{PodPhase, Resolution, pods::PodMeta},
+        events::{Decoder, Event},
+        probes::{bytes_of, tcp_reset::tests::redirected_syn_reset},
+    };
+
+    const HOST_NETNS: u32 = 4026531840;
+    const POD_NETNS: u32 = 4026532999;
+    const UID: &str = "0c2a5b1e-7f3d-4c1a-9e8b-1234567890ab";
+    const CID: &str = "4f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8";
+
+    /// A fake node: a v2 hierarchy with one pod (systemd driver), a v1 memory hierarchy with
+    /// another (cgroupfs driver), and a /proc with their processes' namespaces.
+    struct Node {
+        dir: tempfile::TempDir,
+    }
+
+    impl Node {
+        fn new() -> Self {
+            let node = Self { dir: tempfile::tempdir().unwrap() };
+            node.process(1, Some(HOST_NETNS));
+            node
+        }
+        fn path(&self, rel: &str) -> std::path::PathBuf {
+            self.dir.path().join(rel)
+        }
+        fn cgroup(&self, rel: &str, procs: &[u32]) -> u64 {
+            let dir = self.path(rel);
+            std::fs::create_dir_all(&dir).unwrap();
+            let text: String = procs.iter().map(|p| format!("{p}\n")).collect();
+            std::fs::write(dir.join("cgroup.procs"), text).unwrap();
+            std::fs::metadata(&dir).unwrap().ino()
+        }
+        fn process(&self, pid: u32, netns: Option<u32>) {
+            let ns = self.path(&format!("proc/{pid}/ns"));
+            std::fs::create_dir_all(&ns).unwrap();
+            if let Some(ino) = netns {
+                std::os::unix::fs::symlink(format!("net:[{ino}]"), ns.join("net")).unwrap();
+            }
+        }
+        fn resolver(&self, metadata_source: bool) -> Resolver {
+            Resolver::new(Settings {
+                hierarchies: Hierarchies { v2: Some(self.path("v2")), v1_memory: Some(self.path("v1")) },
+                proc: self.path("proc"),
+                retention: Duration::from_secs(3600),
+                metadata_source,
+            })
+        }
+    }
+
+    fn systemd_container(uid: &str, id: &str) -> String {
+        let uid = uid.replace('-', "_");
+        format!(
+            "v2/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/cri-containerd-{id}.scope"
+        )
+    }
+
+    fn reset_in(netns: u32) -> Event {
+        let mut raw = redirected_syn_reset();
+        raw.header.netns_ino = netns;
+        Decoder::new().decode(&bytes_of(&raw)).unwrap()
+    }
+
+    fn found(index: &Index, event: &Event) -> Arc<Attribution> {
+        match index.resolve(event) {
+            Resolution::Found(a) => a,
+            Resolution::Missing { key, .. } => panic!("missing {key:?}"),
+        }
+    }
+
+    fn meta(uid: &str, name: &str) -> PodMeta {
+        let pod = serde_json::from_value(crate::attribution::pods::tests::pod_json(uid, name, CID)).unwrap();
+        PodMeta::from_pod(&pod, &[]).unwrap()
+    }
+
+    #[test]
+    fn a_pods_netns_is_learned_from_its_processes() {
+        let node = Node::new();
+        node.cgroup("v2", &[1]);
+        node.cgroup(&systemd_container(UID, CID), &[100]);
+        node.process(100, Some(POD_NETNS));
+        let mut r = node.resolver(false);
+        r.full_walk(Instant::now());
+        let index = r.index();
+        let a = found(&index, &reset_in(POD_NETNS));
+        assert_eq!((a.pod_uid.as_deref(), a.via), (Some(UID), Via::Netns));
+        let host = found(&index, &reset_in(HOST_NETNS));
+        assert!(host.host && host.host_network && host.pod_uid.is_none(), "{host:?}");
+        assert!(matches!(index.resolve(&reset_in(5)), Resolution::Missing { .. }));
+    }
+
+    #[test]
+    fn zombie_leaders_hostnetwork_pods_and_shared_namespaces() {
+        let node = Node::new();
+        let other = "11111111-2222-4333-8444-555555555555";
+        let host_pod = "22222222-2222-4333-8444-555555555555";
+        // The leader's link is unreadable (a zombie): a thread's is used.
+        node.cgroup(&systemd_container(UID, CID), &[100]);
+        node.process(100, None);
+        std::fs::create_dir_all(node.path("proc/100/task/101/ns")).unwrap();
+        std::os::unix::fs::symlink(format!("net:[{POD_NETNS}]"), node.path("proc/100/task/101/ns/net"))
+            .unwrap();
+        // A hostNetwork pod: its namespace is the host's and stays "host network".
+        node.cgroup(&systemd_container(host_pod, CID), &[300]);
+        node.process(300, Some(HOST_NETNS));
+        // Two pods in one namespace: not guessed.
+        node.cgroup(&format!("v2/kubepods/besteffort/pod{other}/{CID}"), &[200]);
+        node.process(200, Some(7));
+        node.cgroup(&format!("v2/kubepods/besteffort/pod{}/{CID}", UID.replace("0c", "0d")), &[201]);
+        node.process(201, Some(7));
+        let mut r = node.resolver(false);
+        r.full_walk(Instant::now());
+        let index = r.index();
+        assert_eq!(found(&index, &reset_in(POD_NETNS)).pod_uid.as_deref(), Some(UID));
+        assert!(found(&index, &reset_in(HOST_NETNS)).host_network);
+        let shared = found(&index, &reset_in(7));
+        assert!(shared.pod_uid.is_none() && !shared.host, "{shared:?}");
+    }
+
+    #[test]
+    fn v1_pods_are_found_by_process() {
+        let node = Node::new();
+        let host_cgroup = node.cgroup("v2/system.slice/containerd.service", &[400]);
+        node.cgroup(&format!("v1/kubepods/burstable/pod{UID}/{CID}"), &[400]);
+        node.process(400, Some(POD_NETNS));
+        let mut r = node.resolver(false);
+        r.full_walk(Instant::now());
+        let index = r.index();
+        assert!(index.v1_pods);
+        let mut oom = crate::probes::oom::tests::victim_event();
+        oom.header.cgroup_id = host_cgroup;
+        oom.header.tgid = 400;
+        let event = Decoder::new().decode(&bytes_of(&oom)).unwrap();
+        let a = found(&index, &event);
+        assert_eq!((a.container_id.as_deref(), a.via), (Some(CID), Via::Process));
+        // A process of a host unit on a v1 node: asked about (it may be a pod's not walked yet).
+        oom.header.tgid = 401;
+        let event = Decoder::new().decode(&bytes_of(&oom)).unwrap();
+        let Resolution::Missing { key: Key::Process(401), fallback: Some(host) } = index.resolve(&event)
+        else {
+            panic!()
+        };
+        assert_eq!(host.unit.as_deref(), Some("containerd.service"));
+    }
+
+    #[test]
+    fn misses_are_answered_and_unknowns_are_not_asked_again() {
+        let node = Node::new();
+        let mut r = node.resolver(false);
+        r.full_walk(Instant::now());
+        // A pod that appeared after the walk.
+        node.cgroup(&systemd_container(UID, CID), &[100]);
+        node.process(100, Some(POD_NETNS));
+        r.resolve(&HashSet::from([Key::Netns(POD_NETNS), Key::Netns(9)]), Instant::now());
+        let index = r.index();
+        assert_eq!(found(&index, &reset_in(POD_NETNS)).pod_uid.as_deref(), Some(UID));
+        assert_eq!(*found(&index, &reset_in(9)), Attribution::default(), "unresolvable: not held again");
+        r.full_walk(Instant::now());
+        assert!(
+            matches!(r.index().resolve(&reset_in(9)), Resolution::Missing { .. }),
+            "asked again after a walk"
+        );
+    }
+
+    #[test]
+    fn names_arrive_with_metadata_and_outlive_the_pod_for_the_retention_time() {
+        let node = Node::new();
+        let container = node.cgroup(&systemd_container(UID, CID), &[100]);
+        node.process(100, Some(POD_NETNS));
+        let mut r = node.resolver(true);
+        let t0 = Instant::now();
+        r.full_walk(t0);
+        assert!(matches!(
+            r.index().resolve(&reset_in(POD_NETNS)),
+            Resolution::Missing { key: Key::PodMeta(_), .. }
+        ));
+        r.apply(PodUpdate::Snapshot(vec![meta(UID, "web-1")]), t0);
+        let a = found(&r.index(), &reset_in(POD_NETNS));
+        assert_eq!(
+            (a.namespace.as_str(), a.pod.as_str(), a.workload.as_str()),
+            ("shop", "web-1", "Deployment/web")
+        );
+        // The pod is deleted and its cgroups removed: a late event still names it...
+        r.apply(PodUpdate::Snapshot(vec![]), t0 + Duration::from_secs(1));
+        std::fs::remove_dir_all(node.path("v2/kubepods.slice")).unwrap();
+        r.full_walk(t0 + Duration::from_secs(60));
+        let mut hung = crate::probes::oom::tests::victim_event();
+        hung.header.cgroup_id = container;
+        let late = found(&r.index(), &Decoder::new().decode(&bytes_of(&hung)).unwrap());
+        assert_eq!((late.pod.as_str(), late.pod_phase), ("web-1", Some(PodPhase::Deleted)));
+        assert_eq!(found(&r.index(), &reset_in(POD_NETNS)).pod, "web-1");
+        // ...until the retention time has passed.
+        r.full_walk(t0 + Duration::from_secs(3700));
+        assert!(r.pods().is_empty());
+        assert!(matches!(r.index().resolve(&reset_in(POD_NETNS)), Resolution::Missing { .. }));
+    }
+
+    #[test]
+    fn real_hierarchy_ids_resolve_by_handle() {
+        let hierarchies = Hierarchies::for_this_host();
+        let Some(v2) = hierarchies.v2 else { return };
+        let me = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let Some(own) = me.lines().find_map(|l| l.strip_prefix("0::")) else { return };
+        let dir = v2.join(own.trim_start_matches('/'));
+        let id = std::fs::metadata(&dir).unwrap().ino();
+        match cgroup::dir_of_id(&v2, id) {
+            Ok(found) => assert_eq!(found, dir),
+            // Without CAP_DAC_READ_SEARCH (not root) the walk is the only way.
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}"),
+        }
+        assert!(Path::new("/proc/self/ns/net").exists());
+    }
+}
