@@ -127,7 +127,8 @@ fn reset_record(netns: u32) -> Vec<u8> {
     ev.header.kind = kind::TCP_RESET;
     ev.header.version = kstall_common::tcp_reset::VERSION;
     ev.header.netns_ino = netns;
-    ev.family = 2;
+    ev.family = kstall_common::tcp_reset::FAMILY_INET;
+    ev.hook = kstall_common::tcp_reset::HOOK_TCP_SEND_RESET;
     // SAFETY: a plain-integer record.
     unsafe { std::slice::from_raw_parts((&raw const ev).cast::<u8>(), size_of::<TcpResetEvent>()) }.to_vec()
 }

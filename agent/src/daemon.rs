@@ -296,14 +296,14 @@ impl Pipeline {
     }
 
     fn emit_unresolved(&mut self, mut event: Event, fallback: Option<Arc<Attribution>>) {
-        if fallback.is_none() {
-            self.metrics.unattributed(event.header.probe);
-        }
         event.attribution = Some(fallback.unwrap_or_default());
         self.emit(event);
     }
 
     fn emit(&mut self, event: Event) {
+        if event.attribution.as_ref().is_none_or(|a| a.pod_uid.is_none() && !a.host) {
+            self.metrics.unattributed(event.header.probe);
+        }
         if matches!(event.payload, Payload::HungTask(_)) {
             let mut hung = self.hung.lock().expect("hung-task tracker");
             let news = hung.observe(&event);

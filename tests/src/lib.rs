@@ -392,6 +392,18 @@ impl Cgroup {
         } else {
             PathBuf::from("/sys/fs/cgroup/unified")
         };
+        Self::under(root, relative)
+    }
+
+    /// A cgroup at `relative` in the cgroup v1 memory hierarchy (a kubelet on cgroup v1 puts
+    /// pods there); panics on a host without one.
+    pub fn v1_memory_at(relative: &str) -> Self {
+        let root = PathBuf::from("/sys/fs/cgroup/memory");
+        assert!(root.join("memory.limit_in_bytes").exists(), "this host has no cgroup v1 memory hierarchy");
+        Self::under(root, relative)
+    }
+
+    fn under(root: PathBuf, relative: &str) -> Self {
         let mut path = root;
         let mut created = Vec::new();
         for part in relative.split('/').filter(|p| !p.is_empty()) {
@@ -426,6 +438,64 @@ impl Drop for Cgroup {
             let _ = std::fs::remove_dir(dir);
         }
     }
+}
+
+/// A long-running process in a network namespace and a cgroup: what a pod's sandbox (pause)
+/// process is to kstall. Killed on drop.
+pub struct PodProcess {
+    child: Child,
+}
+
+impl PodProcess {
+    pub fn start(netns: &NetNs, procs: &Path) -> Self {
+        let child = Command::new("nsenter")
+            .arg(format!("--net={}", netns.path().display()))
+            .args(["sleep", "600"])
+            .spawn()
+            .expect("start the pod process");
+        let process = PodProcess { child };
+        std::fs::write(procs, process.pid().to_string())
+            .unwrap_or_else(|e| panic!("join {}: {e}", procs.display()));
+        process
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for PodProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A pod as `kubectl get pods -o json` prints it: a Deployment's, in namespace `shop`, on
+/// `node-a`, whose container `app` has runtime id `container_id`.
+pub fn pod_json(uid: &str, name: &str, container_id: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": "shop", "uid": uid,
+            "labels": {"app": "web", "pod-template-hash": "5d8c7b9f4"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d8c7b9f4",
+                                 "uid": "11111111-2222-3333-4444-555555555555", "controller": true}]
+        },
+        "spec": {"nodeName": "node-a", "containers": [{"name": "app", "image": "app"}]},
+        "status": {"containerStatuses": [{"name": "app", "containerID": format!("containerd://{container_id}"),
+                   "image": "app", "imageID": "", "ready": true, "restartCount": 0}]}
+    })
+}
+
+/// Writes `pods` as a `kubectl get pods -o json` list to `path`, atomically (as a ConfigMap
+/// update or `kubectl ... > tmp && mv` does).
+pub fn write_pods_file(path: &Path, pods: &[Value]) {
+    let tmp = path.with_extension("tmp");
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": pods});
+    std::fs::write(&tmp, list.to_string()).expect("write pods file");
+    std::fs::rename(&tmp, path).expect("replace pods file");
 }
 
 /// A memory cgroup with a limit, removed on drop: on cgroup v1 (hybrid hosts) under

@@ -44,7 +44,10 @@ fn writer_stuck_in_writeback_is_reported_once_and_cleared() {
     let stack: Vec<&str> = e["stack"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
     assert!(stack.iter().any(|f| f.starts_with("folio_wait")), "{stack:?}");
     assert!(
-        agent.metric(r#"kstall_hung_tasks{wait="writeback"}"#).unwrap_or(0.0) >= 1.0,
+        agent
+            .metric(r#"kstall_hung_tasks{container="",host="true",namespace="",pod="",wait="writeback",workload=""}"#)
+            .unwrap_or(0.0)
+            >= 1.0,
         "{}",
         agent.metrics()
     );

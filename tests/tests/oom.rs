@@ -70,46 +70,8 @@ fn memcg_oom_kill_is_reported_with_victim_cgroup_scope_and_rss() {
         "{k}"
     );
 
-    let series = r#"kstall_oom_kills_total{comm="python3",critical="false",scope="memcg"}"#;
+    // A test cgroup outside kubepods: a host process.
+    let series = r#"kstall_oom_kills_total{comm="python3",container="",critical="false",host="true",namespace="",pod="",scope="memcg",workload=""}"#;
     assert_eq!(agent.metric(series), Some(1.0), "{}", agent.metrics());
-    assert_eq!(agent.stop(), Some(0));
-}
-
-const POD_UID: &str = "5a0c1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
-const CONTAINER: &str = "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f9e8d";
-
-/// The victim's cgroup is a container of a pod in the systemd driver's layout, and in the
-/// cgroupfs driver's: the event names pod UID, container id and QoS class.
-#[test]
-fn oom_victim_is_attributed_to_its_pod_and_container() {
-    if !kernel_tests_can_run("oom_victim_is_attributed_to_its_pod_and_container") {
-        return;
-    }
-    let uid_ = POD_UID.replace('-', "_");
-    let layouts = [
-        (
-            format!(
-                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/cri-containerd-{CONTAINER}.scope"
-            ),
-            "burstable",
-        ),
-        (format!("kubepods/besteffort/pod{POD_UID}/{CONTAINER}"), "best_effort"),
-    ];
-    let mut agent = Agent::start(&[]);
-    let events = agent.subscribe();
-    for (path, qos) in &layouts {
-        let container = Cgroup::at(path);
-        // The agent walks the hierarchy every 5 s: let it see the new pod first.
-        std::thread::sleep(Duration::from_secs(6));
-        let pid = oom_kill_in(&container);
-        let kills =
-            events.collect(|e| e["kind"] == "oom_kill" && e["pid"] == pid, 1, Duration::from_secs(10));
-        assert_eq!(kills.len(), 1, "{path}: {kills:#?}");
-        let w = &kills[0]["workload"];
-        assert_eq!(w["type"], "container", "{path}: {}", kills[0]);
-        assert_eq!(w["pod_uid"], POD_UID, "{path}");
-        assert_eq!(w["container_id"], CONTAINER, "{path}");
-        assert_eq!(w["qos"], *qos, "{path}");
-    }
     assert_eq!(agent.stop(), Some(0));
 }

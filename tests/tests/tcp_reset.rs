@@ -63,10 +63,10 @@ fn redirect_scenario(test: &str, agent_args: &[&str], expected_hook: &str, loopb
     // The kernel's own count of redirected connections.
     assert_eq!(nat_rule_packets(&ns, iptables, 2049), CONNECTS as u64);
 
-    let series =
-        r#"kstall_tcp_resets_total{direction="sent",original_port="2049",port="15001",reason="NO_SOCKET"}"#;
+    // A test namespace is no pod's: the pod labels are empty and host is false.
+    let series = r#"kstall_tcp_resets_total{container="",direction="sent",host="false",namespace="",original_port="2049",pod="",port="15001",reason="NO_SOCKET",workload=""}"#;
     assert_eq!(agent.metric(series), Some(CONNECTS as f64), "{}", agent.metrics());
-    let series = r#"kstall_tcp_resets_total{direction="received",original_port="",port="2049",reason=""}"#;
+    let series = r#"kstall_tcp_resets_total{container="",direction="received",host="false",namespace="",original_port="",pod="",port="2049",reason="",workload=""}"#;
     assert_eq!(agent.metric(series), Some(CONNECTS as f64), "{}", agent.metrics());
     assert_eq!(agent.metric(r#"kstall_events_lost_total{probe="tcp-reset"}"#), Some(0.0));
     assert_eq!(agent.metric(r#"kstall_probe_up{probe="tcp-reset"}"#), Some(1.0));
@@ -126,8 +126,9 @@ fn plain_reset_in_root_netns_has_no_original_port() {
     for e in &sent {
         assert!(e["original_dst_port"].is_null(), "not redirected: {e}");
     }
+    // The host's namespace: "host network".
     let series = format!(
-        r#"kstall_tcp_resets_total{{direction="sent",original_port="",port="{port}",reason="NO_SOCKET"}}"#
+        r#"kstall_tcp_resets_total{{container="",direction="sent",host="true",namespace="",original_port="",pod="",port="{port}",reason="NO_SOCKET",workload=""}}"#
     );
     assert_eq!(agent.metric(&series), Some(n as f64), "{}", agent.metrics());
 }

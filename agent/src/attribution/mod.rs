@@ -106,6 +106,10 @@ pub enum Resolution {
 pub struct Index {
     pub by_cgroup: HashMap<u64, Arc<Attribution>>,
     pub by_netns: HashMap<u32, Arc<Attribution>>,
+    /// Namespaces of pods that are gone. The kernel reuses namespace inode numbers at once, so
+    /// an event in one is only attributed to the departed pod after a fresh walk found no live
+    /// pod in it (a namespace outlives its pod when, say, an NFS mount still holds it).
+    pub departed_netns: HashMap<u32, Arc<Attribution>>,
     /// Processes in pods' v1 cgroups: for nodes whose kubelet uses cgroup v1, where the v2 cgroup
     /// id of an event says nothing about the pod.
     pub by_process: HashMap<u32, Arc<Attribution>>,
@@ -147,7 +151,7 @@ impl Index {
             match self.by_netns.get(&netns) {
                 Some(a) => found(a),
                 None if netns == 0 => Resolution::Found(Arc::default()),
-                None => self.missing(Key::Netns(netns), None),
+                None => self.missing(Key::Netns(netns), self.departed_netns.get(&netns).cloned()),
             }
         }
     }

@@ -157,7 +157,7 @@ impl Resolver {
                         self.full_walk(now);
                         walked = true;
                     }
-                    self.netns.contains_key(&ino) || Some(ino) == self.host_netns
+                    self.netns.get(&ino).is_some_and(|n| n.gone_at.is_none()) || Some(ino) == self.host_netns
                 }
                 Key::Process(tgid) => match cgroup::workload_of_process(&self.settings.proc, tgid) {
                     Some(w) => {
@@ -191,6 +191,15 @@ impl Resolver {
 
     pub fn apply(&mut self, update: PodUpdate, now: Instant) {
         self.pods.apply(update, now);
+        // A deleted pod's namespace is about to be torn down and its inode number handed to the
+        // next pod's: stop trusting the mapping before the next walk.
+        for n in self.netns.values_mut() {
+            if let NetnsOwner::Pod(Workload::Pod { pod_uid, .. }) = &n.value
+                && self.pods.is_deleted(pod_uid)
+            {
+                n.gone_at.get_or_insert(now);
+            }
+        }
     }
 
     /// The snapshot the event path reads.
@@ -212,7 +221,11 @@ impl Resolver {
                 NetnsOwner::Pod(w) => attribution(w, Via::Netns),
                 NetnsOwner::Shared => Arc::new(Attribution { via: Via::Netns, ..Default::default() }),
             };
-            index.by_netns.insert(*ino, a);
+            if n.gone_at.is_some() {
+                index.departed_netns.insert(*ino, a);
+            } else {
+                index.by_netns.insert(*ino, a);
+            }
         }
         if let Some(host) = self.host_netns {
             let a = Attribution { host: true, host_network: true, via: Via::Netns, ..Default::default() };
@@ -562,11 +575,39 @@ mod tests {
         hung.header.cgroup_id = container;
         let late = found(&r.index(), &Decoder::new().decode(&bytes_of(&hung)).unwrap());
         assert_eq!((late.pod.as_str(), late.pod_phase), ("web-1", Some(PodPhase::Deleted)));
+        // (its namespace only once a walk has found no live pod in it: inode numbers are reused)
+        let Resolution::Missing { key, fallback: Some(departed) } = r.index().resolve(&reset_in(POD_NETNS))
+        else {
+            panic!()
+        };
+        assert_eq!(departed.pod, "web-1");
+        r.resolve(&HashSet::from([key]), t0 + Duration::from_secs(61));
         assert_eq!(found(&r.index(), &reset_in(POD_NETNS)).pod, "web-1");
         // ...until the retention time has passed.
         r.full_walk(t0 + Duration::from_secs(3700));
         assert!(r.pods().is_empty());
         assert!(matches!(r.index().resolve(&reset_in(POD_NETNS)), Resolution::Missing { .. }));
+    }
+
+    #[test]
+    fn a_reused_namespace_inode_belongs_to_the_new_pod() {
+        let node = Node::new();
+        let new_uid = "33333333-2222-4333-8444-555555555555";
+        node.cgroup(&systemd_container(UID, CID), &[100]);
+        node.process(100, Some(POD_NETNS));
+        let mut r = node.resolver(true);
+        let t0 = Instant::now();
+        r.full_walk(t0);
+        r.apply(PodUpdate::Snapshot(vec![meta(UID, "old"), meta(new_uid, "new")]), t0);
+        // The old pod is deleted; the kernel gives its namespace's inode to a new pod.
+        r.apply(PodUpdate::Delete { uid: UID.into() }, t0);
+        std::fs::remove_dir_all(node.path("v2/kubepods.slice")).unwrap();
+        std::fs::remove_dir_all(node.path("proc/100")).unwrap();
+        node.cgroup(&systemd_container(new_uid, CID), &[101]);
+        node.process(101, Some(POD_NETNS));
+        let Resolution::Missing { key, .. } = r.index().resolve(&reset_in(POD_NETNS)) else { panic!() };
+        r.resolve(&HashSet::from([key]), t0);
+        assert_eq!(found(&r.index(), &reset_in(POD_NETNS)).pod, "new");
     }
 
     #[test]

@@ -1,0 +1,252 @@
+//! Attribution against the real kernel: fake pods made of real cgroups (in each kubelet layout)
+//! and real network namespaces, a real reset in softirq context and a real memcg OOM kill from
+//! each, and a pods file for the names. The events must name the pod, its namespace, workload and
+//! container — also a minute after the pod was deleted.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use kstall_tests::{
+    Agent, Cgroup, EventStream, NetNs, PodProcess, closed_low_port, kernel_tests_can_run, pod_json,
+    refused_connects, write_pods_file,
+};
+use serde_json::Value;
+
+const LIMIT: u64 = 64 << 20;
+
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    SystemdV2,
+    CgroupfsV2,
+    /// A kubelet on cgroup v1: the pod's cgroups are in the v1 hierarchies; its processes' v2
+    /// cgroup says nothing about the pod.
+    CgroupfsV1,
+}
+
+struct FakePod {
+    uid: String,
+    container_id: String,
+    name: String,
+    qos: &'static str,
+}
+
+impl FakePod {
+    fn new(n: u32, name: &str, qos: &'static str) -> Self {
+        FakePod {
+            uid: format!("{n:08x}-7f3d-4c1a-9e8b-{:012x}", std::process::id()),
+            container_id: format!("{:064x}", u64::from(n) << 32 | u64::from(std::process::id())),
+            name: name.to_string(),
+            qos,
+        }
+    }
+
+    fn json(&self) -> Value {
+        pod_json(&self.uid, &self.name, &self.container_id)
+    }
+
+    /// The container's cgroup in `layout`.
+    fn container_cgroup(&self, layout: Layout) -> Cgroup {
+        let (uid, id) = (&self.uid, &self.container_id);
+        match layout {
+            Layout::SystemdV2 => Cgroup::at(&format!(
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{id}.scope",
+                uid.replace('-', "_")
+            )),
+            Layout::CgroupfsV2 => Cgroup::at(&format!("kubepods/besteffort/pod{uid}/{id}")),
+            Layout::CgroupfsV1 => Cgroup::v1_memory_at(&format!("kubepods/burstable/pod{uid}/{id}")),
+        }
+    }
+}
+
+/// A process that joins `procs` (after `delay`: on v1, the agent learns a pod's processes by
+/// walking) and allocates until the memcg OOM killer kills it; returns its pid.
+fn oom_kill(procs: &[&Path], delay: Duration) -> u32 {
+    let joins: String = procs.iter().map(|p| format!("echo $$ > {} && ", p.display())).collect();
+    let script = format!(
+        "{joins}exec python3 -c 'import time; time.sleep({}); x = [bytearray(8 << 20) for _ in range(64)]'",
+        delay.as_secs_f64()
+    );
+    let mut victim = Command::new("sh").args(["-c", &script]).spawn().expect("start the allocator");
+    let pid = victim.id();
+    let deadline = Instant::now() + Duration::from_secs(60) + delay;
+    loop {
+        if let Some(status) = victim.try_wait().unwrap() {
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(libc::SIGKILL),
+                "OOM-killed: {status}"
+            );
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "allocator still running after 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A memory limit for `container` when it is a v2 cgroup on a hybrid host (the limit lives in
+/// v1): a v1 memory cgroup, removed on drop.
+fn v1_limit_for(tag: &str) -> Cgroup {
+    let limit = Cgroup::v1_memory_at(&format!("kstall-{tag}-{}", std::process::id()));
+    std::fs::write(limit.path.join("memory.limit_in_bytes"), LIMIT.to_string()).expect("v1 limit");
+    limit
+}
+
+/// One reset, sent by the kernel in softirq context in `netns`: a connect to a closed port from a
+/// thread that is not in the pod's cgroup.
+fn reset_in(netns: &NetNs, events: &EventStream) -> Value {
+    // A port of its own per call, to tell this reset from earlier ones in the same namespace.
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(20_000);
+    let port = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    netns.run_inside(move || refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), 1));
+    let ino = netns.inode();
+    let resets = events.collect(
+        |e| {
+            e["kind"] == "tcp_reset"
+                && e["netns"] == ino
+                && e["direction"] == "sent"
+                && e["local_port"] == port
+        },
+        1,
+        Duration::from_secs(10),
+    );
+    assert_eq!(resets.len(), 1, "{resets:#?}");
+    resets[0].clone()
+}
+
+fn assert_names(e: &Value, pod: &FakePod, what: &str) {
+    assert_eq!(e["pod_uid"], pod.uid.as_str(), "{what}: {e}");
+    assert_eq!(e["pod"], pod.name.as_str(), "{what}: {e}");
+    assert_eq!(e["namespace"], "shop", "{what}: {e}");
+    assert_eq!(e["workload"], "Deployment/web", "{what}: {e}");
+    assert_eq!(e["host"], false, "{what}: {e}");
+}
+
+#[test]
+fn resets_and_oom_kills_name_their_pod_in_every_cgroup_layout() {
+    if !kernel_tests_can_run("resets_and_oom_kills_name_their_pod_in_every_cgroup_layout") {
+        return;
+    }
+    let layouts = [
+        (Layout::SystemdV2, FakePod::new(1, "web-5d8c7b9f4-sysd2", "burstable")),
+        (Layout::CgroupfsV2, FakePod::new(2, "web-5d8c7b9f4-cgfs2", "best_effort")),
+        (Layout::CgroupfsV1, FakePod::new(3, "web-5d8c7b9f4-cgfs1", "burstable")),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let pods_file = dir.path().join("pods.json");
+    write_pods_file(&pods_file, &layouts.iter().map(|(_, p)| p.json()).collect::<Vec<_>>());
+    let mut agent = Agent::start(&["--pods-file", pods_file.to_str().unwrap()]);
+    let events = agent.subscribe();
+
+    // The pods live side by side, as on a node (and a namespace's inode number is not handed
+    // to the next pod while the first one still exists).
+    let mut running = Vec::new();
+    for (layout, pod) in &layouts {
+        let what = format!("{layout:?}");
+        let container = pod.container_cgroup(*layout);
+        let netns = NetNs::new(&format!("attr{}", *layout as usize));
+        let sandbox = PodProcess::start(&netns, &container.procs());
+
+        // The reset: attributed by network namespace (its task is the test's, not the pod's).
+        let reset = reset_in(&netns, &events);
+        assert_names(&reset, pod, &what);
+        assert_eq!(reset["via"], "netns", "{what}: {reset}");
+        assert_eq!(reset["container"], "", "{what}: a namespace is the pod's, not one container's");
+
+        // The OOM kill: attributed by the victim's cgroup (v2) or its process (v1).
+        let (pid, via) = match layout {
+            Layout::CgroupfsV1 => {
+                std::fs::write(container.path.join("memory.limit_in_bytes"), LIMIT.to_string()).unwrap();
+                (oom_kill(&[&container.procs()], Duration::from_secs(6)), "process")
+            }
+            _ => {
+                let limit = v1_limit_for(&format!("attr-oom{}", *layout as usize));
+                (oom_kill(&[&container.procs(), &limit.procs()], Duration::ZERO), "cgroup")
+            }
+        };
+        let kills =
+            events.collect(|e| e["kind"] == "oom_kill" && e["pid"] == pid, 1, Duration::from_secs(10));
+        assert_eq!(kills.len(), 1, "{what}: {kills:#?}\n{}", agent.log());
+        let kill = &kills[0];
+        assert_names(kill, pod, &what);
+        assert_eq!(kill["via"], via, "{what}: {kill}");
+        assert_eq!(kill["container_id"], pod.container_id.as_str(), "{what}: {kill}");
+        assert_eq!(kill["container"], "app", "{what}: {kill}");
+        assert_eq!(kill["qos"], pod.qos, "{what}: {kill}");
+        // Dropped in this order: processes, then namespaces, then cgroups.
+        running.push((sandbox, netns, container));
+    }
+
+    // Metrics carry the same names.
+    let metrics = agent.metrics();
+    for (_, pod) in &layouts {
+        let labels = [
+            r#"host="false""#.to_string(),
+            r#"namespace="shop""#.to_string(),
+            format!(r#"pod="{}""#, pod.name),
+            r#"workload="Deployment/web""#.to_string(),
+        ];
+        for metric in ["kstall_oom_kills_total{", "kstall_tcp_resets_total{"] {
+            assert!(
+                metrics
+                    .lines()
+                    .any(|l| l.starts_with(metric) && labels.iter().all(|x| l.contains(x.as_str()))),
+                "{metric} {labels:?}:\n{metrics}"
+            );
+        }
+    }
+
+    // The host's namespace is every hostNetwork pod's and every node process's: "host network".
+    let port = closed_low_port();
+    refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), 1);
+    let host = events.collect(
+        |e| e["kind"] == "tcp_reset" && e["local_port"] == port && e["direction"] == "sent",
+        1,
+        Duration::from_secs(10),
+    );
+    assert_eq!(host.len(), 1, "{host:#?}");
+    assert_eq!(
+        (&host[0]["host"], &host[0]["host_network"], &host[0]["pod"]),
+        (&true.into(), &true.into(), &"".into())
+    );
+
+    // A namespace no pod lives in: sent without a pod, not guessed, and counted.
+    let stray = NetNs::new("attr-stray");
+    let e = reset_in(&stray, &events);
+    assert_eq!((&e["pod"], &e["host"]), (&"".into(), &false.into()), "{e}");
+    assert!(agent.metric(r#"kstall_events_unattributed_total{probe="tcp-reset"}"#).unwrap_or(0.0) >= 1.0);
+    assert_eq!(agent.stop(), Some(0));
+    drop(running);
+}
+
+/// Incident #1's pod is Terminating or gone while its stuck client still resets: a deleted pod
+/// keeps its name for the retention time (1 h by default).
+#[test]
+fn a_deleted_pod_is_still_named_a_minute_later() {
+    if !kernel_tests_can_run("a_deleted_pod_is_still_named_a_minute_later") {
+        return;
+    }
+    let pod = FakePod::new(4, "web-5d8c7b9f4-gone1", "burstable");
+    let dir = tempfile::tempdir().unwrap();
+    let pods_file = dir.path().join("pods.json");
+    write_pods_file(&pods_file, &[pod.json()]);
+    let mut agent = Agent::start(&["--pods-file", pods_file.to_str().unwrap()]);
+    let events = agent.subscribe();
+    let netns = NetNs::new("attr-gone");
+    {
+        let container = pod.container_cgroup(Layout::SystemdV2);
+        let _sandbox = PodProcess::start(&netns, &container.procs());
+        assert_names(&reset_in(&netns, &events), &pod, "before");
+    }
+    // The pod is deleted: gone from the API (the file), its processes and cgroups removed; only
+    // its network namespace lives on (held, as a stuck NFS client holds it).
+    write_pods_file(&pods_file, &[]);
+    std::thread::sleep(Duration::from_secs(61));
+    let late = reset_in(&netns, &events);
+    assert_names(&late, &pod, "a minute after deletion");
+    assert_eq!(late["pod_phase"], "deleted", "{late}");
+    assert_eq!(agent.stop(), Some(0));
+}
