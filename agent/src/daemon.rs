@@ -22,7 +22,7 @@ use crate::{
     attribution::{
         Attribution, Index, Key, Resolution,
         cgroup::Hierarchies,
-        pods,
+        pods::{self, Health},
         resolver::{self, Resolver},
     },
     config::{Config, PodMetadata},
@@ -91,18 +91,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let (events_tx, _) = broadcast::channel::<Arc<Event>>(SUBSCRIBER_BUFFER);
     let shutdown = CancellationToken::new();
     let statuses = Arc::new(Mutex::new(loaded.statuses.clone()));
+    let stop_intake = CancellationToken::new();
+    let attribution = start_attribution(&config, stop_intake.clone()).await;
     let state = Arc::new(AgentState {
         started: Instant::now(),
         kernel: kernel_release,
         probes: statuses.clone(),
         metrics: metrics.clone(),
         events: events_tx.clone(),
+        attribution: attribution.index.clone(),
+        pod_source: attribution.health.clone(),
+        retention: config.pod_retention,
     });
 
     let http_task = tokio::spawn(http::serve(http_listener, metrics.clone(), shutdown.clone()));
     let api_task =
         tokio::spawn(api::server::serve(api_listener, config.api_socket.clone(), state, shutdown.clone()));
-    let stop_intake = CancellationToken::new();
     let symbols = Arc::new(Symbols::default());
     let refresher = tokio::spawn(refresh_symbols(symbols.clone(), stop_intake.clone()));
     let mut decoder = loaded.decoder.clone();
@@ -116,7 +120,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         );
     }
     let hung = Arc::new(Mutex::new(HungTaskTracker::default()));
-    let (index, attribution_tasks, misses) = start_attribution(&config, stop_intake.clone()).await;
     let sweeper =
         tokio::spawn(sweep_hung_tasks(hung.clone(), metrics.clone(), events_tx.clone(), stop_intake.clone()));
     let record_raw = match &config.record_raw {
@@ -132,8 +135,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let reader = loaded.events.take().map(|ring| {
         let pipeline = Pipeline {
             decoder,
-            index,
-            misses,
+            index: attribution.index.clone(),
+            misses: attribution.misses.clone(),
+            pod_source: attribution.health.clone(),
             held: Held::default(),
             metrics: metrics.clone(),
             events: events_tx,
@@ -164,7 +168,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let _ = loss.await;
     }
     let _ = tokio::join!(sweeper, refresher);
-    for task in attribution_tasks {
+    for task in attribution.tasks {
         let _ = task.await;
     }
     drop(hung_task_timeout);
@@ -200,6 +204,7 @@ struct Pipeline {
     decoder: Decoder,
     index: watch::Receiver<Arc<Index>>,
     misses: mpsc::Sender<Key>,
+    pod_source: Health,
     held: Held,
     metrics: Arc<Metrics>,
     events: broadcast::Sender<Arc<Event>>,
@@ -273,6 +278,8 @@ impl Pipeline {
             self.index.mark_unchanged();
             self.held.asked.clear();
             self.held.gave_up.clear();
+            let index = self.index.borrow().clone();
+            self.metrics.set_attribution(&index, &self.pod_source.get());
         }
         if self.held.events.is_empty() {
             return;
@@ -327,10 +334,7 @@ impl Pipeline {
 
 /// Starts the resolver and the configured pod metadata source, after a first walk so that the
 /// first events already find the pods that exist.
-async fn start_attribution(
-    config: &Config,
-    stop: CancellationToken,
-) -> (watch::Receiver<Arc<Index>>, Vec<tokio::task::JoinHandle<()>>, mpsc::Sender<Key>) {
+async fn start_attribution(config: &Config, stop: CancellationToken) -> RunningAttribution {
     let settings = resolver::Settings {
         hierarchies: Hierarchies::for_this_host(),
         proc: "/proc".into(),
@@ -356,24 +360,40 @@ async fn start_attribution(
     let inputs = resolver::Inputs { pods: pods_rx, misses: misses_rx };
     let mut tasks = vec![tokio::spawn(resolver::run(resolver, inputs, index_tx, stop.clone()))];
     let labels = config.pod_labels.clone();
-    match &config.pod_metadata {
-        PodMetadata::None => {}
+    let health = match &config.pod_metadata {
+        PodMetadata::None => Health::new("none".into(), true),
         PodMetadata::File(path) => {
-            tasks.push(tokio::spawn(pods::file::watch(path.clone(), labels, pods_tx, stop)));
+            let health = Health::new(format!("file {}", path.display()), false);
+            tasks.push(tokio::spawn(pods::file::watch(path.clone(), labels, pods_tx, health.clone(), stop)));
+            health
         }
         PodMetadata::Api { kubeconfig } => {
             let (kubeconfig, node) = (kubeconfig.clone(), config.node_name.clone());
+            let health = Health::new(format!("api (node {node})"), false);
+            let source = health.clone();
             tasks.push(tokio::spawn(async move {
                 match pods::api::client(kubeconfig.as_deref()).await {
-                    Ok(client) => pods::api::watch_pods(client, node, labels, pods_tx, stop).await,
+                    Ok(client) => pods::api::watch_pods(client, node, labels, pods_tx, source, stop).await,
                     Err(e) => {
-                        tracing::warn!(error = %e, "no Kubernetes API: events carry pod UIDs, not names")
+                        let e = format!("{e:#}");
+                        tracing::warn!(error = %e, "no Kubernetes API: events carry pod UIDs, not names");
+                        source.set(false, Some(e));
                     }
                 }
             }));
+            health
         }
-    }
-    (index_rx, tasks, misses_tx)
+    };
+    RunningAttribution { index: index_rx, tasks, misses: misses_tx, health }
+}
+
+/// The running attribution: its index for the event path, its tasks, where misses go, and how
+/// its pod metadata source is doing.
+struct RunningAttribution {
+    index: watch::Receiver<Arc<Index>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    misses: mpsc::Sender<Key>,
+    health: Health,
 }
 
 /// Reads the ring buffer until intake stops, then drains what is left. Returns the number of

@@ -11,8 +11,8 @@ use std::{
 };
 
 use kstall_tests::{
-    Agent, Cgroup, EventStream, NetNs, PodProcess, closed_low_port, kernel_tests_can_run, pod_json,
-    refused_connects, write_pods_file,
+    Agent, Cgroup, EventStream, NetNs, PodProcess, closed_low_port, kernel_tests_can_run, own_netns_inode,
+    pod_json, refused_connects, write_pods_file,
 };
 use serde_json::Value;
 
@@ -180,6 +180,12 @@ fn resets_and_oom_kills_name_their_pod_in_every_cgroup_layout() {
         running.push((sandbox, netns, container));
     }
 
+    // `kstall status` says where the names come from.
+    let status = agent.status()["attribution"].clone();
+    assert_eq!(status["source"], format!("file {}", pods_file.display()), "{status}");
+    assert_eq!((&status["up"], &status["pods"]), (&true.into(), &3.into()), "{status}");
+    assert!(status["pod_namespaces"].as_u64().is_some_and(|n| n >= 3), "{status}");
+
     // Metrics carry the same names.
     let metrics = agent.metrics();
     for (_, pod) in &layouts {
@@ -203,7 +209,12 @@ fn resets_and_oom_kills_name_their_pod_in_every_cgroup_layout() {
     let port = closed_low_port();
     refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), 1);
     let host = events.collect(
-        |e| e["kind"] == "tcp_reset" && e["local_port"] == port && e["direction"] == "sent",
+        |e| {
+            e["kind"] == "tcp_reset"
+                && e["local_port"] == port
+                && e["direction"] == "sent"
+                && e["netns"] == own_netns_inode()
+        },
         1,
         Duration::from_secs(10),
     );

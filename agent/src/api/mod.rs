@@ -6,7 +6,7 @@ pub mod server;
 
 use serde::{Deserialize, Serialize};
 
-use crate::probes::ProbeStatus;
+use crate::{attribution::pods::SourceHealth, probes::ProbeStatus};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "request", rename_all = "snake_case")]
@@ -22,6 +22,19 @@ pub struct StatusReport {
     pub kernel: String,
     pub uptime_secs: u64,
     pub probes: Vec<ProbeReport>,
+    pub attribution: AttributionReport,
+}
+
+/// Where pod names come from and how much the agent knows.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct AttributionReport {
+    #[serde(flatten)]
+    pub source: SourceHealth,
+    pub pods: usize,
+    pub deleted_pods: usize,
+    pub retention_secs: u64,
+    pub cgroups: usize,
+    pub pod_namespaces: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -12,12 +12,17 @@ use std::{
 use tokio::{
     io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader},
     net::{UnixListener, UnixStream},
-    sync::broadcast,
+    sync::{broadcast, watch},
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{ErrorReply, ProbeReport, Request, StatusReport};
-use crate::{events::Event, export::metrics::Metrics, probes::ProbeStatus};
+use super::{AttributionReport, ErrorReply, ProbeReport, Request, StatusReport};
+use crate::{
+    attribution::{Index, pods::Health},
+    events::Event,
+    export::metrics::Metrics,
+    probes::ProbeStatus,
+};
 
 /// What the API reads from the running agent.
 pub struct AgentState {
@@ -27,6 +32,9 @@ pub struct AgentState {
     pub probes: std::sync::Arc<std::sync::Mutex<Vec<ProbeStatus>>>,
     pub metrics: Arc<Metrics>,
     pub events: broadcast::Sender<Arc<Event>>,
+    pub attribution: watch::Receiver<Arc<Index>>,
+    pub pod_source: Health,
+    pub retention: Duration,
 }
 
 impl AgentState {
@@ -46,6 +54,17 @@ impl AgentState {
                     lost: self.metrics.lost(&s.name),
                 })
                 .collect(),
+            attribution: {
+                let index = self.attribution.borrow();
+                AttributionReport {
+                    source: self.pod_source.get(),
+                    pods: index.pods,
+                    deleted_pods: index.deleted_pods,
+                    retention_secs: self.retention.as_secs(),
+                    cgroups: index.by_cgroup.len(),
+                    pod_namespaces: index.by_netns.values().filter(|a| a.pod_uid.is_some()).count(),
+                }
+            },
         }
     }
 }

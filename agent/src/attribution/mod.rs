@@ -120,6 +120,9 @@ pub struct Index {
     /// Keys the resolver looked for and did not find: events with them are not held again until
     /// the next full walk.
     pub unresolvable: HashSet<Key>,
+    /// Pods with metadata, of which `deleted_pods` are kept for the retention time.
+    pub pods: usize,
+    pub deleted_pods: usize,
 }
 
 impl Index {

@@ -27,6 +27,10 @@ const FULL_WALK_INTERVAL: Duration = Duration::from_secs(5);
 const MISS_BATCH: Duration = Duration::from_millis(20);
 /// Cgroups and namespaces remembered after they disappeared (for the retention time), at most.
 const MAX_REMEMBERED: usize = 100_000;
+/// How often each pod namespace's witness process is checked. The kernel hands a freed
+/// namespace's inode number to the next new namespace at once; a pod whose processes are gone
+/// stops owning its number within this time rather than at the next walk.
+const VERIFY_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -49,6 +53,13 @@ impl<T> Remembered<T> {
     }
 }
 
+/// A pod's network namespace and the process it was learned from.
+#[derive(Debug, Clone, PartialEq)]
+struct PodNetns {
+    owner: NetnsOwner,
+    witness: u32,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 enum NetnsOwner {
     Pod(Workload),
@@ -60,7 +71,7 @@ pub struct Resolver {
     settings: Settings,
     host_netns: Option<u32>,
     cgroups: HashMap<u64, Remembered<Workload>>,
-    netns: HashMap<u32, Remembered<NetnsOwner>>,
+    netns: HashMap<u32, Remembered<PodNetns>>,
     /// Processes in pods' v1 cgroups, as of the last walk (pids are reused: not remembered).
     processes: HashMap<u32, Workload>,
     pods: PodStore,
@@ -146,6 +157,19 @@ impl Resolver {
         }
     }
 
+    /// Marks namespaces whose witness process left them (or exited) as departed. Returns whether
+    /// anything changed.
+    pub fn verify(&mut self, now: Instant) -> bool {
+        let mut changed = false;
+        for (ino, n) in self.netns.iter_mut().filter(|(_, n)| n.gone_at.is_none()) {
+            if netns::of_process(&self.settings.proc, n.value.witness) != Some(*ino) {
+                n.gone_at = Some(now);
+                changed = true;
+            }
+        }
+        changed
+    }
+
     /// Answers misses. Unknown network namespaces cost one walk for all of them.
     pub fn resolve(&mut self, keys: &HashSet<Key>, now: Instant) {
         let mut walked = false;
@@ -194,7 +218,7 @@ impl Resolver {
         // A deleted pod's namespace is about to be torn down and its inode number handed to the
         // next pod's: stop trusting the mapping before the next walk.
         for n in self.netns.values_mut() {
-            if let NetnsOwner::Pod(Workload::Pod { pod_uid, .. }) = &n.value
+            if let NetnsOwner::Pod(Workload::Pod { pod_uid, .. }) = &n.value.owner
                 && self.pods.is_deleted(pod_uid)
             {
                 n.gone_at.get_or_insert(now);
@@ -211,13 +235,15 @@ impl Resolver {
                 || self.settings.hierarchies.v1_memory.as_ref().is_some_and(|v1| has_kubepods(v1)),
             metadata_source: self.settings.metadata_source,
             unresolvable: self.unresolvable.clone(),
+            pods: self.pods.len(),
+            deleted_pods: self.pods.deleted(),
             ..Index::default()
         };
         for (id, c) in &self.cgroups {
             index.by_cgroup.insert(*id, attribution(&c.value, Via::Cgroup));
         }
         for (ino, n) in &self.netns {
-            let a = match &n.value {
+            let a = match &n.value.owner {
                 NetnsOwner::Pod(w) => attribution(w, Via::Netns),
                 NetnsOwner::Shared => Arc::new(Attribution { via: Via::Netns, ..Default::default() }),
             };
@@ -271,7 +297,7 @@ fn has_kubepods(root: &std::path::Path) -> bool {
 /// process is in.
 #[derive(Default)]
 struct Learned {
-    netns: HashMap<u32, NetnsOwner>,
+    netns: HashMap<u32, PodNetns>,
     processes: HashMap<u32, Workload>,
     /// Pods whose namespace is known: one readable process per pod is enough.
     pods_done: HashSet<String>,
@@ -293,15 +319,17 @@ impl Learned {
         if self.pods_done.contains(pod_uid) {
             return;
         }
-        let Some(ino) = tgids.iter().find_map(|&t| netns::of_process(proc, t)) else { return };
+        let Some((witness, ino)) = tgids.iter().find_map(|&t| Some((t, netns::of_process(proc, t)?))) else {
+            return;
+        };
         self.pods_done.insert(pod_uid.clone());
-        match self.netns.get(&ino) {
-            Some(NetnsOwner::Pod(other)) if *other != pod => {
-                self.netns.insert(ino, NetnsOwner::Shared);
+        match self.netns.get_mut(&ino) {
+            Some(known) if matches!(&known.owner, NetnsOwner::Pod(other) if *other != pod) => {
+                known.owner = NetnsOwner::Shared;
             }
             Some(_) => {}
             None => {
-                self.netns.insert(ino, NetnsOwner::Pod(pod));
+                self.netns.insert(ino, PodNetns { owner: NetnsOwner::Pod(pod), witness });
             }
         }
     }
@@ -322,8 +350,11 @@ pub async fn run(
 ) {
     let mut tick = tokio::time::interval(FULL_WALK_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut verify_tick = tokio::time::interval(VERIFY_INTERVAL);
+    verify_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         enum Work {
+            Verify,
             Walk,
             Pods(Vec<PodUpdate>),
             Misses(HashSet<Key>),
@@ -331,6 +362,7 @@ pub async fn run(
         let work = tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => Work::Walk,
+            _ = verify_tick.tick() => Work::Verify,
             Some(update) = inputs.pods.recv() => {
                 let mut all = vec![update];
                 while let Ok(more) = inputs.pods.try_recv() {
@@ -350,12 +382,22 @@ pub async fn run(
         let started = Instant::now();
         let done = tokio::task::spawn_blocking(move || {
             let now = Instant::now();
-            match work {
-                Work::Walk => resolver.full_walk(now),
-                Work::Pods(updates) => updates.into_iter().for_each(|u| resolver.apply(u, now)),
-                Work::Misses(keys) => resolver.resolve(&keys, now),
-            }
-            let index = resolver.index();
+            let changed = match work {
+                Work::Verify => resolver.verify(now),
+                Work::Walk => {
+                    resolver.full_walk(now);
+                    true
+                }
+                Work::Pods(updates) => {
+                    updates.into_iter().for_each(|u| resolver.apply(u, now));
+                    true
+                }
+                Work::Misses(keys) => {
+                    resolver.resolve(&keys, now);
+                    true
+                }
+            };
+            let index = changed.then(|| resolver.index());
             (resolver, index)
         })
         .await;
@@ -367,6 +409,7 @@ pub async fn run(
             }
         };
         resolver = back;
+        let Some(index) = index else { continue };
         let took = started.elapsed();
         if took > Duration::from_secs(1) {
             tracing::warn!(took_ms = took.as_millis() as u64, "attribution update was slow");
@@ -608,6 +651,24 @@ mod tests {
         let Resolution::Missing { key, .. } = r.index().resolve(&reset_in(POD_NETNS)) else { panic!() };
         r.resolve(&HashSet::from([key]), t0);
         assert_eq!(found(&r.index(), &reset_in(POD_NETNS)).pod, "new");
+    }
+
+    #[test]
+    fn a_namespace_whose_pod_processes_left_is_departed_within_a_verify() {
+        let node = Node::new();
+        node.cgroup(&systemd_container(UID, CID), &[100]);
+        node.process(100, Some(POD_NETNS));
+        let mut r = node.resolver(false);
+        r.full_walk(Instant::now());
+        assert!(!r.verify(Instant::now()), "nothing changed");
+        std::fs::remove_dir_all(node.path("proc/100")).unwrap();
+        assert!(r.verify(Instant::now()));
+        let index = r.index();
+        assert!(!index.by_netns.contains_key(&POD_NETNS));
+        assert!(matches!(
+            index.resolve(&reset_in(POD_NETNS)),
+            Resolution::Missing { key: Key::Netns(POD_NETNS), fallback: Some(_) }
+        ));
     }
 
     #[test]

@@ -84,6 +84,16 @@ fn render(report: &StatusReport) -> String {
             out.push_str(&format!("{:<12} {:<6} {:>10} {:>8}  {note}\n", "", "", "", ""));
         }
     }
+    let a = &report.attribution;
+    let state = match (&a.source.error, a.source.up) {
+        (Some(error), _) => format!("down: {error}"),
+        (None, true) => "up".to_string(),
+        (None, false) => "starting".to_string(),
+    };
+    out.push_str(&format!(
+        "\nPODS  source {} ({state})\n      {} pods known, {} deleted kept for {}s · {} cgroups · {} pod network namespaces\n",
+        a.source.source, a.pods, a.deleted_pods, a.retention_secs, a.cgroups, a.pod_namespaces
+    ));
     out
 }
 
@@ -122,11 +132,28 @@ mod tests {
                     lost: 0,
                 },
             ],
+            attribution: crate::api::AttributionReport {
+                source: crate::attribution::pods::SourceHealth {
+                    source: "api (node node-a)".into(),
+                    up: false,
+                    error: Some("tcp connect error: Connection refused".into()),
+                },
+                pods: 31,
+                deleted_pods: 2,
+                retention_secs: 3600,
+                cgroups: 412,
+                pod_namespaces: 29,
+            },
         };
         let text = render(&report);
         assert!(text.contains("tcp-reset    up             12        0  tp_btf/tcp_send_reset"), "{text}");
         assert!(text.contains("original destination: conntrack"), "{text}");
         assert!(text.contains("other        down            0        0  BTF has no tracepoint x"), "{text}");
+        assert!(
+            text.contains("source api (node node-a) (down: tcp connect error: Connection refused)"),
+            "{text}"
+        );
+        assert!(text.contains("31 pods known, 2 deleted kept for 3600s"), "{text}");
     }
 
     #[test]

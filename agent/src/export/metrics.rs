@@ -7,7 +7,7 @@ use std::ops::RangeInclusive;
 use prometheus::{Encoder as _, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use crate::{
-    attribution::Attribution,
+    attribution::{Attribution, Index, pods::SourceHealth},
     events::{Event, Payload},
     hung_tasks::HungTaskTracker,
     probes::{
@@ -25,6 +25,8 @@ pub struct Metrics {
     decode_errors_total: IntCounterVec,
     subscriber_drops_total: IntCounterVec,
     unattributed_total: IntCounterVec,
+    pod_metadata_up: IntGauge,
+    attribution_pods: IntGaugeVec,
     tcp_resets_total: IntCounterVec,
     hung_tasks: IntGaugeVec,
     hung_tasks_total: IntCounterVec,
@@ -109,7 +111,25 @@ impl Metrics {
         )
         .expect("valid metric");
         registry.register(Box::new(nfs_server_responding.clone())).expect("unique metric");
+        let pod_metadata_up = IntGauge::new(
+            "kstall_pod_metadata_up",
+            "1 while the pod metadata source (Kubernetes API, pods file) is current, 0 while it is \
+             not (API unreachable, file unreadable): events then carry the names known before.",
+        )
+        .expect("valid metric");
+        registry.register(Box::new(pod_metadata_up.clone())).expect("unique metric");
+        let attribution_pods = IntGaugeVec::new(
+            Opts::new(
+                "kstall_attribution_pods",
+                "Pods whose names kstall knows: state=\"running\", or \"deleted\" (kept for the retention time).",
+            ),
+            &["state"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(attribution_pods.clone())).expect("unique metric");
         Self {
+            pod_metadata_up,
+            attribution_pods,
             nfs_server_responding,
             nfs_retransmits_total: event_counter(
                 &registry,
@@ -281,6 +301,12 @@ impl Metrics {
             self.hung_tasks.with_label_values(&labels).set(n);
         }
         self.hung_task_longest_blocked.set(tracker.longest_blocked_secs() as i64);
+    }
+
+    pub fn set_attribution(&self, index: &Index, source: &SourceHealth) {
+        self.pod_metadata_up.set(i64::from(source.up));
+        self.attribution_pods.with_label_values(&["running"]).set((index.pods - index.deleted_pods) as i64);
+        self.attribution_pods.with_label_values(&["deleted"]).set(index.deleted_pods as i64);
     }
 
     pub fn unattributed(&self, probe: &str) {

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{PodMeta, PodUpdate};
+use super::{Health, PodMeta, PodUpdate};
 
 /// A client from `kubeconfig` when given; else the pod's service account (in-cluster), which is
 /// how the agent runs as a DaemonSet; else the default kubeconfig (`$KUBECONFIG`,
@@ -55,6 +55,7 @@ pub async fn watch_pods(
     node: String,
     selected_labels: Vec<String>,
     updates: mpsc::Sender<PodUpdate>,
+    health: Health,
     stop: CancellationToken,
 ) {
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
@@ -77,6 +78,7 @@ pub async fn watch_pods(
                     debug!(%error, "pod watch expired, listing the pods again");
                 } else if !down {
                     down = true;
+                    health.set(false, Some(ErrorChain(&error).to_string()));
                     warn!(
                         error = %ErrorChain(&error),
                         "cannot watch pods on the Kubernetes API, keeping the pod metadata we have; retrying"
@@ -92,6 +94,9 @@ pub async fn watch_pods(
         if down {
             down = false;
             info!("reconnected to the Kubernetes API, watching pods again");
+        }
+        if matches!(event, Event::InitDone) || !health.get().up {
+            health.set(true, None);
         }
         let update = match event {
             Event::InitApply(pod) => {
@@ -454,7 +459,8 @@ mod tests {
             let client = client(Some(kubeconfig.path())).await.unwrap();
             let (tx, updates) = mpsc::channel(16);
             let stop = CancellationToken::new();
-            let task = tokio::spawn(watch_pods(client, "node-a".into(), labels(), tx, stop.clone()));
+            let health = Health::new("api".into(), false);
+            let task = tokio::spawn(watch_pods(client, "node-a".into(), labels(), tx, health, stop.clone()));
             Self { updates, stop, task, _kubeconfig: kubeconfig }
         }
 

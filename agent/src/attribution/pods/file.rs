@@ -12,7 +12,7 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{PodMeta, PodUpdate};
+use super::{Health, PodMeta, PodUpdate};
 
 /// How often the file is checked for a change (mtime, size, inode: catches in-place writes and
 /// the rename a ConfigMap update does).
@@ -64,6 +64,7 @@ pub async fn watch(
     path: PathBuf,
     selected_labels: Vec<String>,
     updates: mpsc::Sender<PodUpdate>,
+    health: Health,
     stop: CancellationToken,
 ) {
     let mut seen = None;
@@ -90,6 +91,7 @@ pub async fn watch(
                     tracing::warn!(path = %path.display(), "reading the pods file timed out; keeping the pods known");
                     failing = true;
                 }
+                health.set(false, Some("reading the file timed out".into()));
                 continue;
             }
         };
@@ -101,6 +103,7 @@ pub async fn watch(
                 tracing::info!(path = %path.display(), pods = pods.len(), "pods file loaded");
                 failing = false;
                 seen = at;
+                health.set(true, None);
                 if updates.send(PodUpdate::Snapshot(pods)).await.is_err() {
                     return;
                 }
@@ -110,6 +113,7 @@ pub async fn watch(
                 if seen != at || !failing {
                     tracing::warn!(error = %e, "keeping the pods known");
                 }
+                health.set(false, Some(e.to_string()));
                 failing = true;
                 seen = at;
             }
@@ -154,7 +158,8 @@ mod tests {
         write(vec![pod_json("u1", "a", "c1")]);
         let (tx, mut rx) = mpsc::channel(8);
         let stop = CancellationToken::new();
-        let task = tokio::spawn(watch(path.clone(), vec![], tx, stop.clone()));
+        let health = Health::new(format!("file {}", path.display()), false);
+        let task = tokio::spawn(watch(path.clone(), vec![], tx, health.clone(), stop.clone()));
         let next = async |rx: &mut mpsc::Receiver<PodUpdate>| {
             tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("an update").unwrap()
         };
@@ -165,9 +170,12 @@ mod tests {
         assert_eq!(second.len(), 2);
         std::fs::write(&path, "{ not json").unwrap();
         assert!(tokio::time::timeout(Duration::from_millis(1500), rx.recv()).await.is_err(), "no update");
+        let h = health.get();
+        assert!(!h.up && h.error.as_deref().is_some_and(|e| e.contains("is not the JSON")), "{h:?}");
         write(vec![pod_json("u3", "c", "c3")]);
         let PodUpdate::Snapshot(third) = next(&mut rx).await else { panic!() };
         assert_eq!(third[0].uid, "u3");
+        assert!(health.get().up);
         stop.cancel();
         task.await.unwrap();
     }

@@ -93,6 +93,38 @@ fn workload_of(pod: &Pod) -> String {
     format!("{}/{}", owner.kind, owner.name)
 }
 
+/// How the pod metadata source is doing: `kstall status` and `kstall_pod_metadata_up`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct SourceHealth {
+    /// `none`, `file <path>`, `api (node <name>)`.
+    pub source: String,
+    /// The source's view is current (the file parsed, the watch is running).
+    pub up: bool,
+    /// Why not, when not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Shared between a source (writer) and the API and metrics (readers).
+#[derive(Debug, Clone, Default)]
+pub struct Health(Arc<std::sync::Mutex<SourceHealth>>);
+
+impl Health {
+    pub fn new(source: String, up: bool) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(SourceHealth { source, up, error: None })))
+    }
+
+    pub fn set(&self, up: bool, error: Option<String>) {
+        let mut h = self.0.lock().expect("source health");
+        h.up = up;
+        h.error = error;
+    }
+
+    pub fn get(&self) -> SourceHealth {
+        self.0.lock().expect("source health").clone()
+    }
+}
+
 /// What a source tells the store.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PodUpdate {
@@ -186,6 +218,10 @@ impl PodStore {
 
     pub fn len(&self) -> usize {
         self.pods.len()
+    }
+
+    pub fn deleted(&self) -> usize {
+        self.pods.values().filter(|e| e.deleted_at.is_some()).count()
     }
 
     pub fn is_empty(&self) -> bool {
