@@ -280,6 +280,7 @@ impl Pipeline {
             self.held.gave_up.clear();
             let index = self.index.borrow().clone();
             self.metrics.set_attribution(&index, &self.pod_source.get());
+            self.metrics.forget_pods_except(&index.named_pods);
         }
         if self.held.events.is_empty() {
             return;

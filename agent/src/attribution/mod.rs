@@ -123,6 +123,8 @@ pub struct Index {
     /// Pods with metadata, of which `deleted_pods` are kept for the retention time.
     pub pods: usize,
     pub deleted_pods: usize,
+    /// (namespace, name) of every pod kstall can still name: the metrics of any other are removed.
+    pub named_pods: HashSet<(String, String)>,
 }
 
 impl Index {

@@ -27,6 +27,8 @@ const FULL_WALK_INTERVAL: Duration = Duration::from_secs(5);
 const MISS_BATCH: Duration = Duration::from_millis(20);
 /// Cgroups and namespaces remembered after they disappeared (for the retention time), at most.
 const MAX_REMEMBERED: usize = 100_000;
+/// A resolver step taking longer than this is reported as stuck.
+const STUCK_AFTER: Duration = Duration::from_secs(5);
 /// How often each pod namespace's witness process is checked. The kernel hands a freed
 /// namespace's inode number to the next new namespace at once; a pod whose processes are gone
 /// stops owning its number within this time rather than at the next walk.
@@ -237,6 +239,7 @@ impl Resolver {
             unresolvable: self.unresolvable.clone(),
             pods: self.pods.len(),
             deleted_pods: self.pods.deleted(),
+            named_pods: self.pods.names(),
             ..Index::default()
         };
         for (id, c) in &self.cgroups {
@@ -380,7 +383,7 @@ pub async fn run(
             }
         };
         let started = Instant::now();
-        let done = tokio::task::spawn_blocking(move || {
+        let mut job = tokio::task::spawn_blocking(move || {
             let now = Instant::now();
             let changed = match work {
                 Work::Verify => resolver.verify(now),
@@ -399,8 +402,19 @@ pub async fn run(
             };
             let index = changed.then(|| resolver.index());
             (resolver, index)
-        })
-        .await;
+        });
+        // A blocking read cannot be cancelled; say so while it lasts. Events keep flowing with
+        // the last index meanwhile (misses go out with what is known after their hold).
+        let done = match tokio::time::timeout(STUCK_AFTER, &mut job).await {
+            Ok(done) => done,
+            Err(_) => {
+                tracing::warn!(
+                    after_secs = STUCK_AFTER.as_secs(),
+                    "attribution is stuck reading cgroupfs or /proc; events use the pods known so far"
+                );
+                job.await
+            }
+        };
         let (back, index) = match done {
             Ok(done) => done,
             Err(e) => {
@@ -411,7 +425,7 @@ pub async fn run(
         resolver = back;
         let Some(index) = index else { continue };
         let took = started.elapsed();
-        if took > Duration::from_secs(1) {
+        if took > Duration::from_secs(1) && took < STUCK_AFTER {
             tracing::warn!(took_ms = took.as_millis() as u64, "attribution update was slow");
         }
         tracing::trace!(

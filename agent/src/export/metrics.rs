@@ -27,6 +27,7 @@ pub struct Metrics {
     unattributed_total: IntCounterVec,
     pod_metadata_up: IntGauge,
     attribution_pods: IntGaugeVec,
+    pod_series: std::sync::Mutex<PodSeries>,
     tcp_resets_total: IntCounterVec,
     hung_tasks: IntGaugeVec,
     hung_tasks_total: IntCounterVec,
@@ -128,6 +129,7 @@ impl Metrics {
         .expect("valid metric");
         registry.register(Box::new(attribution_pods.clone())).expect("unique metric");
         Self {
+            pod_series: std::sync::Mutex::default(),
             pod_metadata_up,
             attribution_pods,
             nfs_server_responding,
@@ -242,17 +244,17 @@ impl Metrics {
                 let port = self.port_label(port);
                 let labels =
                     [reset.direction.as_str(), &port, &original, reset.reason.as_deref().unwrap_or("")];
-                self.tcp_resets_total.with_label_values(&with_pod_labels(&labels, who)).inc();
+                self.inc(Family::TcpResets, &with_pod_labels(&labels, who), who);
             }
             Payload::HungTask(hung) => {
-                self.hung_tasks_total.with_label_values(&with_pod_labels(&[hung.wait.as_str()], who)).inc()
+                self.inc(Family::HungTasks, &with_pod_labels(&[hung.wait.as_str()], who), who)
             }
             Payload::HungTaskCleared(_) => {}
             Payload::Nfs(nfs) => self.observe_nfs(nfs, who),
             Payload::OomKill(kill) => {
                 let critical = if kill.critical { "true" } else { "false" };
                 let labels = [kill.scope.as_str(), event.header.comm.as_str(), critical];
-                self.oom_kills_total.with_label_values(&with_pod_labels(&labels, who)).inc()
+                self.inc(Family::OomKills, &with_pod_labels(&labels, who), who)
             }
         }
     }
@@ -269,24 +271,21 @@ impl Metrics {
             labels
         }
         match nfs.what {
-            What::Retransmit => self.nfs_retransmits_total.with_label_values(&server).inc(),
+            What::Retransmit => self.inc(Family::NfsRetransmits, &server, who),
             What::Timeout => {
-                self.nfs_timeouts_total.with_label_values(&server).inc();
-                self.nfs_server_responding.with_label_values(&server).set(0);
+                self.inc(Family::NfsTimeouts, &server, who);
+                self.set(Family::NfsResponding, &server, who, 0);
             }
-            What::ServerResponding => self.nfs_server_responding.with_label_values(&server).set(1),
+            What::ServerResponding => self.set(Family::NfsResponding, &server, who, 1),
             // A connect in progress is how every TCP connect starts, not an error.
             What::SocketConnect if nfs.error.is_none_or(|e| e == -libc::EINPROGRESS) => {}
             What::SocketConnect | What::SocketError => {
-                self.nfs_connect_errors_total.with_label_values(&with(&server, &error)).inc()
+                self.inc(Family::NfsConnectErrors, &with(&server, &error), who)
             }
-            What::SocketReset => {
-                self.nfs_connect_errors_total.with_label_values(&with(&server, "reset")).inc()
+            What::SocketReset => self.inc(Family::NfsConnectErrors, &with(&server, "reset"), who),
+            What::StateManagerFailed => {
+                self.inc(Family::NfsStateManager, &with(&server, nfs.procedure.as_deref().unwrap_or("")), who)
             }
-            What::StateManagerFailed => self
-                .nfs_state_manager_failures_total
-                .with_label_values(&with(&server, nfs.procedure.as_deref().unwrap_or("")))
-                .inc(),
         }
     }
 
@@ -301,6 +300,52 @@ impl Metrics {
             self.hung_tasks.with_label_values(&labels).set(n);
         }
         self.hung_task_longest_blocked.set(tracker.longest_blocked_secs() as i64);
+    }
+
+    fn inc(&self, family: Family, labels: &[&str], who: Option<&Attribution>) {
+        if let Some(counter) = self.counter(family) {
+            counter.with_label_values(labels).inc();
+            self.track(family, labels, who);
+        }
+    }
+
+    fn set(&self, family: Family, labels: &[&str], who: Option<&Attribution>, value: i64) {
+        if let Family::NfsResponding = family {
+            self.nfs_server_responding.with_label_values(labels).set(value);
+        }
+        self.track(family, labels, who);
+    }
+
+    fn counter(&self, family: Family) -> Option<&IntCounterVec> {
+        Some(match family {
+            Family::TcpResets => &self.tcp_resets_total,
+            Family::HungTasks => &self.hung_tasks_total,
+            Family::OomKills => &self.oom_kills_total,
+            Family::NfsRetransmits => &self.nfs_retransmits_total,
+            Family::NfsTimeouts => &self.nfs_timeouts_total,
+            Family::NfsConnectErrors => &self.nfs_connect_errors_total,
+            Family::NfsStateManager => &self.nfs_state_manager_failures_total,
+            Family::NfsResponding => return None,
+        })
+    }
+
+    /// Remembers a named pod's series, once, so they can go when the pod is forgotten.
+    fn track(&self, family: Family, labels: &[&str], who: Option<&Attribution>) {
+        let Some(who) = who.filter(|a| !a.pod.is_empty()) else { return };
+        self.pod_series.lock().expect("pod series").record(family, labels, who);
+    }
+
+    /// Removes the series of pods kstall no longer names (deleted longer than the retention
+    /// time): a node's pods churn, its metric series must not grow with them forever.
+    pub fn forget_pods_except(&self, named: &std::collections::HashSet<PodName>) {
+        let gone = self.pod_series.lock().expect("pod series").take_except(named);
+        for (family, labels) in gone {
+            let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+            let _ = match self.counter(family) {
+                Some(counter) => counter.remove_label_values(&labels),
+                None => self.nfs_server_responding.remove_label_values(&labels),
+            };
+        }
     }
 
     pub fn set_attribution(&self, index: &Index, source: &SourceHealth) {
@@ -341,6 +386,69 @@ impl Metrics {
         let mut out = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding");
         String::from_utf8(out).expect("prometheus text is UTF-8")
+    }
+}
+
+/// The metric families that carry pod labels (the hung-task gauge is rebuilt whole instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Family {
+    TcpResets,
+    HungTasks,
+    OomKills,
+    NfsRetransmits,
+    NfsTimeouts,
+    NfsConnectErrors,
+    NfsStateManager,
+    NfsResponding,
+}
+
+/// (namespace, pod).
+type PodName = (String, String);
+/// A metric family and the label values of one of its series.
+type Series = (Family, Vec<String>);
+
+/// Every series of every named pod.
+#[derive(Default)]
+struct PodSeries {
+    by_pod: std::collections::HashMap<PodName, Vec<Series>>,
+    /// Hashes of the series recorded: the event path pays a hash, not an allocation, for a
+    /// series it has seen.
+    seen: std::collections::HashSet<u64>,
+}
+
+impl PodSeries {
+    fn hash(family: Family, labels: &[&str]) -> u64 {
+        use std::hash::{Hash as _, Hasher as _};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        family.hash(&mut h);
+        labels.hash(&mut h);
+        h.finish()
+    }
+
+    fn record(&mut self, family: Family, labels: &[&str], who: &Attribution) {
+        if self.seen.insert(Self::hash(family, labels)) {
+            self.by_pod
+                .entry((who.namespace.clone(), who.pod.clone()))
+                .or_default()
+                .push((family, labels.iter().map(|l| l.to_string()).collect()));
+        }
+    }
+
+    fn take_except(
+        &mut self,
+        named: &std::collections::HashSet<(String, String)>,
+    ) -> Vec<(Family, Vec<String>)> {
+        let gone: Vec<(String, String)> =
+            self.by_pod.keys().filter(|k| !named.contains(*k)).cloned().collect();
+        let mut series = Vec::new();
+        for key in gone {
+            for (family, labels) in self.by_pod.remove(&key).unwrap_or_default() {
+                let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
+                self.seen.remove(&Self::hash(family, &refs));
+                series.push((family, labels));
+            }
+        }
+        series
     }
 }
 
@@ -455,6 +563,33 @@ mod tests {
         let refused = nfs("kstall_nfs_connect_errors_total", r#"error="ECONNREFUSED","#);
         assert!(text.contains(&format!("{refused}{server} 1")), "{text}");
         assert!(!text.contains("EINPROGRESS"), "a connect in progress is not an error: {text}");
+    }
+
+    #[test]
+    fn a_forgotten_pods_series_are_removed() {
+        let m = Metrics::new(32768..=60999);
+        let named = |pod: &str| {
+            let mut e = event(|_| {});
+            e.attribution = Some(std::sync::Arc::new(Attribution {
+                namespace: "shop".into(),
+                pod: pod.into(),
+                ..Default::default()
+            }));
+            e
+        };
+        m.observe(&named("web-1"));
+        m.observe(&named("web-1"));
+        m.observe(&named("web-2"));
+        assert!(m.render().contains(r#"pod="web-1""#));
+        let keep = std::collections::HashSet::from([("shop".to_string(), "web-2".to_string())]);
+        m.forget_pods_except(&keep);
+        let text = m.render();
+        assert!(!text.contains(r#"pod="web-1""#), "{text}");
+        assert!(text.contains(r#"pod="web-2""#), "{text}");
+        // A pod seen again after being forgotten is tracked again.
+        m.observe(&named("web-1"));
+        m.forget_pods_except(&keep);
+        assert!(!m.render().contains(r#"pod="web-1""#));
     }
 
     #[test]

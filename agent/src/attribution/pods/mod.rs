@@ -220,6 +220,11 @@ impl PodStore {
         self.pods.len()
     }
 
+    /// (namespace, name) of every pod in the store.
+    pub fn names(&self) -> std::collections::HashSet<(String, String)> {
+        self.pods.values().map(|e| (e.meta.namespace.clone(), e.meta.name.clone())).collect()
+    }
+
     pub fn deleted(&self) -> usize {
         self.pods.values().filter(|e| e.deleted_at.is_some()).count()
     }
