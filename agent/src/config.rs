@@ -73,6 +73,32 @@ pub struct AgentArgs {
     /// How long a deleted pod is still named on late events: 90s, 30m, 1h, 1d [default: 1h].
     #[arg(long, env = "KSTALL_POD_RETENTION", value_name = "DURATION")]
     pub pod_retention: Option<String>,
+    /// Destination ports whose redirected, reset connections are NFS captured by a proxy
+    /// [default: 2049,111,20048].
+    #[arg(long, env = "KSTALL_NFS_PORTS", value_name = "LIST", value_delimiter = ',')]
+    pub nfs_ports: Option<Vec<String>>,
+    /// Redirected NFS resets within --redirect-window that fire nfs-sidecar-redirect [default: 2].
+    #[arg(long, env = "KSTALL_REDIRECT_MIN_RESETS", value_name = "N")]
+    pub redirect_min_resets: Option<String>,
+    /// [default: 10m].
+    #[arg(long, env = "KSTALL_REDIRECT_WINDOW", value_name = "DURATION")]
+    pub redirect_window: Option<String>,
+    /// No redirected resets for this long (and RPCs completing) resolves nfs-sidecar-redirect
+    /// [default: 60s].
+    #[arg(long, env = "KSTALL_QUIET_WINDOW", value_name = "DURATION")]
+    pub quiet_window: Option<String>,
+    /// A pod's task hung this long fires pod-termination-blocked [default: 60s].
+    #[arg(long, env = "KSTALL_TERMINATION_BLOCKED_AFTER", value_name = "DURATION")]
+    pub termination_blocked_after: Option<String>,
+    /// OOM kills of one container within --oom-loop-window that fire container-oom-loop [default: 3].
+    #[arg(long, env = "KSTALL_OOM_LOOP_COUNT", value_name = "N")]
+    pub oom_loop_count: Option<String>,
+    /// [default: 1h].
+    #[arg(long, env = "KSTALL_OOM_LOOP_WINDOW", value_name = "DURATION")]
+    pub oom_loop_window: Option<String>,
+    /// How long system-oom keeps firing after the last global OOM kill [default: 10m].
+    #[arg(long, env = "KSTALL_SYSTEM_OOM_HOLD", value_name = "DURATION")]
+    pub system_oom_hold: Option<String>,
 }
 
 /// The file form: same settings, native TOML types. Unknown keys are errors (a typo must not be
@@ -96,6 +122,14 @@ struct FileConfig {
     node_name: Option<String>,
     pod_labels: Option<Vec<String>>,
     pod_retention: Option<String>,
+    nfs_ports: Option<Vec<String>>,
+    redirect_min_resets: Option<String>,
+    redirect_window: Option<String>,
+    quiet_window: Option<String>,
+    termination_blocked_after: Option<String>,
+    oom_loop_count: Option<String>,
+    oom_loop_window: Option<String>,
+    system_oom_hold: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +174,7 @@ pub struct Config {
     pub node_name: String,
     pub pod_labels: Vec<String>,
     pub pod_retention: Duration,
+    pub incidents: crate::incidents::Settings,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -280,7 +315,19 @@ impl Config {
             None => DEFAULT_POD_RETENTION,
         };
 
+        let incidents = incident_settings(&mut IncidentArgs {
+            nfs_ports: args.nfs_ports.or(file.nfs_ports),
+            redirect_min_resets: args.redirect_min_resets.or(file.redirect_min_resets),
+            redirect_window: args.redirect_window.or(file.redirect_window),
+            quiet_window: args.quiet_window.or(file.quiet_window),
+            termination_blocked_after: args.termination_blocked_after.or(file.termination_blocked_after),
+            oom_loop_count: args.oom_loop_count.or(file.oom_loop_count),
+            oom_loop_window: args.oom_loop_window.or(file.oom_loop_window),
+            system_oom_hold: args.system_oom_hold.or(file.system_oom_hold),
+        })?;
+
         Ok(Config {
+            incidents,
             pod_metadata,
             node_name,
             pod_labels,
@@ -300,6 +347,62 @@ impl Config {
 }
 
 const DEFAULT_POD_RETENTION: Duration = Duration::from_secs(3600);
+
+/// The incident thresholds and windows as given (flag, env or file).
+struct IncidentArgs {
+    nfs_ports: Option<Vec<String>>,
+    redirect_min_resets: Option<String>,
+    redirect_window: Option<String>,
+    quiet_window: Option<String>,
+    termination_blocked_after: Option<String>,
+    oom_loop_count: Option<String>,
+    oom_loop_window: Option<String>,
+    system_oom_hold: Option<String>,
+}
+
+fn incident_settings(a: &mut IncidentArgs) -> Result<crate::incidents::Settings, ConfigError> {
+    let mut s = crate::incidents::Settings::default();
+    let duration = |field: &'static str, v: &Option<String>, default: Duration| match v {
+        None => Ok(default),
+        Some(text) => parse_duration(text)
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| invalid(field, format!("{text:?} is not a duration like 90s, 30m, 1h"))),
+    };
+    let count = |field: &'static str, v: &Option<String>, default: u32, min: u32| match v {
+        None => Ok(default),
+        Some(text) => text
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|n| *n >= min)
+            .ok_or_else(|| invalid(field, format!("{text:?} is not a whole number of at least {min}"))),
+    };
+    if let Some(list) = a.nfs_ports.take() {
+        s.nfs_ports = list
+            .iter()
+            .map(|p| p.trim())
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                p.parse::<u16>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| invalid("nfs_ports", format!("{p:?} is not a port")))
+            })
+            .collect::<Result<_, _>>()?;
+        if s.nfs_ports.is_empty() {
+            return Err(invalid("nfs_ports", "no port given"));
+        }
+    }
+    s.redirect_min_resets = count("redirect_min_resets", &a.redirect_min_resets, s.redirect_min_resets, 1)?;
+    s.redirect_window = duration("redirect_window", &a.redirect_window, s.redirect_window)?;
+    s.quiet_window = duration("quiet_window", &a.quiet_window, s.quiet_window)?;
+    s.termination_blocked_after =
+        duration("termination_blocked_after", &a.termination_blocked_after, s.termination_blocked_after)?;
+    s.oom_loop_count = count("oom_loop_count", &a.oom_loop_count, s.oom_loop_count, 2)?;
+    s.oom_loop_window = duration("oom_loop_window", &a.oom_loop_window, s.oom_loop_window)?;
+    s.system_oom_hold = duration("system_oom_hold", &a.system_oom_hold, s.system_oom_hold)?;
+    Ok(s)
+}
 
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
@@ -471,6 +574,20 @@ mod tests {
                 "pod_labels",
             ),
             (AgentArgs { node_name: Some(" ".into()), ..Default::default() }, "node_name"),
+            (
+                AgentArgs { nfs_ports: Some(vec!["2049".into(), "70000".into()]), ..Default::default() },
+                "nfs_ports",
+            ),
+            (
+                AgentArgs { redirect_min_resets: Some("0".into()), ..Default::default() },
+                "redirect_min_resets",
+            ),
+            (AgentArgs { quiet_window: Some("soon".into()), ..Default::default() }, "quiet_window"),
+            (AgentArgs { oom_loop_count: Some("1".into()), ..Default::default() }, "oom_loop_count"),
+            (
+                AgentArgs { termination_blocked_after: Some("0s".into()), ..Default::default() },
+                "termination_blocked_after",
+            ),
         ];
         for (args, field) in cases {
             let err = resolve(args).expect_err(field);
@@ -501,6 +618,21 @@ mod tests {
             resolve(AgentArgs { pods_file: Some(bad.path().into()), ..Default::default() }).unwrap_err();
         assert_eq!(err.field, "pods_file");
         assert!(!err.to_string().contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn incident_thresholds() {
+        let c = resolve(AgentArgs {
+            nfs_ports: Some(vec!["2049".into(), " 20048".into()]),
+            termination_blocked_after: Some("5s".into()),
+            oom_loop_count: Some("4".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.incidents.nfs_ports, [2049, 20048]);
+        assert_eq!(c.incidents.termination_blocked_after, Duration::from_secs(5));
+        assert_eq!(c.incidents.oom_loop_count, 4);
+        assert_eq!(c.incidents.quiet_window, Duration::from_secs(60));
     }
 
     #[test]

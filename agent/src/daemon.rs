@@ -29,6 +29,7 @@ use crate::{
     events::{Decoder, Event, Payload},
     export::{http, metrics::Metrics},
     hung_tasks::{self, HungTaskTracker},
+    incidents::engine::Engine,
     kernel,
     probes::{self, hung_task},
     symbols::Symbols,
@@ -48,6 +49,8 @@ const SYMBOLS_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
 const ATTRIBUTION_HOLD: Duration = Duration::from_millis(100);
 /// How often held events are looked at again.
 const HOLD_CHECK_INTERVAL: Duration = Duration::from_millis(20);
+/// How often the incident signatures are evaluated.
+const INCIDENT_EVALUATION_INTERVAL: Duration = Duration::from_secs(1);
 /// Events held at once at most; beyond it they go out with what is known at once.
 const MAX_HELD: usize = 10_000;
 /// How often to look for the kernel modules probes wait for (sunrpc, nfsv4, nf_conntrack).
@@ -93,6 +96,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let statuses = Arc::new(Mutex::new(loaded.statuses.clone()));
     let stop_intake = CancellationToken::new();
     let attribution = start_attribution(&config, stop_intake.clone()).await;
+    let incidents = Arc::new(Mutex::new(Engine::new(config.node_name.clone(), &config.incidents)));
     let state = Arc::new(AgentState {
         started: Instant::now(),
         kernel: kernel_release,
@@ -102,11 +106,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         attribution: attribution.index.clone(),
         pod_source: attribution.health.clone(),
         retention: config.pod_retention,
+        incidents: incidents.clone(),
     });
 
-    let http_task = tokio::spawn(http::serve(http_listener, metrics.clone(), shutdown.clone()));
+    let http_task = tokio::spawn(http::serve(http_listener, state.clone(), shutdown.clone()));
     let api_task =
         tokio::spawn(api::server::serve(api_listener, config.api_socket.clone(), state, shutdown.clone()));
+    let evaluator = tokio::spawn(evaluate_incidents(incidents.clone(), metrics.clone(), stop_intake.clone()));
     let symbols = Arc::new(Symbols::default());
     let refresher = tokio::spawn(refresh_symbols(symbols.clone(), stop_intake.clone()));
     let mut decoder = loaded.decoder.clone();
@@ -120,8 +126,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         );
     }
     let hung = Arc::new(Mutex::new(HungTaskTracker::default()));
-    let sweeper =
-        tokio::spawn(sweep_hung_tasks(hung.clone(), metrics.clone(), events_tx.clone(), stop_intake.clone()));
+    let sweeper = tokio::spawn(sweep_hung_tasks(
+        hung.clone(),
+        metrics.clone(),
+        incidents.clone(),
+        events_tx.clone(),
+        stop_intake.clone(),
+    ));
     let record_raw = match &config.record_raw {
         Some(path) => Some(std::io::BufWriter::new(
             std::fs::OpenOptions::new()
@@ -142,6 +153,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             metrics: metrics.clone(),
             events: events_tx,
             hung,
+            incidents,
             record_raw,
         };
         tokio::spawn(read_events(ring, pipeline, stop_intake.clone()))
@@ -167,7 +179,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(loss) = loss {
         let _ = loss.await;
     }
-    let _ = tokio::join!(sweeper, refresher);
+    let _ = tokio::join!(sweeper, refresher, evaluator);
     for task in attribution.tasks {
         let _ = task.await;
     }
@@ -209,6 +221,7 @@ struct Pipeline {
     metrics: Arc<Metrics>,
     events: broadcast::Sender<Arc<Event>>,
     hung: Arc<Mutex<HungTaskTracker>>,
+    incidents: Arc<Mutex<Engine>>,
     record_raw: Option<std::io::BufWriter<std::fs::File>>,
 }
 
@@ -321,6 +334,7 @@ impl Pipeline {
             }
         }
         self.metrics.observe(&event);
+        self.incidents.lock().expect("incident engine").observe(&event);
         // No subscriber is not an error.
         let _ = self.events.send(Arc::new(event));
     }
@@ -395,6 +409,29 @@ struct RunningAttribution {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     misses: mpsc::Sender<Key>,
     health: Health,
+}
+
+/// Asks the signatures what fires, once a second; logs what started and what ended.
+async fn evaluate_incidents(engine: Arc<Mutex<Engine>>, metrics: Arc<Metrics>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(INCIDENT_EVALUATION_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
+                as u64;
+        let mut engine = engine.lock().expect("incident engine");
+        let changes = engine.evaluate(now);
+        for i in &changes.fired {
+            tracing::warn!(id = %i.id, severity = i.severity.as_str(), namespace = %i.namespace, pod = %i.pod, summary = %i.summary, "incident firing");
+        }
+        for i in &changes.resolved {
+            tracing::info!(id = %i.id, "incident resolved");
+        }
+        metrics.set_incidents(engine.firing(), &changes.fired, &engine.evictions());
+    }
 }
 
 /// Reads the ring buffer until intake stops, then drains what is left. Returns the number of
@@ -489,6 +526,7 @@ async fn poll_losses(lost: PerCpuArray<MapData, u64>, metrics: Arc<Metrics>, sto
 async fn sweep_hung_tasks(
     hung: Arc<Mutex<HungTaskTracker>>,
     metrics: Arc<Metrics>,
+    incidents: Arc<Mutex<Engine>>,
     events: broadcast::Sender<Arc<Event>>,
     stop: CancellationToken,
 ) {
@@ -517,6 +555,7 @@ async fn sweep_hung_tasks(
                 as u64;
         let mut tracker = hung.lock().expect("hung-task tracker");
         for event in tracker.clear(&states, now) {
+            incidents.lock().expect("incident engine").observe(&event);
             let _ = events.send(Arc::new(event));
         }
         metrics.set_hung_tasks(&tracker);

@@ -9,6 +9,7 @@ mod daemon;
 pub mod events;
 pub mod export;
 pub mod hung_tasks;
+pub mod incidents;
 mod kernel;
 pub mod kernel_btf;
 pub mod probes;

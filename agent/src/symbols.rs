@@ -136,6 +136,18 @@ impl Stack {
         })
     }
 
+    /// A stack of these functions (innermost first), for tests.
+    #[cfg(test)]
+    pub fn from_names(names: &[&str]) -> Stack {
+        let text: String = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("{:x} T {n}\n", 0xffff_ffff_8100_0000u64 + i as u64 * 0x100))
+            .collect();
+        let addrs: Vec<u64> = (0..names.len()).map(|i| 0xffff_ffff_8100_0010 + i as u64 * 0x100).collect();
+        Symbols::from_table(SymbolTable::parse(&text)).stack(&addrs)
+    }
+
     /// Drops innermost frames while `pred(name, module)` holds (e.g. the probe's own frames).
     pub fn trim_innermost(&mut self, pred: impl Fn(&str, Option<&str>) -> bool) {
         let keep_from = self

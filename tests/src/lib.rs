@@ -229,6 +229,26 @@ impl Agent {
         self.request(r#"{"request":"status"}"#).expect("status")
     }
 
+    /// The agent's incidents (firing first, then resolved).
+    pub fn incidents(&self) -> Vec<Value> {
+        let report = self.request(r#"{"request":"incidents"}"#).expect("incidents");
+        report["incidents"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Polls the incidents until one matches `pred` (or `timeout`).
+    pub fn wait_incident(&self, pred: impl Fn(&Value) -> bool, timeout: Duration) -> Option<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(found) = self.incidents().into_iter().find(|i| pred(i)) {
+                return Some(found);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(250));
+        }
+    }
+
     /// Subscribes to the agent's event stream; events are collected in the background.
     pub fn subscribe(&self) -> EventStream {
         let mut stream = UnixStream::connect(&self.socket).expect("API socket");

@@ -6,7 +6,7 @@ pub mod server;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{attribution::pods::SourceHealth, probes::ProbeStatus};
+use crate::{attribution::pods::SourceHealth, incidents::Incident, probes::ProbeStatus};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "request", rename_all = "snake_case")]
@@ -14,6 +14,13 @@ pub enum Request {
     Status,
     /// Every decoded event as it arrives (unfiltered; `kstall trace` builds on this).
     Events,
+    /// Firing incidents, then recently resolved ones: `{"incidents": [...]}`.
+    Incidents,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct IncidentsReport {
+    pub incidents: Vec<Incident>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

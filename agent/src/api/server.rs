@@ -16,11 +16,12 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{AttributionReport, ErrorReply, ProbeReport, Request, StatusReport};
+use super::{AttributionReport, ErrorReply, IncidentsReport, ProbeReport, Request, StatusReport};
 use crate::{
     attribution::{Index, pods::Health},
     events::Event,
     export::metrics::Metrics,
+    incidents::engine::Engine,
     probes::ProbeStatus,
 };
 
@@ -35,9 +36,14 @@ pub struct AgentState {
     pub attribution: watch::Receiver<Arc<Index>>,
     pub pod_source: Health,
     pub retention: Duration,
+    pub incidents: Arc<std::sync::Mutex<Engine>>,
 }
 
 impl AgentState {
+    pub fn incidents(&self) -> IncidentsReport {
+        IncidentsReport { incidents: self.incidents.lock().expect("incident engine").incidents() }
+    }
+
     pub fn status(&self) -> StatusReport {
         StatusReport {
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -122,6 +128,7 @@ async fn handle(stream: UnixStream, state: Arc<AgentState>, shutdown: Cancellati
     let result = match request {
         Ok(Request::Status) => write_json(&mut write, &state.status()).await,
         Ok(Request::Events) => stream_events(&mut write, &state, &shutdown).await,
+        Ok(Request::Incidents) => write_json(&mut write, &state.incidents()).await,
         Err(e) => write_json(&mut write, &ErrorReply { error: format!("bad request: {e}") }).await,
     };
     if let Err(e) = result {

@@ -1,4 +1,4 @@
-//! `/metrics` (Prometheus text format) and `/healthz`.
+//! `/metrics` (Prometheus text format), `/healthz`, and `/api/v1/incidents` (JSON).
 
 use std::sync::Arc;
 
@@ -6,18 +6,24 @@ use axum::{Router, extract::State, http::header, response::IntoResponse, routing
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::Metrics;
+use crate::api::server::AgentState;
 
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+pub async fn serve(listener: TcpListener, state: Arc<AgentState>, shutdown: CancellationToken) {
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok\n" }))
-        .with_state(metrics);
+        .route("/api/v1/incidents", get(incidents_handler))
+        .with_state(state);
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
         tracing::error!(error = %e, "metrics server failed");
     }
 }
 
-async fn metrics_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], metrics.render())
+async fn metrics_handler(State(state): State<Arc<AgentState>>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render())
+}
+
+async fn incidents_handler(State(state): State<Arc<AgentState>>) -> impl IntoResponse {
+    let body = serde_json::to_string(&state.incidents()).unwrap_or_else(|e| format!(r#"{{"error":"{e}"}}"#));
+    ([(header::CONTENT_TYPE, "application/json")], body)
 }

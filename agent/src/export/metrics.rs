@@ -10,6 +10,7 @@ use crate::{
     attribution::{Attribution, Index, pods::SourceHealth},
     events::{Event, Payload},
     hung_tasks::HungTaskTracker,
+    incidents::Incident,
     probes::{
         ProbeStatus,
         nfs::{Nfs, What},
@@ -28,6 +29,9 @@ pub struct Metrics {
     pod_metadata_up: IntGauge,
     attribution_pods: IntGaugeVec,
     pod_series: std::sync::Mutex<PodSeries>,
+    incident_active: IntGaugeVec,
+    incidents_total: IntCounterVec,
+    incident_evictions_total: IntCounterVec,
     tcp_resets_total: IntCounterVec,
     hung_tasks: IntGaugeVec,
     hung_tasks_total: IntCounterVec,
@@ -128,7 +132,26 @@ impl Metrics {
         )
         .expect("valid metric");
         registry.register(Box::new(attribution_pods.clone())).expect("unique metric");
+        let incident_active = IntGaugeVec::new(
+            Opts::new("kstall_incident_active", "1 while an incident of this signature fires for this pod."),
+            &["signature", "severity", "namespace", "pod"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(incident_active.clone())).expect("unique metric");
         Self {
+            incident_active,
+            incidents_total: counter(
+                &registry,
+                "kstall_incidents_total",
+                "Incidents that started firing, by signature and severity.",
+                &["signature", "severity"],
+            ),
+            incident_evictions_total: counter(
+                &registry,
+                "kstall_incident_state_evictions_total",
+                "Per-key incident state dropped because a signature's cap was reached.",
+                &["signature"],
+            ),
             pod_series: std::sync::Mutex::default(),
             pod_metadata_up,
             attribution_pods,
@@ -352,6 +375,28 @@ impl Metrics {
         self.pod_metadata_up.set(i64::from(source.up));
         self.attribution_pods.with_label_values(&["running"]).set((index.pods - index.deleted_pods) as i64);
         self.attribution_pods.with_label_values(&["deleted"]).set(index.deleted_pods as i64);
+    }
+
+    /// After an evaluation: the firing set as gauges, new incidents counted.
+    pub fn set_incidents<'a>(
+        &self,
+        firing: impl Iterator<Item = &'a Incident>,
+        fired: &[Incident],
+        evictions: &[(&str, u64)],
+    ) {
+        self.incident_active.reset();
+        for i in firing {
+            self.incident_active
+                .with_label_values(&[&i.signature, i.severity.as_str(), &i.namespace, &i.pod])
+                .set(1);
+        }
+        for i in fired {
+            self.incidents_total.with_label_values(&[&i.signature, i.severity.as_str()]).inc();
+        }
+        for (signature, total) in evictions {
+            let c = self.incident_evictions_total.with_label_values(&[signature]);
+            c.inc_by(total.saturating_sub(c.get()));
+        }
     }
 
     pub fn unattributed(&self, probe: &str) {

@@ -1,0 +1,183 @@
+//! Turns the signatures' findings into incidents: a stable id per (signature, node, key), `firing`
+//! until the signature stops reporting it, then `resolved` (kept a while as history), and links
+//! between incidents that explain one another.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::{Finding, Incident, Settings, Signature, State, signatures};
+use crate::events::Event;
+
+/// Resolved incidents kept for the API.
+const HISTORY: usize = 1000;
+
+pub struct Engine {
+    node: String,
+    signatures: Vec<Box<dyn Signature>>,
+    firing: HashMap<String, Incident>,
+    resolved: VecDeque<Incident>,
+}
+
+/// What one evaluation changed.
+#[derive(Debug, Default)]
+pub struct Changes {
+    pub fired: Vec<Incident>,
+    pub resolved: Vec<Incident>,
+}
+
+impl Engine {
+    pub fn new(node: String, settings: &Settings) -> Self {
+        Self::with(node, signatures::all(settings))
+    }
+
+    pub fn with(node: String, signatures: Vec<Box<dyn Signature>>) -> Self {
+        Self { node, signatures, firing: HashMap::new(), resolved: VecDeque::new() }
+    }
+
+    /// Takes one attributed event (on the event path: each signature's work is a map update).
+    pub fn observe(&mut self, event: &Event) {
+        for s in &mut self.signatures {
+            s.observe(event);
+        }
+    }
+
+    pub fn evaluate(&mut self, now_unix_ns: u64) -> Changes {
+        let mut current: HashMap<String, Incident> = HashMap::new();
+        for s in &mut self.signatures {
+            for finding in s.evaluate(now_unix_ns) {
+                let incident = incident(&self.node, s.name(), finding);
+                current.insert(incident.id.clone(), incident);
+            }
+        }
+        link_related(&mut current);
+        let reported: std::collections::HashSet<String> = current.keys().cloned().collect();
+        let mut changes = Changes::default();
+        for (id, mut incident) in current {
+            match self.firing.get(&id) {
+                Some(known) => {
+                    incident.first_seen_unix_ns = known.first_seen_unix_ns.min(incident.first_seen_unix_ns)
+                }
+                None => changes.fired.push(incident.clone()),
+            }
+            self.firing.insert(id, incident);
+        }
+        let gone: Vec<String> = self.firing.keys().filter(|id| !reported.contains(*id)).cloned().collect();
+        for id in gone {
+            if let Some(mut incident) = self.firing.remove(&id) {
+                incident.state = State::Resolved;
+                incident.resolved_unix_ns = Some(now_unix_ns);
+                changes.resolved.push(incident.clone());
+                if self.resolved.len() >= HISTORY {
+                    self.resolved.pop_back();
+                }
+                self.resolved.push_front(incident);
+            }
+        }
+        changes
+    }
+
+    /// Firing incidents first (most severe, then oldest), then resolved ones, newest first.
+    pub fn incidents(&self) -> Vec<Incident> {
+        let mut firing: Vec<Incident> = self.firing.values().cloned().collect();
+        firing.sort_by(|a, b| {
+            b.severity.cmp(&a.severity).then(a.first_seen_unix_ns.cmp(&b.first_seen_unix_ns))
+        });
+        firing.extend(self.resolved.iter().cloned());
+        firing
+    }
+
+    pub fn firing(&self) -> impl Iterator<Item = &Incident> {
+        self.firing.values()
+    }
+
+    /// Per-signature state evictions (caps reached), for `kstall_incident_state_evictions_total`.
+    pub fn evictions(&self) -> Vec<(&'static str, u64)> {
+        self.signatures.iter().map(|s| (s.name(), s.evicted())).collect()
+    }
+}
+
+fn incident(node: &str, signature: &str, f: Finding) -> Incident {
+    Incident {
+        id: format!("{signature}/{node}/{}", f.key),
+        signature: signature.to_string(),
+        severity: f.severity,
+        state: State::Firing,
+        first_seen_unix_ns: f.first_seen_unix_ns,
+        last_seen_unix_ns: f.last_seen_unix_ns,
+        resolved_unix_ns: None,
+        node: node.to_string(),
+        namespace: f.who.namespace.clone(),
+        pod: f.who.pod.clone(),
+        container: f.who.container.clone(),
+        workload: f.who.workload.clone(),
+        pod_uid: f.who.pod_uid.clone(),
+        summary: f.summary,
+        evidence: f.evidence,
+        remediation: f.remediation,
+        related: Vec::new(),
+    }
+}
+
+/// A pod that cannot terminate is explained by an NFS incident of the same pod.
+fn link_related(incidents: &mut HashMap<String, Incident>) {
+    let explaining: Vec<(String, Option<String>)> = incidents
+        .values()
+        .filter(|i| i.signature != signatures::pod_termination_blocked::NAME)
+        .map(|i| (i.id.clone(), i.pod_uid.clone()))
+        .collect();
+    for incident in
+        incidents.values_mut().filter(|i| i.signature == signatures::pod_termination_blocked::NAME)
+    {
+        incident.related = explaining
+            .iter()
+            .filter(|(_, uid)| uid.is_some() && *uid == incident.pod_uid)
+            .map(|(id, _)| id.clone())
+            .collect();
+        incident.related.sort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        incidents::{
+            Severity,
+            signatures::{nfs_sidecar_redirect, pod_termination_blocked, tests::*},
+        },
+        probes::hung_task::WaitClass,
+    };
+
+    #[test]
+    fn an_incident_fires_once_links_its_cause_and_resolves() {
+        let mut engine = Engine::new("node-a".into(), &Settings::default());
+        let who = pod("u1", "web-1");
+        engine.observe(&hung(100 * SEC, 4243, WaitClass::Nfs, 120, &who));
+        engine.observe(&redirected_reset(101 * SEC, 2049, &who));
+        engine.observe(&redirected_reset(102 * SEC, 2049, &who));
+        let changes = engine.evaluate(103 * SEC);
+        let mut fired: Vec<&str> = changes.fired.iter().map(|i| i.signature.as_str()).collect();
+        fired.sort();
+        assert_eq!(fired, [nfs_sidecar_redirect::NAME, pod_termination_blocked::NAME]);
+        let blocked = changes.fired.iter().find(|i| i.signature == pod_termination_blocked::NAME).unwrap();
+        assert_eq!(blocked.related, ["nfs-sidecar-redirect/node-a/netns-4026532999"]);
+        let redirect = changes.fired.iter().find(|i| i.signature == nfs_sidecar_redirect::NAME).unwrap();
+        assert_eq!((redirect.namespace.as_str(), redirect.pod.as_str()), ("shop", "web-1"));
+        assert_eq!(redirect.severity, Severity::Critical);
+
+        // Still firing: nothing new, nothing resolved.
+        let again = engine.evaluate(104 * SEC);
+        assert!(again.fired.is_empty() && again.resolved.is_empty(), "{again:?}");
+        assert_eq!(engine.firing().count(), 2);
+
+        // The writer finishes, the server answers, resets stop: both resolve.
+        engine.observe(&nfs(110 * SEC, crate::probes::nfs::What::ServerResponding, &who));
+        engine.observe(&cleared(111 * SEC, 4243, &who));
+        let done = engine.evaluate(200 * SEC);
+        assert_eq!(done.resolved.len(), 2, "{done:?}");
+        assert!(
+            done.resolved.iter().all(|i| i.state == State::Resolved && i.resolved_unix_ns == Some(200 * SEC))
+        );
+        assert_eq!(engine.firing().count(), 0);
+        assert_eq!(engine.incidents().len(), 2, "kept as history");
+    }
+}

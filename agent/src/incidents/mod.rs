@@ -1,0 +1,154 @@
+//! Incidents: the step people took by hand in ../shared/INCIDENTS.md — put the reset, the RPC
+//! timeouts and the stuck task side by side, see one cause, and know the safe way out.
+//!
+//! Each signature ([`signatures`]) keeps its own per-key state from the attributed event stream
+//! and says, when asked, what fires now ([`Finding`]). The [`engine`] turns findings into
+//! incidents with stable ids, states (`firing` -> `resolved`) and links between them.
+
+pub mod engine;
+pub mod keyed;
+pub mod signatures;
+
+use std::{sync::Arc, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{attribution::Attribution, events::Event};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Warning,
+    Critical,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Firing,
+    Resolved,
+}
+
+/// The way out: the permanent fix, and the break-glass steps with the checks that make them safe,
+/// filled with this incident's values.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Remediation {
+    pub permanent: Vec<String>,
+    pub break_glass: Vec<Step>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    pub description: String,
+    /// A command to run on the node, as root.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+}
+
+impl Step {
+    pub fn new(description: impl Into<String>, command: Option<String>) -> Self {
+        Self { description: description.into(), command }
+    }
+}
+
+/// What a signature says fires now, for one key (a pod's namespace, a server, the node).
+#[derive(Debug, Clone)]
+pub struct Finding {
+    /// Stable for as long as the condition lasts: the incident's identity within its signature.
+    pub key: String,
+    pub severity: Severity,
+    pub who: Arc<Attribution>,
+    pub first_seen_unix_ns: u64,
+    pub last_seen_unix_ns: u64,
+    pub summary: String,
+    /// Counts, ports, servers, stuck tasks: what made it.
+    pub evidence: serde_json::Value,
+    pub remediation: Remediation,
+}
+
+/// One incident as the API, metrics and alerts see it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Incident {
+    /// `<signature>/<node>/<key>`: the same while it fires, and again if it fires anew.
+    pub id: String,
+    pub signature: String,
+    pub severity: Severity,
+    pub state: State,
+    pub first_seen_unix_ns: u64,
+    pub last_seen_unix_ns: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resolved_unix_ns: Option<u64>,
+    pub node: String,
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub workload: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    pub summary: String,
+    pub evidence: serde_json::Value,
+    pub remediation: Remediation,
+    /// Other firing incidents that explain this one (a pod that cannot terminate because its
+    /// NFS traffic is redirected).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub related: Vec<String>,
+}
+
+/// What a signature does with the event stream.
+pub trait Signature: Send {
+    fn name(&self) -> &'static str;
+    /// Takes one attributed event; cheap, called on the event path.
+    fn observe(&mut self, event: &Event);
+    /// What fires at `now`; forgets state older than its windows. Called once a second.
+    fn evaluate(&mut self, now_unix_ns: u64) -> Vec<Finding>;
+    /// Per-key states dropped because the signature's cap was reached.
+    fn evicted(&self) -> u64;
+}
+
+/// Thresholds and windows, one set for all signatures; defaults from the incidents.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Destination ports whose redirected, reset SYNs mean NFS traffic captured by a proxy.
+    pub nfs_ports: Vec<u16>,
+    /// Redirected NFS resets in `redirect_window` that fire `nfs-sidecar-redirect`.
+    pub redirect_min_resets: u32,
+    pub redirect_window: Duration,
+    /// No resets (and no RPC timeouts) for this long resolves a redirect or unreachable server.
+    pub quiet_window: Duration,
+    /// A pod's task hung at least this long fires `pod-termination-blocked`.
+    pub termination_blocked_after: Duration,
+    /// The same container OOM-killed this often within `oom_loop_window`: `container-oom-loop`.
+    pub oom_loop_count: u32,
+    pub oom_loop_window: Duration,
+    /// A system OOM incident stays firing this long after the last global OOM kill.
+    pub system_oom_hold: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            nfs_ports: vec![2049, 111, 20048],
+            redirect_min_resets: 2,
+            redirect_window: Duration::from_secs(600),
+            quiet_window: Duration::from_secs(60),
+            termination_blocked_after: Duration::from_secs(60),
+            oom_loop_count: 3,
+            oom_loop_window: Duration::from_secs(3600),
+            system_oom_hold: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Nanoseconds of a duration, for comparisons with event timestamps.
+pub(crate) fn ns(d: Duration) -> u64 {
+    d.as_nanos().min(u128::from(u64::MAX)) as u64
+}

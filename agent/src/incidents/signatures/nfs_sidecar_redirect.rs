@@ -1,0 +1,398 @@
+//! `nfs-sidecar-redirect` (incident 1): in one pod's network namespace, SYNs to an NFS port are
+//! redirected by NAT to a local port where nothing listens and answered with RST — the kernel NFS
+//! client's connection was captured by a sidecar proxy (Istio's `ISTIO_OUTPUT -> ISTIO_REDIRECT`)
+//! that is gone. A hard mount then retries forever and a task flushing to it never finishes.
+//!
+//! Fires on `redirect_min_resets` such resets within `redirect_window`; evidence adds the NFS
+//! timeouts and retransmits of that namespace and the pod's tasks stuck in NFS. Resolves once no
+//! reset came for `quiet_window`, RPCs to the server completed again (or none timed out since),
+//! and no task of the pod is stuck in NFS.
+
+use std::{
+    collections::{BTreeSet, VecDeque},
+    net::IpAddr,
+    sync::Arc,
+};
+
+use serde_json::json;
+
+use super::{StuckTask, StuckTasks, human_secs, pod_name};
+use crate::{
+    attribution::Attribution,
+    events::{Event, Payload},
+    incidents::{Finding, Remediation, Settings, Severity, Signature, Step, keyed::Keyed, ns},
+    probes::{
+        hung_task::WaitClass,
+        nfs::What,
+        tcp_reset::{Direction, TcpReset},
+    },
+};
+
+pub const NAME: &str = "nfs-sidecar-redirect";
+/// Reset timestamps kept per namespace (the count beyond it is still exact in `total`).
+const MAX_TIMES: usize = 4096;
+
+pub struct NfsSidecarRedirect {
+    nfs_ports: Vec<u16>,
+    min_resets: u32,
+    window: u64,
+    quiet: u64,
+    by_netns: Keyed<u32, Namespace>,
+    stuck: StuckTasks,
+}
+
+/// One pod network namespace's redirected NFS connections.
+struct Namespace {
+    who: Arc<Attribution>,
+    netns: u32,
+    /// Times of redirected NFS resets within the window.
+    resets: VecDeque<u64>,
+    total: u64,
+    first_reset: u64,
+    last_reset: u64,
+    server: Option<IpAddr>,
+    nfs_port: u16,
+    redirect_ports: BTreeSet<u16>,
+    retransmits: u64,
+    timeouts: u64,
+    connect_errors: u64,
+    last_timeout: u64,
+    last_responding: u64,
+    firing_since: Option<u64>,
+}
+
+impl NfsSidecarRedirect {
+    pub fn new(settings: &Settings) -> Self {
+        Self {
+            nfs_ports: settings.nfs_ports.clone(),
+            min_resets: settings.redirect_min_resets.max(1),
+            window: ns(settings.redirect_window),
+            quiet: ns(settings.quiet_window),
+            by_netns: Keyed::new(super::super::keyed::DEFAULT_CAP),
+            stuck: StuckTasks::default(),
+        }
+    }
+
+    /// A SYN to an NFS port that NAT sent to another local port, answered with RST.
+    fn redirected(&self, reset: &TcpReset) -> Option<u16> {
+        let original = reset.original_dst_port?;
+        (reset.direction == Direction::Sent
+            && self.nfs_ports.contains(&original)
+            && reset.local_port != original)
+            .then_some(original)
+    }
+}
+
+impl Signature for NfsSidecarRedirect {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn observe(&mut self, event: &Event) {
+        let t = event.header.time_unix_ns;
+        let netns = event.header.netns;
+        match &event.payload {
+            Payload::TcpReset(reset) => {
+                let Some(port) = self.redirected(reset) else { return };
+                let who = event.attribution.clone().unwrap_or_default();
+                let ns = self.by_netns.touch(&netns, t, || Namespace::new(netns, who.clone()));
+                ns.who = who;
+                if ns.resets.len() >= MAX_TIMES {
+                    ns.resets.pop_front();
+                }
+                ns.resets.push_back(t);
+                ns.total += 1;
+                if ns.first_reset == 0 {
+                    ns.first_reset = t;
+                }
+                ns.last_reset = ns.last_reset.max(t);
+                ns.server = reset.original_dst_addr.or(ns.server);
+                ns.nfs_port = port;
+                ns.redirect_ports.insert(reset.local_port);
+            }
+            Payload::Nfs(nfs) => {
+                // Only namespaces already seen redirecting: NFS errors alone are another signature's.
+                let Some(ns) = self.by_netns.get_mut(&netns) else { return };
+                match nfs.what {
+                    What::Retransmit => ns.retransmits += 1,
+                    What::Timeout => {
+                        ns.timeouts += 1;
+                        ns.last_timeout = t;
+                    }
+                    What::SocketConnect if nfs.error.is_some_and(|e| e != -libc::EINPROGRESS) => {
+                        ns.connect_errors += 1
+                    }
+                    What::SocketError | What::SocketReset => ns.connect_errors += 1,
+                    What::ServerResponding => ns.last_responding = t,
+                    _ => {}
+                }
+            }
+            Payload::HungTask(_) | Payload::HungTaskCleared(_) => self.stuck.observe(event),
+            _ => {}
+        }
+    }
+
+    fn evaluate(&mut self, now: u64) -> Vec<Finding> {
+        let (window, quiet, min) = (self.window, self.quiet, self.min_resets);
+        let stuck = &self.stuck;
+        let mut findings = Vec::new();
+        self.by_netns.retain(|_, ns| {
+            while ns.resets.front().is_some_and(|&r| now.saturating_sub(r) > window) {
+                ns.resets.pop_front();
+            }
+            let tasks: Vec<StuckTask> = ns
+                .who
+                .pod_uid
+                .as_deref()
+                .map(|uid| stuck.of_pod(uid, now).into_iter().filter(|t| t.wait == WaitClass::Nfs).collect())
+                .unwrap_or_default();
+            match ns.firing_since {
+                None if ns.resets.len() as u32 >= min => ns.firing_since = ns.resets.front().copied(),
+                Some(_) => {
+                    let quiet_now = now.saturating_sub(ns.last_reset) >= quiet;
+                    let rpcs_ok = ns.last_responding > ns.last_reset || ns.last_timeout <= ns.last_reset;
+                    if quiet_now && rpcs_ok && tasks.is_empty() {
+                        // Resolved: what counted for it does not count for the next one.
+                        ns.firing_since = None;
+                        ns.resets.clear();
+                    }
+                }
+                None => {}
+            }
+            if ns.firing_since.is_some() {
+                findings.push(ns.finding(&tasks));
+            }
+            // Forget a namespace once it neither fires nor has resets in the window.
+            ns.firing_since.is_some() || !ns.resets.is_empty()
+        });
+        findings
+    }
+
+    fn evicted(&self) -> u64 {
+        self.by_netns.evicted()
+    }
+}
+
+impl Namespace {
+    fn new(netns: u32, who: Arc<Attribution>) -> Self {
+        Namespace {
+            who,
+            netns,
+            resets: VecDeque::new(),
+            total: 0,
+            first_reset: 0,
+            last_reset: 0,
+            server: None,
+            nfs_port: 0,
+            redirect_ports: BTreeSet::new(),
+            retransmits: 0,
+            timeouts: 0,
+            connect_errors: 0,
+            last_timeout: 0,
+            last_responding: 0,
+            firing_since: None,
+        }
+    }
+
+    fn finding(&self, tasks: &[StuckTask]) -> Finding {
+        let server = self.server.map(|s| s.to_string()).unwrap_or_else(|| "the NFS server".into());
+        let ports: Vec<String> = self.redirect_ports.iter().map(u16::to_string).collect();
+        let mut summary = format!(
+            "Connections from {} to NFS server {server}:{} are redirected to local port {} where nothing \
+             listens, and reset ({} resets in the window, {} in all). A hard-mounted NFS client retries \
+             them forever.",
+            pod_name(&self.who),
+            self.nfs_port,
+            ports.join(", "),
+            self.resets.len(),
+            self.total,
+        );
+        if self.timeouts > 0 {
+            summary.push_str(&format!(" {} RPC timeouts to the server from this namespace.", self.timeouts));
+        }
+        if let Some(t) = tasks.first() {
+            summary.push_str(&format!(
+                " {} task(s) stuck in NFS (longest: {} pid {} tid {}, {}): the pod cannot terminate.",
+                tasks.len(),
+                t.comm,
+                t.pid,
+                t.tid,
+                human_secs(t.blocked_secs)
+            ));
+        }
+        Finding {
+            key: format!("netns-{}", self.netns),
+            severity: if tasks.is_empty() { Severity::Warning } else { Severity::Critical },
+            who: self.who.clone(),
+            first_seen_unix_ns: self.firing_since.unwrap_or(self.first_reset),
+            last_seen_unix_ns: self.last_reset,
+            summary,
+            evidence: json!({
+                "netns": self.netns,
+                "server": self.server,
+                "nfs_port": self.nfs_port,
+                "redirect_ports": self.redirect_ports,
+                "resets_in_window": self.resets.len(),
+                "resets_total": self.total,
+                "nfs_retransmits": self.retransmits,
+                "nfs_timeouts": self.timeouts,
+                "nfs_connect_errors": self.connect_errors,
+                "server_responding_since_last_reset": self.last_responding > self.last_reset,
+                "stuck_tasks": tasks,
+            }),
+            remediation: self.remediation(tasks.first()),
+        }
+    }
+
+    fn remediation(&self, stuck: Option<&StuckTask>) -> Remediation {
+        let port = self.nfs_port;
+        let permanent = vec![
+            format!(
+                "Keep NFS out of the sidecar: annotate the pod template with \
+                 traffic.sidecar.istio.io/excludeOutboundPorts: \"{port}\" (cheapest; the mesh then leaves \
+                 the kernel's NFS connections alone)."
+            ),
+            "Or mount the volume with a CSI driver (e.g. the EFS CSI driver): the mount is made by the \
+             node, outside the pod's network namespace and its NAT rules."
+                .to_string(),
+            "Or run the proxy as a native sidecar (an init container with restartPolicy: Always), which \
+             Kubernetes stops after the app containers, so the final flush still reaches the server."
+                .to_string(),
+        ];
+        let uid = self.who.pod_uid.clone().unwrap_or_else(|| "<pod-uid>".into());
+        let uid_systemd = uid.replace('-', "_");
+        let (task_ns, where_) = match stuck {
+            Some(t) => (
+                format!("/proc/{}/task/{}/ns/net", t.pid, t.tid),
+                format!(
+                    "the stuck task (pid {}, tid {}) — its leader may be a zombie whose own ns link is unreadable",
+                    t.pid, t.tid
+                ),
+            ),
+            None => (
+                "/proc/<pid>/task/<tid>/ns/net".to_string(),
+                format!("any task of the pod: grep -l -e {uid} -e {uid_systemd} /proc/[0-9]*/task/*/cgroup"),
+            ),
+        };
+        let cgroup = task_ns.replace("/ns/net", "/cgroup");
+        let break_glass = vec![
+            Step::new(format!("Enter the pod's network namespace through {where_}."), None),
+            Step::new(
+                "Check 1: the task belongs to this pod (its cgroup path holds the pod UID; the systemd \
+                 driver writes it with underscores). Must print 1 or more.",
+                Some(format!("grep -c -e {uid} -e {uid_systemd} {cgroup}")),
+            ),
+            Step::new(
+                "Check 2: its network namespace is not the host's. Must print two different values.",
+                Some(format!("readlink {task_ns} /proc/1/ns/net")),
+            ),
+            Step::new(
+                "Check 3: exactly one REDIRECT jump in the sidecar's output chain. Must print 1.",
+                Some(format!(
+                    "nsenter --net={task_ns} iptables -t nat -S ISTIO_OUTPUT | grep -c -- '-j ISTIO_REDIRECT'"
+                )),
+            ),
+            Step::new(
+                "Only if all three checks passed: delete that one rule. The NFS client reconnects \
+                 directly within seconds, the flush completes, the task exits and the pod terminates.",
+                Some(format!("nsenter --net={task_ns} iptables -t nat -D ISTIO_OUTPUT -j ISTIO_REDIRECT")),
+            ),
+            Step::new(
+                format!(
+                    "Confirm: the kernel logs \"nfs: server {} OK\" and this incident resolves.",
+                    self.server.map(|s| s.to_string()).unwrap_or_else(|| "<server>".into())
+                ),
+                Some("dmesg | tail".to_string()),
+            ),
+        ];
+        Remediation { permanent, break_glass }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::incidents::signatures::tests::*;
+
+    const UID: &str = "0c2a5b1e-7f3d-4c1a-9e8b-1234567890ab";
+
+    fn signature() -> NfsSidecarRedirect {
+        NfsSidecarRedirect::new(&Settings::default())
+    }
+
+    #[test]
+    fn redirected_nfs_resets_with_a_stuck_writer_fire_critical_with_the_way_out() {
+        let who = pod(UID, "web-1");
+        let mut s = signature();
+        s.observe(&hung(100 * SEC, 4243, WaitClass::Nfs, 120, &who));
+        s.observe(&redirected_reset(101 * SEC, 2049, &who));
+        assert!(s.evaluate(101 * SEC).is_empty(), "one reset is not yet a pattern");
+        s.observe(&nfs(102 * SEC, What::Timeout, &who));
+        s.observe(&redirected_reset(105 * SEC, 2049, &who));
+        let f = s.evaluate(106 * SEC);
+        assert_eq!(f.len(), 1);
+        let f = &f[0];
+        assert_eq!((f.severity, f.who.pod.as_str()), (Severity::Critical, "web-1"));
+        assert_eq!(f.evidence["server"], SERVER);
+        assert_eq!(f.evidence["redirect_ports"], json!([15001]));
+        assert_eq!(f.evidence["nfs_timeouts"], 1);
+        assert_eq!(f.evidence["stuck_tasks"][0]["tid"], 4243);
+        assert!(f.summary.contains("shop/web-1") && f.summary.contains("10.55.0.1:2049"), "{}", f.summary);
+        let commands: Vec<&str> =
+            f.remediation.break_glass.iter().filter_map(|s| s.command.as_deref()).collect();
+        assert!(
+            commands
+                .iter()
+                .any(|c| c.contains("/proc/4243/task/4243/ns/net iptables -t nat -D ISTIO_OUTPUT"))
+        );
+        assert!(commands.iter().any(|c| c.contains("0c2a5b1e_7f3d_4c1a_9e8b_1234567890ab")), "{commands:?}");
+        assert!(f.remediation.permanent[0].contains("excludeOutboundPorts: \"2049\""));
+    }
+
+    #[test]
+    fn near_misses_do_not_fire() {
+        let who = pod(UID, "web-1");
+        let mut s = signature();
+        // Not redirected (a refused NFS port without NAT), not an NFS port, received not sent.
+        let mut plain = redirected_reset(SEC, 2049, &who);
+        if let Payload::TcpReset(r) = &mut plain.payload {
+            r.local_port = 2049;
+        }
+        let other_port = redirected_reset(2 * SEC, 443, &who);
+        let mut received = redirected_reset(3 * SEC, 2049, &who);
+        if let Payload::TcpReset(r) = &mut received.payload {
+            r.direction = Direction::Received;
+        }
+        for e in [&plain, &plain, &other_port, &other_port, &received, &received] {
+            s.observe(e);
+        }
+        assert!(s.evaluate(4 * SEC).is_empty());
+        // Two resets too far apart for the window.
+        s.observe(&redirected_reset(10 * SEC, 2049, &who));
+        s.observe(&redirected_reset(700 * SEC, 2049, &who));
+        assert!(s.evaluate(701 * SEC).is_empty());
+    }
+
+    #[test]
+    fn resolves_once_rpcs_complete_quiet_and_no_task_is_stuck() {
+        let who = pod(UID, "web-1");
+        let mut s = signature();
+        s.observe(&hung(100 * SEC, 4243, WaitClass::Nfs, 120, &who));
+        s.observe(&redirected_reset(101 * SEC, 111, &who));
+        s.observe(&redirected_reset(102 * SEC, 111, &who));
+        s.observe(&nfs(103 * SEC, What::Timeout, &who));
+        assert_eq!(s.evaluate(104 * SEC).len(), 1);
+        // Quiet, but the task is still stuck and RPCs have not completed: still firing.
+        assert_eq!(s.evaluate(200 * SEC).len(), 1);
+        // The rule is deleted: the server answers, the flush completes.
+        s.observe(&nfs(201 * SEC, What::ServerResponding, &who));
+        assert_eq!(s.evaluate(202 * SEC).len(), 1, "the task is still stuck");
+        s.observe(&cleared(203 * SEC, 4243, &who));
+        assert!(s.evaluate(204 * SEC).is_empty());
+        // Fires anew on new resets.
+        s.observe(&redirected_reset(300 * SEC, 111, &who));
+        s.observe(&redirected_reset(301 * SEC, 111, &who));
+        let f = s.evaluate(302 * SEC);
+        assert_eq!((f.len(), f[0].severity), (1, Severity::Warning));
+    }
+}

@@ -1,0 +1,157 @@
+//! Incidents end to end on the real kernel: incident 1's sidecar redirect in a pod's network
+//! namespace (a real iptables REDIRECT of tcp/2049 to a port where nothing listens) plus a real
+//! task of that pod stuck in D state (a writer on a frozen disk). kstall must raise
+//! `nfs-sidecar-redirect` and `pod-termination-blocked` for that pod, with the evidence and the way
+//! out, and resolve both once the writer is released and the rule deleted.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr, TcpStream},
+    os::fd::AsRawFd as _,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use kstall_tests::{
+    Agent, Cgroup, NetNs, PodProcess, Sysctl, kernel_tests_can_run, pod_json, write_pods_file,
+    writeback::FreezableDisk,
+};
+use serde_json::Value;
+
+const UID: &str = "5a0c1f2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
+const CONTAINER: &str = "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f9e8d";
+const POD: &str = "tenant-api-5d8c7b9f4-q7x2m";
+
+fn is(signature: &'static str, state: &'static str) -> impl Fn(&Value) -> bool {
+    move |i: &Value| i["signature"] == signature && i["state"] == state && i["pod"] == POD
+}
+
+#[test]
+fn sidecar_redirect_and_stuck_writer_fire_and_resolve() {
+    if !kernel_tests_can_run("sidecar_redirect_and_stuck_writer_fire_and_resolve") {
+        return;
+    }
+    let original = std::fs::read_to_string("/proc/sys/kernel/hung_task_timeout_secs").unwrap();
+    let _restore = Sysctl::set("kernel.hung_task_timeout_secs", original.trim());
+    let dir = tempfile::tempdir().unwrap();
+    let pods_file = dir.path().join("pods.json");
+    write_pods_file(&pods_file, &[pod_json(UID, POD, CONTAINER)]);
+    let mut disk = FreezableDisk::new("incident");
+    let mut agent = Agent::start(&[
+        "--pods-file",
+        pods_file.to_str().unwrap(),
+        "--hung-task-timeout-secs",
+        "3",
+        "--termination-blocked-after",
+        "3s",
+        "--quiet-window",
+        "5s",
+    ]);
+
+    // The pod: a container cgroup in the systemd driver's layout, its own network namespace with
+    // the sidecar's rule, a process in both.
+    let container = Cgroup::at(&format!(
+        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{CONTAINER}.scope",
+        UID.replace('-', "_")
+    ));
+    let netns = NetNs::new("incident");
+    let _sandbox = PodProcess::start(&netns, &container.procs());
+    netns.redirect_tcp("iptables", 2049, 15001);
+
+    // The hard-mounted NFS client's reconnects, every half second until the rule is deleted:
+    // SYNs to 2049, redirected to 15001, reset.
+    let retrying = Arc::new(AtomicBool::new(true));
+    let client = {
+        let (retrying, path) = (retrying.clone(), netns.path());
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(path).expect("open netns");
+            // SAFETY: valid fd; CLONE_NEWNET only affects this thread.
+            assert_eq!(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
+            let mut refused = 0;
+            while retrying.load(Ordering::Relaxed) {
+                match TcpStream::connect_timeout(
+                    &SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)),
+                    Duration::from_secs(1),
+                ) {
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => refused += 1,
+                    _ => {}
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            refused
+        })
+    };
+    // And a task of the pod that cannot finish its flush.
+    disk.freeze();
+    let writer = disk.start_writer(&container.procs());
+
+    let redirect = agent
+        .wait_incident(is("nfs-sidecar-redirect", "firing"), Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("no nfs-sidecar-redirect: {:#?}\n{}", agent.incidents(), agent.log()));
+    assert_eq!(redirect["namespace"], "shop", "{redirect:#}");
+    assert_eq!(redirect["workload"], "Deployment/web", "{redirect:#}");
+    assert_eq!(redirect["pod_uid"], UID, "{redirect:#}");
+    let evidence = &redirect["evidence"];
+    assert_eq!(evidence["server"], "127.0.0.1", "{redirect:#}");
+    assert_eq!(evidence["nfs_port"], 2049, "{redirect:#}");
+    assert_eq!(evidence["redirect_ports"], serde_json::json!([15001]), "{redirect:#}");
+    assert_eq!(evidence["netns"], netns.inode(), "{redirect:#}");
+    assert!(evidence["resets_total"].as_u64().is_some_and(|n| n >= 2), "the threshold: {redirect:#}");
+    let steps = redirect["remediation"]["break_glass"].to_string();
+    assert!(steps.contains("iptables -t nat -D ISTIO_OUTPUT -j ISTIO_REDIRECT"), "{steps}");
+    assert!(steps.contains(&UID.replace('-', "_")), "the cgroup check names the pod UID: {steps}");
+
+    let blocked = agent
+        .wait_incident(is("pod-termination-blocked", "firing"), Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("no pod-termination-blocked: {:#?}\n{}", agent.incidents(), agent.log()));
+    let task = &blocked["evidence"]["stuck_tasks"][0];
+    assert_eq!(
+        (&task["pid"], &task["comm"], &task["wait"]),
+        (&writer.into(), &"dd".into(), &"writeback".into())
+    );
+    assert!(task["stack"].to_string().contains("folio_wait"), "{blocked:#}");
+    assert_eq!(
+        blocked["related"],
+        serde_json::json!([redirect["id"]]),
+        "explained by the redirect: {blocked:#}"
+    );
+
+    // Prometheus and HTTP clients see the same.
+    let active = format!(
+        r#"kstall_incident_active{{namespace="shop",pod="{POD}",severity="warning",signature="nfs-sidecar-redirect"}}"#
+    );
+    assert_eq!(agent.metric(&active), Some(1.0), "{}", agent.metrics());
+    let http: Value = serde_json::from_str(&agent.get("/api/v1/incidents")).expect("JSON");
+    assert!(http["incidents"].as_array().unwrap().iter().any(is("nfs-sidecar-redirect", "firing")));
+
+    // The break-glass step and the release: both resolve.
+    retrying.store(false, Ordering::Relaxed);
+    assert!(client.join().unwrap() >= 3, "the client's connects were refused");
+    netns.exec(
+        "iptables",
+        &[
+            "-t",
+            "nat",
+            "-D",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "--dport",
+            "2049",
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            "15001",
+        ],
+    );
+    disk.thaw();
+    disk.wait_writers(Duration::from_secs(30));
+    for signature in ["nfs-sidecar-redirect", "pod-termination-blocked"] {
+        let resolved = agent.wait_incident(is(signature, "resolved"), Duration::from_secs(30));
+        assert!(resolved.is_some(), "{signature} resolved: {:#?}", agent.incidents());
+    }
+    assert_eq!(agent.metric(&active), None, "no longer active");
+    assert_eq!(agent.stop(), Some(0));
+}
