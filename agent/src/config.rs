@@ -99,6 +99,9 @@ pub struct AgentArgs {
     /// How long system-oom keeps firing after the last global OOM kill [default: 10m].
     #[arg(long, env = "KSTALL_SYSTEM_OOM_HOLD", value_name = "DURATION")]
     pub system_oom_hold: Option<String>,
+    /// Pods with tasks stuck in NFS at once that make nfs-node-wide-stall [default: 2].
+    #[arg(long, env = "KSTALL_NODE_WIDE_MIN_PODS", value_name = "N")]
+    pub node_wide_min_pods: Option<String>,
 }
 
 /// The file form: same settings, native TOML types. Unknown keys are errors (a typo must not be
@@ -130,6 +133,7 @@ struct FileConfig {
     oom_loop_count: Option<String>,
     oom_loop_window: Option<String>,
     system_oom_hold: Option<String>,
+    node_wide_min_pods: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,6 +328,7 @@ impl Config {
             oom_loop_count: args.oom_loop_count.or(file.oom_loop_count),
             oom_loop_window: args.oom_loop_window.or(file.oom_loop_window),
             system_oom_hold: args.system_oom_hold.or(file.system_oom_hold),
+            node_wide_min_pods: args.node_wide_min_pods.or(file.node_wide_min_pods),
         })?;
 
         Ok(Config {
@@ -358,6 +363,7 @@ struct IncidentArgs {
     oom_loop_count: Option<String>,
     oom_loop_window: Option<String>,
     system_oom_hold: Option<String>,
+    node_wide_min_pods: Option<String>,
 }
 
 fn incident_settings(a: &mut IncidentArgs) -> Result<crate::incidents::Settings, ConfigError> {
@@ -401,6 +407,7 @@ fn incident_settings(a: &mut IncidentArgs) -> Result<crate::incidents::Settings,
     s.oom_loop_count = count("oom_loop_count", &a.oom_loop_count, s.oom_loop_count, 2)?;
     s.oom_loop_window = duration("oom_loop_window", &a.oom_loop_window, s.oom_loop_window)?;
     s.system_oom_hold = duration("system_oom_hold", &a.system_oom_hold, s.system_oom_hold)?;
+    s.node_wide_min_pods = count("node_wide_min_pods", &a.node_wide_min_pods, s.node_wide_min_pods, 2)?;
     Ok(s)
 }
 

@@ -294,6 +294,10 @@ impl Pipeline {
             let index = self.index.borrow().clone();
             self.metrics.set_attribution(&index, &self.pod_source.get());
             self.metrics.forget_pods_except(&index.named_pods);
+            self.incidents
+                .lock()
+                .expect("incident engine")
+                .set_node_memory(index.pod_memory_limit_bytes, index.node_memory_bytes);
         }
         if self.held.events.is_empty() {
             return;

@@ -188,6 +188,16 @@ pub fn dir_of_id(v2_root: &Path, id: u64) -> std::io::Result<PathBuf> {
     std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
+/// The memory limit of a cgroup: v2 `memory.max` or v1 `memory.limit_in_bytes`; `None` when
+/// unlimited or not readable.
+pub fn memory_limit(dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join("memory.max"))
+        .or_else(|_| std::fs::read_to_string(dir.join("memory.limit_in_bytes")))
+        .ok()?;
+    // v1 says "unlimited" with a huge page-rounded number.
+    text.trim().parse::<u64>().ok().filter(|&b| b < 1 << 62)
+}
+
 /// The processes (tgids) in a cgroup.
 pub fn procs(dir: &Path) -> Vec<u32> {
     std::fs::read_to_string(dir.join("cgroup.procs"))

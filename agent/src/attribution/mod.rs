@@ -125,6 +125,9 @@ pub struct Index {
     pub deleted_pods: usize,
     /// (namespace, name) of every pod kstall can still name: the metrics of any other are removed.
     pub named_pods: HashSet<(String, String)>,
+    /// Sum of the pods' memory limits and the node's memory: incident 2's overcommit.
+    pub pod_memory_limit_bytes: u64,
+    pub node_memory_bytes: u64,
 }
 
 impl Index {

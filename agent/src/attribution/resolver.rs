@@ -78,6 +78,9 @@ pub struct Resolver {
     processes: HashMap<u32, Workload>,
     pods: PodStore,
     unresolvable: HashSet<Key>,
+    /// Sum of the pods' memory limits at the last walk (pods without a limit add nothing).
+    pod_memory_limits: u64,
+    node_memory: u64,
 }
 
 impl Resolver {
@@ -85,12 +88,14 @@ impl Resolver {
         let pods = PodStore::new(settings.retention);
         Self {
             host_netns: netns::host(&settings.proc),
+            node_memory: node_memory(&settings.proc).unwrap_or(0),
             settings,
             cgroups: HashMap::new(),
             netns: HashMap::new(),
             processes: HashMap::new(),
             pods,
             unresolvable: HashSet::new(),
+            pod_memory_limits: 0,
         }
     }
 
@@ -99,11 +104,15 @@ impl Resolver {
     pub fn full_walk(&mut self, now: Instant) {
         let mut seen_cgroups = HashSet::new();
         let mut learned = Learned::default();
+        let mut limits = 0u64;
         if let Some(v2) = &self.settings.hierarchies.v2 {
             for dir in cgroup::walk(v2, false) {
                 seen_cgroups.insert(dir.id);
                 if !matches!(dir.workload, Workload::Host { .. }) {
                     learned.pod_cgroup(&self.settings.proc, &dir, false);
+                }
+                if matches!(dir.workload, Workload::Pod { .. }) {
+                    limits += cgroup::memory_limit(&dir.dir).unwrap_or(0);
                 }
                 self.cgroups.insert(dir.id, Remembered::new(dir.workload));
             }
@@ -113,8 +122,12 @@ impl Resolver {
                 if !matches!(dir.workload, Workload::Host { .. }) {
                     learned.pod_cgroup(&self.settings.proc, &dir, true);
                 }
+                if matches!(dir.workload, Workload::Pod { .. }) {
+                    limits += cgroup::memory_limit(&dir.dir).unwrap_or(0);
+                }
             }
         }
+        self.pod_memory_limits = limits;
         for (id, c) in &mut self.cgroups {
             if !seen_cgroups.contains(id) {
                 c.gone_at.get_or_insert(now);
@@ -240,6 +253,8 @@ impl Resolver {
             pods: self.pods.len(),
             deleted_pods: self.pods.deleted(),
             named_pods: self.pods.names(),
+            pod_memory_limit_bytes: self.pod_memory_limits,
+            node_memory_bytes: self.node_memory,
             ..Index::default()
         };
         for (id, c) in &self.cgroups {
@@ -290,6 +305,20 @@ fn attribution_of<'a>(
             Arc::new(attribute(workload, meta.map(|m| &**m), deleted, via))
         })
         .clone()
+}
+
+/// `MemTotal` from `/proc/meminfo`, in bytes.
+fn node_memory(proc: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read_to_string(proc.join("meminfo")).ok()?;
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 fn has_kubepods(root: &std::path::Path) -> bool {
@@ -683,6 +712,30 @@ mod tests {
             index.resolve(&reset_in(POD_NETNS)),
             Resolution::Missing { key: Key::Netns(POD_NETNS), fallback: Some(_) }
         ));
+    }
+
+    #[test]
+    fn pod_memory_limits_add_up_against_node_memory() {
+        let node = Node::new();
+        std::fs::write(node.path("proc/meminfo"), "MemTotal:        4194304 kB\nMemFree: 1 kB\n").unwrap();
+        node.cgroup(&format!("v1/kubepods/burstable/pod{UID}"), &[]);
+        std::fs::write(
+            node.path(&format!("v1/kubepods/burstable/pod{UID}/memory.limit_in_bytes")),
+            "2369781760\n",
+        )
+        .unwrap();
+        let other = "11111111-2222-4333-8444-555555555555";
+        node.cgroup(&format!("v1/kubepods/besteffort/pod{other}"), &[]);
+        // No limit: the kernel's "unlimited" adds nothing.
+        std::fs::write(
+            node.path(&format!("v1/kubepods/besteffort/pod{other}/memory.limit_in_bytes")),
+            "9223372036854771712\n",
+        )
+        .unwrap();
+        let mut r = node.resolver(false);
+        r.full_walk(Instant::now());
+        let index = r.index();
+        assert_eq!((index.pod_memory_limit_bytes, index.node_memory_bytes), (2369781760, 4 << 30));
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub struct Metrics {
     attribution_pods: IntGaugeVec,
     pod_series: std::sync::Mutex<PodSeries>,
     incident_active: IntGaugeVec,
+    overcommit: prometheus::Gauge,
     incidents_total: IntCounterVec,
     incident_evictions_total: IntCounterVec,
     tcp_resets_total: IntCounterVec,
@@ -138,7 +139,15 @@ impl Metrics {
         )
         .expect("valid metric");
         registry.register(Box::new(incident_active.clone())).expect("unique metric");
+        let overcommit = prometheus::Gauge::new(
+            "kstall_node_memory_limit_overcommit_ratio",
+            "Sum of the pods' memory limits (pod cgroups; pods without a limit add nothing) over the \
+             node's memory (MemTotal). Above 1, the limits cannot all be honoured: a system OOM is possible.",
+        )
+        .expect("valid metric");
+        registry.register(Box::new(overcommit.clone())).expect("unique metric");
         Self {
+            overcommit,
             incident_active,
             incidents_total: counter(
                 &registry,
@@ -375,6 +384,11 @@ impl Metrics {
         self.pod_metadata_up.set(i64::from(source.up));
         self.attribution_pods.with_label_values(&["running"]).set((index.pods - index.deleted_pods) as i64);
         self.attribution_pods.with_label_values(&["deleted"]).set(index.deleted_pods as i64);
+        let ratio = crate::incidents::signatures::system_oom::overcommit(
+            index.pod_memory_limit_bytes,
+            index.node_memory_bytes,
+        );
+        self.overcommit.set(ratio.unwrap_or(0.0));
     }
 
     /// After an evaluation: the firing set as gauges, new incidents counted.

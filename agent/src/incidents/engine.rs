@@ -40,6 +40,12 @@ impl Engine {
         }
     }
 
+    pub fn set_node_memory(&mut self, pod_limits_bytes: u64, node_bytes: u64) {
+        for s in &mut self.signatures {
+            s.node_memory(pod_limits_bytes, node_bytes);
+        }
+    }
+
     pub fn evaluate(&mut self, now_unix_ns: u64) -> Changes {
         let mut current: HashMap<String, Incident> = HashMap::new();
         for s in &mut self.signatures {

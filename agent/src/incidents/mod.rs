@@ -112,6 +112,8 @@ pub trait Signature: Send {
     fn evaluate(&mut self, now_unix_ns: u64) -> Vec<Finding>;
     /// Per-key states dropped because the signature's cap was reached.
     fn evicted(&self) -> u64;
+    /// The sum of the pods' memory limits and the node's memory, after each cgroup walk.
+    fn node_memory(&mut self, _pod_limits_bytes: u64, _node_bytes: u64) {}
 }
 
 /// Thresholds and windows, one set for all signatures; defaults from the incidents.
@@ -131,6 +133,8 @@ pub struct Settings {
     pub oom_loop_window: Duration,
     /// A system OOM incident stays firing this long after the last global OOM kill.
     pub system_oom_hold: Duration,
+    /// Pods with tasks stuck in NFS at once that make `nfs-node-wide-stall`.
+    pub node_wide_min_pods: u32,
 }
 
 impl Default for Settings {
@@ -144,6 +148,7 @@ impl Default for Settings {
             oom_loop_count: 3,
             oom_loop_window: Duration::from_secs(3600),
             system_oom_hold: Duration::from_secs(600),
+            node_wide_min_pods: 2,
         }
     }
 }

@@ -2,6 +2,8 @@
 //! tasks hung right now.
 
 pub mod container_oom_loop;
+pub mod nfs_node_wide_stall;
+pub mod nfs_server_unreachable;
 pub mod nfs_sidecar_redirect;
 pub mod pod_termination_blocked;
 pub mod system_oom;
@@ -21,6 +23,8 @@ use crate::{
 pub fn all(settings: &Settings) -> Vec<Box<dyn Signature>> {
     vec![
         Box::new(nfs_sidecar_redirect::NfsSidecarRedirect::new(settings)),
+        Box::new(nfs_server_unreachable::NfsServerUnreachable::new(settings)),
+        Box::new(nfs_node_wide_stall::NfsNodeWideStall::new(settings)),
         Box::new(pod_termination_blocked::PodTerminationBlocked::new(settings)),
         Box::new(system_oom::SystemOom::new(settings)),
         Box::new(container_oom_loop::ContainerOomLoop::new(settings)),

@@ -24,6 +24,8 @@ const MAX_KILLS: usize = 10_000;
 pub struct SystemOom {
     hold: u64,
     kills: VecDeque<Kill>,
+    pod_limits_bytes: u64,
+    node_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -34,13 +36,20 @@ struct Kill {
     critical: bool,
     anon_rss_bytes: Option<u64>,
     victim: String,
+    /// Sum of pod memory limits / node memory when it happened.
+    memory_limit_overcommit_ratio: Option<f64>,
     #[serde(skip)]
     who: std::sync::Arc<Attribution>,
 }
 
 impl SystemOom {
     pub fn new(settings: &Settings) -> Self {
-        Self { hold: ns(settings.system_oom_hold), kills: VecDeque::new() }
+        Self {
+            hold: ns(settings.system_oom_hold),
+            kills: VecDeque::new(),
+            pod_limits_bytes: 0,
+            node_bytes: 0,
+        }
     }
 }
 
@@ -64,6 +73,7 @@ impl Signature for SystemOom {
             comm: event.header.comm.clone(),
             critical: kill.critical,
             anon_rss_bytes: kill.anon_rss_bytes,
+            memory_limit_overcommit_ratio: overcommit(self.pod_limits_bytes, self.node_bytes),
             victim: if who.host {
                 who.unit.clone().unwrap_or_else(|| "host process".into())
             } else {
@@ -83,9 +93,13 @@ impl Signature for SystemOom {
         let critical: Vec<&&Kill> = recent.iter().filter(|k| k.critical).collect();
         let victims: Vec<String> =
             recent.iter().map(|k| format!("{} (pid {}, {})", k.comm, k.pid, k.victim)).collect();
+        let limits = match last.memory_limit_overcommit_ratio {
+            Some(r) => format!(", pod memory limits {:.0}% of the node's memory", r * 100.0),
+            None => String::new(),
+        };
         let summary = format!(
             "The node ran out of memory: the kernel's OOM killer killed {} (system OOM #{} on this node in \
-             24 h){}.",
+             24 h{limits}){}.",
             victims.join(", "),
             self.kills.len(),
             if critical.is_empty() {
@@ -104,6 +118,7 @@ impl Signature for SystemOom {
             evidence: json!({
                 "victims": recent,
                 "system_ooms_24h": self.kills.len(),
+                "memory_limit_overcommit_ratio": last.memory_limit_overcommit_ratio,
             }),
             remediation: Remediation {
                 permanent: vec![
@@ -126,6 +141,16 @@ impl Signature for SystemOom {
     fn evicted(&self) -> u64 {
         0
     }
+
+    fn node_memory(&mut self, pod_limits_bytes: u64, node_bytes: u64) {
+        self.pod_limits_bytes = pod_limits_bytes;
+        self.node_bytes = node_bytes;
+    }
+}
+
+/// Sum of pod memory limits over node memory; `None` when either is unknown.
+pub fn overcommit(pod_limits_bytes: u64, node_bytes: u64) -> Option<f64> {
+    (pod_limits_bytes > 0 && node_bytes > 0).then(|| pod_limits_bytes as f64 / node_bytes as f64)
 }
 
 #[cfg(test)]
@@ -142,6 +167,8 @@ mod tests {
         });
         let web = pod("u1", "web-1");
         let mut s = SystemOom::new(&Settings::default());
+        // Incident 2's node: 4340 Mi of limits on 3369 Mi.
+        s.node_memory(4340 << 20, 3369 << 20);
         s.observe(&oom(SEC, 9, "python3", Scope::Memcg, false, &web));
         assert!(s.evaluate(2 * SEC).is_empty(), "a container limit is not a system OOM");
         s.observe(&oom(10 * SEC, 10, "worker", Scope::Global, false, &web));
@@ -152,6 +179,7 @@ mod tests {
         assert_eq!(f[0].severity, Severity::Critical);
         assert_eq!(f[0].evidence["system_ooms_24h"], 2);
         assert!(f[0].summary.contains("kubelet (pid 11, kubelet.service)"), "{}", f[0].summary);
+        assert!(f[0].summary.contains("limits 129% of the node's memory"), "{}", f[0].summary);
         // Resolves after the hold time; the 24 h count remembers.
         assert!(s.evaluate(700 * SEC).is_empty());
         s.observe(&oom(800 * SEC, 12, "alloy", Scope::Global, true, &host));
