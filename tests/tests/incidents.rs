@@ -119,8 +119,9 @@ fn sidecar_redirect_and_stuck_writer_fire_and_resolve() {
     );
 
     // Prometheus and HTTP clients see the same.
+    let node = redirect["node"].as_str().unwrap().to_string();
     let active = format!(
-        r#"kstall_incident_active{{namespace="shop",pod="{POD}",severity="warning",signature="nfs-sidecar-redirect"}}"#
+        r#"kstall_incident_active{{namespace="shop",node="{node}",pod="{POD}",severity="warning",signature="nfs-sidecar-redirect"}}"#
     );
     assert_eq!(agent.metric(&active), Some(1.0), "{}", agent.metrics());
     let http: Value = serde_json::from_str(&agent.get("/api/v1/incidents")).expect("JSON");

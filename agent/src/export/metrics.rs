@@ -135,7 +135,7 @@ impl Metrics {
         registry.register(Box::new(attribution_pods.clone())).expect("unique metric");
         let incident_active = IntGaugeVec::new(
             Opts::new("kstall_incident_active", "1 while an incident of this signature fires for this pod."),
-            &["signature", "severity", "namespace", "pod"],
+            &["signature", "severity", "node", "namespace", "pod"],
         )
         .expect("valid metric");
         registry.register(Box::new(incident_active.clone())).expect("unique metric");
