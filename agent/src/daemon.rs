@@ -294,10 +294,7 @@ impl Pipeline {
             let index = self.index.borrow().clone();
             self.metrics.set_attribution(&index, &self.pod_source.get());
             self.metrics.forget_pods_except(&index.named_pods);
-            self.incidents
-                .lock()
-                .expect("incident engine")
-                .set_node_memory(index.pod_memory_limit_bytes, index.node_memory_bytes);
+            lock(&self.incidents).set_node_memory(index.pod_memory_limit_bytes, index.node_memory_bytes);
         }
         if self.held.events.is_empty() {
             return;
@@ -338,7 +335,7 @@ impl Pipeline {
             }
         }
         self.metrics.observe(&event);
-        self.incidents.lock().expect("incident engine").observe(&event);
+        lock(&self.incidents).observe(&event);
         // No subscriber is not an error.
         let _ = self.events.send(Arc::new(event));
     }
@@ -426,7 +423,7 @@ async fn evaluate_incidents(engine: Arc<Mutex<Engine>>, metrics: Arc<Metrics>, s
         let now =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
                 as u64;
-        let mut engine = engine.lock().expect("incident engine");
+        let mut engine = lock(&engine);
         let changes = engine.evaluate(now);
         for i in &changes.fired {
             tracing::warn!(id = %i.id, severity = i.severity.as_str(), namespace = %i.namespace, pod = %i.pod, summary = %i.summary, "incident firing");
@@ -434,8 +431,16 @@ async fn evaluate_incidents(engine: Arc<Mutex<Engine>>, metrics: Arc<Metrics>, s
         for i in &changes.resolved {
             tracing::info!(id = %i.id, "incident resolved");
         }
-        metrics.set_incidents(engine.firing(), &changes.fired, &engine.evictions());
+        let (firing, evictions): (Vec<_>, Vec<_>) = (engine.firing().cloned().collect(), engine.evictions());
+        drop(engine);
+        metrics.set_incidents(firing.iter(), &changes.fired, &evictions);
     }
+}
+
+/// The incident engine, also after a panic elsewhere while it was held: a bug in one signature
+/// must not take the event path and the API down with it.
+fn lock(engine: &Mutex<Engine>) -> std::sync::MutexGuard<'_, Engine> {
+    engine.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Reads the ring buffer until intake stops, then drains what is left. Returns the number of
@@ -559,7 +564,7 @@ async fn sweep_hung_tasks(
                 as u64;
         let mut tracker = hung.lock().expect("hung-task tracker");
         for event in tracker.clear(&states, now) {
-            incidents.lock().expect("incident engine").observe(&event);
+            lock(&incidents).observe(&event);
             let _ = events.send(Arc::new(event));
         }
         metrics.set_hung_tasks(&tracker);

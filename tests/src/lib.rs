@@ -231,7 +231,9 @@ impl Agent {
 
     /// The agent's incidents (firing first, then resolved).
     pub fn incidents(&self) -> Vec<Value> {
-        let report = self.request(r#"{"request":"incidents"}"#).expect("incidents");
+        let report = self
+            .request(r#"{"request":"incidents"}"#)
+            .unwrap_or_else(|e| panic!("incidents: {e}\n{}", self.log()));
         report["incidents"].as_array().cloned().unwrap_or_default()
     }
 

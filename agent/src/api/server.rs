@@ -41,7 +41,8 @@ pub struct AgentState {
 
 impl AgentState {
     pub fn incidents(&self) -> IncidentsReport {
-        IncidentsReport { incidents: self.incidents.lock().expect("incident engine").incidents() }
+        let engine = self.incidents.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        IncidentsReport { incidents: engine.incidents() }
     }
 
     pub fn status(&self) -> StatusReport {

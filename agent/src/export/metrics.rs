@@ -401,7 +401,7 @@ impl Metrics {
         self.incident_active.reset();
         for i in firing {
             self.incident_active
-                .with_label_values(&[&i.signature, i.severity.as_str(), &i.namespace, &i.pod])
+                .with_label_values(&[&i.signature, i.severity.as_str(), &i.node, &i.namespace, &i.pod])
                 .set(1);
         }
         for i in fired {
@@ -649,6 +649,50 @@ mod tests {
         m.observe(&named("web-1"));
         m.forget_pods_except(&keep);
         assert!(!m.render().contains(r#"pod="web-1""#));
+    }
+
+    #[test]
+    fn incident_metrics() {
+        use crate::incidents::{Incident, Remediation, Severity, State};
+        let m = Metrics::new(32768..=60999);
+        let incident = Incident {
+            id: "nfs-sidecar-redirect/node-a/netns-1".into(),
+            signature: "nfs-sidecar-redirect".into(),
+            severity: Severity::Critical,
+            state: State::Firing,
+            first_seen_unix_ns: 1,
+            last_seen_unix_ns: 2,
+            resolved_unix_ns: None,
+            node: "node-a".into(),
+            namespace: "shop".into(),
+            pod: "web-1".into(),
+            container: String::new(),
+            workload: String::new(),
+            pod_uid: None,
+            summary: String::new(),
+            evidence: serde_json::Value::Null,
+            remediation: Remediation::default(),
+            related: vec![],
+        };
+        m.set_incidents(
+            [&incident].into_iter(),
+            std::slice::from_ref(&incident),
+            &[("nfs-sidecar-redirect", 2)],
+        );
+        let text = m.render();
+        assert!(text.contains(r#"kstall_incident_active{namespace="shop",node="node-a",pod="web-1",severity="critical",signature="nfs-sidecar-redirect"} 1"#), "{text}");
+        assert!(
+            text.contains(
+                r#"kstall_incidents_total{severity="critical",signature="nfs-sidecar-redirect"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kstall_incident_state_evictions_total{signature="nfs-sidecar-redirect"} 2"#),
+            "{text}"
+        );
+        m.set_incidents(std::iter::empty(), &[], &[]);
+        assert!(!m.render().contains("kstall_incident_active{"), "resolved: the series goes");
     }
 
     #[test]
