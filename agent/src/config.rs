@@ -102,6 +102,9 @@ pub struct AgentArgs {
     /// Pods with tasks stuck in NFS at once that make nfs-node-wide-stall [default: 2].
     #[arg(long, env = "KSTALL_NODE_WIDE_MIN_PODS", value_name = "N")]
     pub node_wide_min_pods: Option<String>,
+    /// Push incidents to this Alertmanager (http://host:port), repeatable or comma-separated.
+    #[arg(long, env = "KSTALL_ALERTMANAGER_URL", value_name = "URL", value_delimiter = ',')]
+    pub alertmanager_url: Option<Vec<String>>,
 }
 
 /// The file form: same settings, native TOML types. Unknown keys are errors (a typo must not be
@@ -134,6 +137,7 @@ struct FileConfig {
     oom_loop_window: Option<String>,
     system_oom_hold: Option<String>,
     node_wide_min_pods: Option<String>,
+    alertmanager_url: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,6 +183,7 @@ pub struct Config {
     pub pod_labels: Vec<String>,
     pub pod_retention: Duration,
     pub incidents: crate::incidents::Settings,
+    pub alertmanager_urls: Vec<String>,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -331,7 +336,20 @@ impl Config {
             node_wide_min_pods: args.node_wide_min_pods.or(file.node_wide_min_pods),
         })?;
 
+        let alertmanager_urls: Vec<String> = args
+            .alertmanager_url
+            .or(file.alertmanager_url)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|u| u.trim().to_string())
+            .filter(|u| !u.is_empty())
+            .collect();
+        for url in &alertmanager_urls {
+            crate::export::alertmanager::endpoint(url).map_err(|e| invalid("alertmanager_url", e))?;
+        }
+
         Ok(Config {
+            alertmanager_urls,
             incidents,
             pod_metadata,
             node_name,

@@ -27,7 +27,7 @@ use crate::{
     },
     config::{Config, PodMetadata},
     events::{Decoder, Event, Payload},
-    export::{http, metrics::Metrics},
+    export::{alertmanager, http, metrics::Metrics},
     hung_tasks::{self, HungTaskTracker},
     incidents::engine::Engine,
     kernel,
@@ -49,6 +49,8 @@ const SYMBOLS_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
 const ATTRIBUTION_HOLD: Duration = Duration::from_millis(100);
 /// How often held events are looked at again.
 const HOLD_CHECK_INTERVAL: Duration = Duration::from_millis(20);
+/// Incident snapshots waiting for the Alertmanager pusher; it only needs the latest.
+const ALERT_SNAPSHOTS: usize = 4;
 /// How often the incident signatures are evaluated.
 const INCIDENT_EVALUATION_INTERVAL: Duration = Duration::from_secs(1);
 /// Events held at once at most; beyond it they go out with what is known at once.
@@ -112,7 +114,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let http_task = tokio::spawn(http::serve(http_listener, state.clone(), shutdown.clone()));
     let api_task =
         tokio::spawn(api::server::serve(api_listener, config.api_socket.clone(), state, shutdown.clone()));
-    let evaluator = tokio::spawn(evaluate_incidents(incidents.clone(), metrics.clone(), stop_intake.clone()));
+    let (alerts_tx, alerts_rx) = mpsc::channel(ALERT_SNAPSHOTS);
+    let pusher = (!config.alertmanager_urls.is_empty()).then(|| {
+        let urls = config.alertmanager_urls.clone();
+        tokio::spawn(alertmanager::run(urls, alerts_rx, metrics.clone(), shutdown.clone()))
+    });
+    let pusher_tx = pusher.is_some().then_some(alerts_tx);
+    let evaluator =
+        tokio::spawn(evaluate_incidents(incidents.clone(), metrics.clone(), pusher_tx, stop_intake.clone()));
     let symbols = Arc::new(Symbols::default());
     let refresher = tokio::spawn(refresh_symbols(symbols.clone(), stop_intake.clone()));
     let mut decoder = loaded.decoder.clone();
@@ -186,6 +195,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     drop(hung_task_timeout);
     shutdown.cancel();
     let _ = tokio::join!(http_task, api_task);
+    if let Some(pusher) = pusher {
+        let _ = pusher.await;
+    }
     drop(loaded);
     tracing::info!("kstall agent stopped");
     Ok(())
@@ -413,7 +425,12 @@ struct RunningAttribution {
 }
 
 /// Asks the signatures what fires, once a second; logs what started and what ended.
-async fn evaluate_incidents(engine: Arc<Mutex<Engine>>, metrics: Arc<Metrics>, stop: CancellationToken) {
+async fn evaluate_incidents(
+    engine: Arc<Mutex<Engine>>,
+    metrics: Arc<Metrics>,
+    alerts: Option<mpsc::Sender<alertmanager::Snapshot>>,
+    stop: CancellationToken,
+) {
     let mut tick = tokio::time::interval(INCIDENT_EVALUATION_INTERVAL);
     loop {
         tokio::select! {
@@ -434,6 +451,10 @@ async fn evaluate_incidents(engine: Arc<Mutex<Engine>>, metrics: Arc<Metrics>, s
         let (firing, evictions): (Vec<_>, Vec<_>) = (engine.firing().cloned().collect(), engine.evictions());
         drop(engine);
         metrics.set_incidents(firing.iter(), &changes.fired, &evictions);
+        if let Some(alerts) = &alerts {
+            // A pusher still busy with the last one skips this one: the next carries the same.
+            let _ = alerts.try_send(alertmanager::Snapshot { firing, resolved: changes.resolved });
+        }
     }
 }
 

@@ -30,6 +30,7 @@ pub struct Metrics {
     attribution_pods: IntGaugeVec,
     pod_series: std::sync::Mutex<PodSeries>,
     incident_active: IntGaugeVec,
+    alertmanager_posts_total: IntCounterVec,
     overcommit: prometheus::Gauge,
     incidents_total: IntCounterVec,
     incident_evictions_total: IntCounterVec,
@@ -147,6 +148,12 @@ impl Metrics {
         .expect("valid metric");
         registry.register(Box::new(overcommit.clone())).expect("unique metric");
         Self {
+            alertmanager_posts_total: counter(
+                &registry,
+                "kstall_alertmanager_posts_total",
+                "Pushes of incidents to an Alertmanager (--alertmanager-url), by result.",
+                &["url", "result"],
+            ),
             overcommit,
             incident_active,
             incidents_total: counter(
@@ -411,6 +418,10 @@ impl Metrics {
             let c = self.incident_evictions_total.with_label_values(&[signature]);
             c.inc_by(total.saturating_sub(c.get()));
         }
+    }
+
+    pub fn alertmanager_post(&self, url: &str, ok: bool) {
+        self.alertmanager_posts_total.with_label_values(&[url, if ok { "ok" } else { "error" }]).inc();
     }
 
     pub fn unattributed(&self, probe: &str) {

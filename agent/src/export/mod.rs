@@ -1,2 +1,3 @@
+pub mod alertmanager;
 pub mod http;
 pub mod metrics;

@@ -1,0 +1,385 @@
+//! Direct push of incidents to Alertmanager's v2 API (`--alertmanager-url`, repeatable), for nodes
+//! whose metrics pipeline is itself down. Firing incidents are POSTed when they start and again
+//! every `RESEND_INTERVAL` (with an `endsAt` a few intervals ahead, so they expire if the agent
+//! dies); a resolved one is POSTed with `endsAt` until each Alertmanager took it. Labels are the
+//! Prometheus rules' (`deploy/prometheus/kstall-rules.yaml`), so Alertmanager dedupes the two.
+//!
+//! Its own task, fed by snapshots it may drop: it never blocks the event path or the evaluator.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Bytes;
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::Metrics;
+use crate::incidents::Incident;
+
+pub const RESEND_INTERVAL: Duration = Duration::from_secs(60);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// An alert as Alertmanager's `POST /api/v2/alerts` takes it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PostableAlert {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    #[serde(rename = "startsAt")]
+    pub starts_at: String,
+    #[serde(rename = "endsAt")]
+    pub ends_at: String,
+}
+
+/// `nfs-sidecar-redirect` -> `KstallNfsSidecarRedirect`: the Prometheus rule's alert name.
+pub fn alert_name(signature: &str) -> String {
+    let mut name = String::from("Kstall");
+    for part in signature.split('-') {
+        let mut chars = part.chars();
+        if let Some(first) = chars.next() {
+            name.extend(first.to_uppercase());
+            name.push_str(chars.as_str());
+        }
+    }
+    name
+}
+
+fn rfc3339(unix_ns: u64) -> String {
+    jiff::Timestamp::from_nanosecond(i128::from(unix_ns)).map(|t| t.to_string()).unwrap_or_default()
+}
+
+/// The alert for `incident` at `now`. Empty label values are left out, as Prometheus does.
+pub fn alert(incident: &Incident, now_unix_ns: u64) -> PostableAlert {
+    let mut labels = BTreeMap::new();
+    labels.insert("alertname".to_string(), alert_name(&incident.signature));
+    for (k, v) in [
+        ("signature", incident.signature.as_str()),
+        ("severity", incident.severity.as_str()),
+        ("node", &incident.node),
+        ("namespace", &incident.namespace),
+        ("pod", &incident.pod),
+    ] {
+        if !v.is_empty() {
+            labels.insert(k.to_string(), v.to_string());
+        }
+    }
+    let annotations = BTreeMap::from([
+        ("summary".to_string(), incident.summary.clone()),
+        (
+            "description".to_string(),
+            format!(
+                "kstall incident {} (evidence and the way out: kstall API /api/v1/incidents)",
+                incident.id
+            ),
+        ),
+        ("runbook".to_string(), format!("docs/runbooks/{}.md", incident.signature)),
+    ]);
+    let ends = match incident.resolved_unix_ns {
+        Some(resolved) => resolved,
+        // Expires by itself if the agent stops resending.
+        None => now_unix_ns + 4 * RESEND_INTERVAL.as_nanos() as u64,
+    };
+    PostableAlert {
+        labels,
+        annotations,
+        starts_at: rfc3339(incident.first_seen_unix_ns),
+        ends_at: rfc3339(ends),
+    }
+}
+
+/// What the evaluator hands over each second.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub firing: Vec<Incident>,
+    pub resolved: Vec<Incident>,
+}
+
+/// One Alertmanager and what it still has to be told.
+struct Target {
+    url: String,
+    endpoint: hyper::Uri,
+    /// Resolved incidents it has not acknowledged yet.
+    resolved: HashMap<String, Incident>,
+    /// Firing incident ids it acknowledged in the last successful post.
+    told: Vec<String>,
+    last_ok: Option<Instant>,
+    next_attempt: Instant,
+    failures: u32,
+}
+
+/// `http://host:port[/prefix]` -> its `/api/v2/alerts` endpoint.
+pub fn endpoint(url: &str) -> Result<hyper::Uri, String> {
+    let uri: hyper::Uri = url.parse().map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") || uri.host().is_none() {
+        return Err(format!("{url:?} is not an http://host[:port] URL (https is not supported yet)"));
+    }
+    let base = url.trim_end_matches('/');
+    format!("{base}/api/v2/alerts").parse().map_err(|e| format!("{url:?}: {e}"))
+}
+
+/// Pushes until `stop`; `snapshots` come from the incident evaluator.
+pub async fn run(
+    urls: Vec<String>,
+    mut snapshots: mpsc::Receiver<Snapshot>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut targets: Vec<Target> = urls
+        .into_iter()
+        .filter_map(|url| {
+            let endpoint = endpoint(&url).ok()?;
+            Some(Target {
+                url,
+                endpoint,
+                resolved: HashMap::new(),
+                told: vec![],
+                last_ok: None,
+                next_attempt: Instant::now(),
+                failures: 0,
+            })
+        })
+        .collect();
+    loop {
+        let snapshot = tokio::select! {
+            _ = stop.cancelled() => return,
+            s = snapshots.recv() => match s { Some(s) => s, None => return },
+        };
+        let firing = snapshot.firing;
+        for t in &mut targets {
+            for r in &snapshot.resolved {
+                t.resolved.insert(r.id.clone(), r.clone());
+            }
+        }
+        let now = Instant::now();
+        let now_ns =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
+                as u64;
+        for t in &mut targets {
+            let mut ids: Vec<String> = firing.iter().map(|i| i.id.clone()).collect();
+            ids.sort();
+            let changed = ids != t.told || !t.resolved.is_empty();
+            let due = t.last_ok.is_none_or(|at| now.duration_since(at) >= RESEND_INTERVAL);
+            if (!changed && !due)
+                || now < t.next_attempt
+                || (firing.is_empty() && t.resolved.is_empty() && t.told.is_empty())
+            {
+                continue;
+            }
+            let alerts: Vec<PostableAlert> =
+                firing.iter().chain(t.resolved.values()).map(|i| alert(i, now_ns)).collect();
+            let result = tokio::select! {
+                _ = stop.cancelled() => return,
+                r = post(&client, &t.endpoint, &alerts) => r,
+            };
+            match result {
+                Ok(()) => {
+                    if t.failures > 0 {
+                        tracing::info!(url = %t.url, "Alertmanager reachable again");
+                    }
+                    t.failures = 0;
+                    t.last_ok = Some(now);
+                    t.told = ids;
+                    t.resolved.clear();
+                    t.next_attempt = now;
+                    metrics.alertmanager_post(&t.url, true);
+                }
+                Err(e) => {
+                    if t.failures == 0 {
+                        tracing::warn!(url = %t.url, error = %e, "cannot push alerts to Alertmanager; retrying");
+                    }
+                    t.failures += 1;
+                    let backoff = Duration::from_secs(1 << t.failures.min(6)).min(MAX_BACKOFF);
+                    t.next_attempt = now + backoff;
+                    metrics.alertmanager_post(&t.url, false);
+                }
+            }
+        }
+    }
+}
+
+async fn post(
+    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    endpoint: &hyper::Uri,
+    alerts: &[PostableAlert],
+) -> Result<(), String> {
+    let body = serde_json::to_vec(alerts).map_err(|e| e.to_string())?;
+    let request = hyper::Request::post(endpoint.clone())
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| e.to_string())?;
+    let response = tokio::time::timeout(REQUEST_TIMEOUT, client.request(request))
+        .await
+        .map_err(|_| "timed out".to_string())?
+        .map_err(|e| format!("{e:?}"))?;
+    let status = response.status();
+    if status.is_success() {
+        return Ok(());
+    }
+    let body = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&body).trim()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::incidents::{Remediation, Severity, State};
+
+    pub fn incident(resolved: Option<u64>) -> Incident {
+        Incident {
+            id: "nfs-sidecar-redirect/node-a/netns-1".into(),
+            signature: "nfs-sidecar-redirect".into(),
+            severity: Severity::Critical,
+            state: if resolved.is_some() { State::Resolved } else { State::Firing },
+            first_seen_unix_ns: 1_796_000_000_000_000_000,
+            last_seen_unix_ns: 1_796_000_010_000_000_000,
+            resolved_unix_ns: resolved,
+            node: "node-a".into(),
+            namespace: "shop".into(),
+            pod: "web-1".into(),
+            container: String::new(),
+            workload: String::new(),
+            pod_uid: None,
+            summary: "redirected".into(),
+            evidence: serde_json::Value::Null,
+            remediation: Remediation::default(),
+            related: vec![],
+        }
+    }
+
+    #[test]
+    fn alerts_carry_the_rules_labels() {
+        assert_eq!(alert_name("nfs-sidecar-redirect"), "KstallNfsSidecarRedirect");
+        assert_eq!(alert_name("system-oom"), "KstallSystemOom");
+        let a = alert(&incident(None), 1_796_000_020_000_000_000);
+        assert_eq!(
+            a.labels.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["alertname", "namespace", "node", "pod", "severity", "signature"]
+        );
+        assert_eq!(a.starts_at, "2026-11-30T00:53:20Z");
+        assert_eq!(a.ends_at, "2026-11-30T00:57:40Z", "four resend intervals ahead");
+        let mut node_level = incident(Some(1_796_000_030_000_000_000));
+        node_level.namespace.clear();
+        node_level.pod.clear();
+        let r = alert(&node_level, 0);
+        assert!(!r.labels.contains_key("pod"), "empty labels are left out, as Prometheus does");
+        assert_eq!(r.ends_at, "2026-11-30T00:53:50Z");
+    }
+
+    #[test]
+    fn urls() {
+        assert_eq!(endpoint("http://am:9093").unwrap().to_string(), "http://am:9093/api/v2/alerts");
+        assert_eq!(
+            endpoint("http://am:9093/prefix/").unwrap().to_string(),
+            "http://am:9093/prefix/api/v2/alerts"
+        );
+        assert!(endpoint("https://am:9093").is_err());
+        assert!(endpoint("am:9093").is_err());
+        assert!(endpoint("not a url").is_err());
+    }
+
+    /// A fake Alertmanager: records each POST's body, fails the first `fail` of them.
+    async fn fake_alertmanager(fail: usize) -> (String, Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let posts = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = posts.clone();
+        tokio::spawn(async move {
+            let mut n = 0;
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // Read headers and the whole body (Content-Length).
+                loop {
+                    let read = stream.read(&mut chunk).await.unwrap_or(0);
+                    if read == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk[..read]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse().unwrap())
+                            })
+                            .unwrap_or(0);
+                        if body.len() >= len {
+                            assert!(head.starts_with("POST /api/v2/alerts"), "{head}");
+                            n += 1;
+                            let status = if n <= fail { "503 Service Unavailable" } else { "200 OK" };
+                            if n > fail {
+                                seen.lock().unwrap().push(serde_json::from_str(body).unwrap());
+                            }
+                            let _ = stream
+                                .write_all(
+                                    format!(
+                                        "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                                    )
+                                    .as_bytes(),
+                                )
+                                .await;
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        (url, posts)
+    }
+
+    #[tokio::test]
+    async fn fires_then_resolves_with_a_retry_after_a_failure() {
+        let (url, posts) = fake_alertmanager(1).await;
+        let metrics = Arc::new(Metrics::new(32768..=60999));
+        let (tx, rx) = mpsc::channel(4);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(vec![url.clone()], rx, metrics.clone(), stop.clone()));
+        let snapshot = |firing, resolved| Snapshot { firing, resolved };
+        // The first post fails (503); the next snapshot after the 2 s backoff retries.
+        for _ in 0..4 {
+            tx.send(snapshot(vec![incident(None)], vec![])).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+        }
+        {
+            let posts = posts.lock().unwrap();
+            assert_eq!(
+                posts.len(),
+                1,
+                "one success after the failure, no resend within the interval: {posts:?}"
+            );
+            assert_eq!(posts[0][0]["labels"]["alertname"], "KstallNfsSidecarRedirect");
+        }
+        tx.send(snapshot(vec![], vec![incident(Some(1_796_000_030_000_000_000))])).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        {
+            let posts = posts.lock().unwrap();
+            assert_eq!(posts.len(), 2, "{posts:?}");
+            assert_eq!(posts[1][0]["endsAt"], "2026-11-30T00:53:50Z");
+        }
+        // Nothing firing, nothing to resolve: quiet.
+        tx.send(snapshot(vec![], vec![])).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(posts.lock().unwrap().len(), 2);
+        let text = metrics.render();
+        assert!(
+            text.contains(&format!(r#"kstall_alertmanager_posts_total{{result="error",url="{url}"}} 1"#)),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(r#"kstall_alertmanager_posts_total{{result="ok",url="{url}"}} 2"#)),
+            "{text}"
+        );
+        stop.cancel();
+        task.await.unwrap();
+    }
+}
