@@ -16,6 +16,7 @@ use std::{
 
 use serde_json::Value;
 
+pub mod alerting;
 pub mod writeback;
 
 /// Returns false (after printing why) when kernel tests cannot run here; panics instead when they

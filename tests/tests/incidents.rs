@@ -2,7 +2,9 @@
 //! namespace (a real iptables REDIRECT of tcp/2049 to a port where nothing listens) plus a real
 //! task of that pod stuck in D state (a writer on a frozen disk). kstall must raise
 //! `nfs-sidecar-redirect` and `pod-termination-blocked` for that pod, with the evidence and the way
-//! out, and resolve both once the writer is released and the rule deleted.
+//! out; push it to a real Alertmanager; a real Prometheus scraping kstall must fire the shipped
+//! rule into the same Alertmanager alert; and all of it must resolve once the writer is released
+//! and the rule deleted.
 
 use std::{
     net::{Ipv4Addr, SocketAddr, TcpStream},
@@ -15,7 +17,7 @@ use std::{
 };
 
 use kstall_tests::{
-    Agent, Cgroup, NetNs, PodProcess, Sysctl, kernel_tests_can_run, pod_json, write_pods_file,
+    Agent, Cgroup, NetNs, PodProcess, Sysctl, alerting, kernel_tests_can_run, pod_json, write_pods_file,
     writeback::FreezableDisk,
 };
 use serde_json::Value;
@@ -29,8 +31,8 @@ fn is(signature: &'static str, state: &'static str) -> impl Fn(&Value) -> bool {
 }
 
 #[test]
-fn sidecar_redirect_and_stuck_writer_fire_and_resolve() {
-    if !kernel_tests_can_run("sidecar_redirect_and_stuck_writer_fire_and_resolve") {
+fn sidecar_redirect_and_stuck_writer_fire_alert_and_resolve() {
+    if !kernel_tests_can_run("sidecar_redirect_and_stuck_writer_fire_alert_and_resolve") {
         return;
     }
     let original = std::fs::read_to_string("/proc/sys/kernel/hung_task_timeout_secs").unwrap();
@@ -39,7 +41,11 @@ fn sidecar_redirect_and_stuck_writer_fire_and_resolve() {
     let pods_file = dir.path().join("pods.json");
     write_pods_file(&pods_file, &[pod_json(UID, POD, CONTAINER)]);
     let mut disk = FreezableDisk::new("incident");
+    let alertmanager = alerting::alertmanager();
+    let am_url = format!("http://{}", alertmanager.addr);
     let mut agent = Agent::start(&[
+        "--alertmanager-url",
+        &am_url,
         "--pods-file",
         pods_file.to_str().unwrap(),
         "--hung-task-timeout-secs",
@@ -127,6 +133,61 @@ fn sidecar_redirect_and_stuck_writer_fire_and_resolve() {
     let http: Value = serde_json::from_str(&agent.get("/api/v1/incidents")).expect("JSON");
     assert!(http["incidents"].as_array().unwrap().iter().any(is("nfs-sidecar-redirect", "firing")));
 
+    // Alertmanager got the agent's push...
+    let am_alerts = |active: bool| -> Vec<Value> {
+        let path = format!(
+            "/api/v2/alerts?active={active}&silenced=false&inhibited=false&filter=alertname%3D%22KstallNfsSidecarRedirect%22"
+        );
+        alertmanager
+            .get_json(&path)
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|a| a["labels"]["pod"] == POD)
+            .collect()
+    };
+    let pushed =
+        wait_for(Duration::from_secs(15), || am_alerts(true).into_iter().next()).unwrap_or_else(|| {
+            panic!("Alertmanager has no pushed alert:\n{}\n{}", alertmanager.log(), agent.log())
+        });
+    for (label, value) in [
+        ("signature", "nfs-sidecar-redirect"),
+        ("severity", "warning"),
+        ("namespace", "shop"),
+        ("node", node.as_str()),
+    ] {
+        assert_eq!(pushed["labels"][label], value, "{pushed:#}");
+    }
+    assert!(
+        agent
+            .metric(&format!(r#"kstall_alertmanager_posts_total{{result="ok",url="{am_url}"}}"#))
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    // ...and Prometheus, scraping the agent, fires the shipped rule into the same alert.
+    let rules =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus/kstall-rules.yaml");
+    let prometheus = alerting::prometheus(agent.listen, &rules, alertmanager.addr);
+    let rule_alert = wait_for(Duration::from_secs(30), || {
+        let alerts = prometheus.get_json("/api/v1/alerts");
+        alerts["data"]["alerts"]
+            .as_array()?
+            .iter()
+            .find(|a| a["labels"]["alertname"] == "KstallNfsSidecarRedirect" && a["state"] == "firing")
+            .cloned()
+    })
+    .unwrap_or_else(|| panic!("Prometheus did not fire the rule:\n{}", prometheus.log()));
+    assert_eq!(rule_alert["labels"]["pod"], POD, "{rule_alert:#}");
+    let from_prometheus = wait_for(Duration::from_secs(30), || {
+        let alerts = am_alerts(true);
+        // One alert, not two: Alertmanager deduped the push and the rule (same labels); the
+        // rule's carries Prometheus's generator URL.
+        (alerts.len() == 1 && alerts[0]["generatorURL"].as_str().is_some_and(|u| !u.is_empty()))
+            .then(|| alerts[0].clone())
+    });
+    assert!(from_prometheus.is_some(), "Alertmanager: {:#?}\n{}", am_alerts(true), prometheus.log());
+
     // The break-glass step and the release: both resolve.
     retrying.store(false, Ordering::Relaxed);
     assert!(client.join().unwrap() >= 3, "the client's connects were refused");
@@ -154,5 +215,29 @@ fn sidecar_redirect_and_stuck_writer_fire_and_resolve() {
         assert!(resolved.is_some(), "{signature} resolved: {:#?}", agent.incidents());
     }
     assert_eq!(agent.metric(&active), None, "no longer active");
+    // Prometheus's rule stops firing and Alertmanager's alert resolves.
+    let quiet = wait_for(Duration::from_secs(30), || {
+        let alerts = prometheus.get_json("/api/v1/alerts");
+        let firing = alerts["data"]["alerts"]
+            .as_array()?
+            .iter()
+            .any(|a| a["labels"]["alertname"] == "KstallNfsSidecarRedirect");
+        (!firing && am_alerts(true).is_empty()).then_some(())
+    });
+    assert!(quiet.is_some(), "still active in Alertmanager: {:#?}", am_alerts(true));
     assert_eq!(agent.stop(), Some(0));
+}
+
+/// Polls `f` every 250 ms until it returns something or `timeout` passes.
+fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }

@@ -20,8 +20,9 @@ const APT_PACKAGES: &[&str] = &[
     "curl",
     "bindfs",
     "e2fsprogs",
-    // promtool, for the alerting rules' tests.
+    // promtool and a real Prometheus and Alertmanager, for the alerting tests.
     "prometheus",
+    "prometheus-alertmanager",
 ];
 /// The nightly the eBPF crate was checked with (rustc 1.97, LLVM 22.1).
 const PINNED_NIGHTLY: &str = "nightly-2026-05-19";

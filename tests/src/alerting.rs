@@ -1,0 +1,123 @@
+//! A real Prometheus and a real Alertmanager (Debian's packages), each started by the test on a
+//! free local port with its data in a temporary directory, and stopped (with the directory
+//! removed) on drop.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// A service process, killed on drop; its output is kept for failure messages.
+pub struct Service {
+    child: Child,
+    pub addr: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl Service {
+    fn start(program: &str, args: impl FnOnce(&Path, SocketAddr) -> Vec<String>, ready_path: &str) -> Self {
+        let dir = tempfile::tempdir().expect("service dir");
+        let addr = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port");
+        let log = std::fs::File::create(dir.path().join("log")).expect("log file");
+        let child = Command::new(program)
+            .args(args(dir.path(), addr))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {program} (Debian package installed by the bootstrap): {e}"));
+        let service = Service { child, addr, dir };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while http_get(addr, ready_path).is_none() {
+            assert!(Instant::now() < deadline, "{program} not ready after 30 s:\n{}", service.log());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        service
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    /// GET `path`, parsed as JSON.
+    pub fn get_json(&self, path: &str) -> Value {
+        let body = http_get(self.addr, path).unwrap_or_else(|| panic!("GET {path}:\n{}", self.log()));
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An Alertmanager that routes everything to a receiver that sends nothing: the test reads its
+/// API. Clustering is off.
+pub fn alertmanager() -> Service {
+    Service::start(
+        "prometheus-alertmanager",
+        |dir, addr| {
+            let config = dir.join("alertmanager.yml");
+            std::fs::write(
+                &config,
+                "route: {receiver: 'null', group_wait: 1s, group_interval: 1s, repeat_interval: 1h}\n\
+                 receivers: [{name: 'null'}]\n",
+            )
+            .expect("alertmanager config");
+            vec![
+                format!("--config.file={}", config.display()),
+                format!("--storage.path={}", dir.join("data").display()),
+                format!("--web.listen-address={addr}"),
+                "--cluster.listen-address=".into(),
+            ]
+        },
+        "/-/ready",
+    )
+}
+
+/// A Prometheus scraping `target` every second as job `kstall`, evaluating `rules` every second
+/// and sending alerts to `alertmanager`.
+pub fn prometheus(target: SocketAddr, rules: &Path, alertmanager: SocketAddr) -> Service {
+    let rules = rules.canonicalize().expect("rules file");
+    Service::start(
+        "prometheus",
+        move |dir, addr| {
+            let config = dir.join("prometheus.yml");
+            std::fs::write(
+                &config,
+                format!(
+                    "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+                     rule_files: ['{}']\n\
+                     alerting: {{alertmanagers: [{{static_configs: [{{targets: ['{alertmanager}']}}]}}]}}\n\
+                     scrape_configs: [{{job_name: kstall, static_configs: [{{targets: ['{target}']}}]}}]\n",
+                    rules.display()
+                ),
+            )
+            .expect("prometheus config");
+            vec![
+                format!("--config.file={}", config.display()),
+                format!("--storage.tsdb.path={}", dir.join("data").display()),
+                format!("--web.listen-address={addr}"),
+            ]
+        },
+        "/-/ready",
+    )
+}
+
+/// Body of a successful HTTP GET, `None` when the server is not there or answers an error.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.split_whitespace().nth(1).filter(|code| code.starts_with('2'))?;
+    Some(body.to_string())
+}
