@@ -521,6 +521,42 @@ pub fn write_pods_file(path: &Path, pods: &[Value]) {
     std::fs::rename(&tmp, path).expect("replace pods file");
 }
 
+/// The memory limit of the cgroups tests OOM-kill in.
+pub const OOM_LIMIT: u64 = 64 << 20;
+
+/// A process that joins `procs` (after `delay`: on v1, the agent learns a pod's processes by
+/// walking) and allocates until the memcg OOM killer kills it; returns its pid.
+pub fn oom_kill(procs: &[&Path], delay: Duration) -> u32 {
+    let joins: String = procs.iter().map(|p| format!("echo $$ > {} && ", p.display())).collect();
+    let script = format!(
+        "{joins}exec python3 -c 'import time; time.sleep({}); x = [bytearray(8 << 20) for _ in range(64)]'",
+        delay.as_secs_f64()
+    );
+    let mut victim = Command::new("sh").args(["-c", &script]).spawn().expect("start the allocator");
+    let pid = victim.id();
+    let deadline = Instant::now() + Duration::from_secs(60) + delay;
+    loop {
+        if let Some(status) = victim.try_wait().unwrap() {
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(libc::SIGKILL),
+                "OOM-killed: {status}"
+            );
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "allocator still running after 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A v1 memory cgroup with an `OOM_LIMIT` limit (on a hybrid host the limit for a v2 cgroup
+/// lives there), removed on drop.
+pub fn v1_memory_limit(tag: &str) -> Cgroup {
+    let limit = Cgroup::v1_memory_at(&format!("kstall-{tag}-{}", std::process::id()));
+    std::fs::write(limit.path.join("memory.limit_in_bytes"), OOM_LIMIT.to_string()).expect("v1 limit");
+    limit
+}
+
 /// A memory cgroup with a limit, removed on drop: on cgroup v1 (hybrid hosts) under
 /// `/sys/fs/cgroup/memory`, else the v2 `memory.max` of `v2` itself.
 pub struct MemoryLimit {

@@ -5,18 +5,14 @@
 
 use std::{
     net::{Ipv4Addr, SocketAddr},
-    path::Path,
-    process::Command,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use kstall_tests::{
-    Agent, Cgroup, EventStream, NetNs, PodProcess, closed_low_port, kernel_tests_can_run, own_netns_inode,
-    pod_json, refused_connects, write_pods_file,
+    Agent, Cgroup, EventStream, NetNs, OOM_LIMIT, PodProcess, closed_low_port, kernel_tests_can_run,
+    oom_kill, own_netns_inode, pod_json, refused_connects, v1_memory_limit, write_pods_file,
 };
 use serde_json::Value;
-
-const LIMIT: u64 = 64 << 20;
 
 #[derive(Clone, Copy, Debug)]
 enum Layout {
@@ -60,39 +56,6 @@ impl FakePod {
             Layout::CgroupfsV1 => Cgroup::v1_memory_at(&format!("kubepods/burstable/pod{uid}/{id}")),
         }
     }
-}
-
-/// A process that joins `procs` (after `delay`: on v1, the agent learns a pod's processes by
-/// walking) and allocates until the memcg OOM killer kills it; returns its pid.
-fn oom_kill(procs: &[&Path], delay: Duration) -> u32 {
-    let joins: String = procs.iter().map(|p| format!("echo $$ > {} && ", p.display())).collect();
-    let script = format!(
-        "{joins}exec python3 -c 'import time; time.sleep({}); x = [bytearray(8 << 20) for _ in range(64)]'",
-        delay.as_secs_f64()
-    );
-    let mut victim = Command::new("sh").args(["-c", &script]).spawn().expect("start the allocator");
-    let pid = victim.id();
-    let deadline = Instant::now() + Duration::from_secs(60) + delay;
-    loop {
-        if let Some(status) = victim.try_wait().unwrap() {
-            assert_eq!(
-                std::os::unix::process::ExitStatusExt::signal(&status),
-                Some(libc::SIGKILL),
-                "OOM-killed: {status}"
-            );
-            return pid;
-        }
-        assert!(Instant::now() < deadline, "allocator still running after 60 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A memory limit for `container` when it is a v2 cgroup on a hybrid host (the limit lives in
-/// v1): a v1 memory cgroup, removed on drop.
-fn v1_limit_for(tag: &str) -> Cgroup {
-    let limit = Cgroup::v1_memory_at(&format!("kstall-{tag}-{}", std::process::id()));
-    std::fs::write(limit.path.join("memory.limit_in_bytes"), LIMIT.to_string()).expect("v1 limit");
-    limit
 }
 
 /// One reset, sent by the kernel in softirq context in `netns`: a connect to a closed port from a
@@ -159,11 +122,11 @@ fn resets_and_oom_kills_name_their_pod_in_every_cgroup_layout() {
         // The OOM kill: attributed by the victim's cgroup (v2) or its process (v1).
         let (pid, via) = match layout {
             Layout::CgroupfsV1 => {
-                std::fs::write(container.path.join("memory.limit_in_bytes"), LIMIT.to_string()).unwrap();
+                std::fs::write(container.path.join("memory.limit_in_bytes"), OOM_LIMIT.to_string()).unwrap();
                 (oom_kill(&[&container.procs()], Duration::from_secs(6)), "process")
             }
             _ => {
-                let limit = v1_limit_for(&format!("attr-oom{}", *layout as usize));
+                let limit = v1_memory_limit(&format!("attr-oom{}", *layout as usize));
                 (oom_kill(&[&container.procs(), &limit.procs()], Duration::ZERO), "cgroup")
             }
         };

@@ -17,8 +17,8 @@ use std::{
 };
 
 use kstall_tests::{
-    Agent, Cgroup, NetNs, PodProcess, Sysctl, alerting, kernel_tests_can_run, pod_json, write_pods_file,
-    writeback::FreezableDisk,
+    Agent, Cgroup, NetNs, PodProcess, Sysctl, alerting, kernel_tests_can_run, oom_kill, pod_json,
+    v1_memory_limit, write_pods_file, writeback::FreezableDisk,
 };
 use serde_json::Value;
 
@@ -240,4 +240,42 @@ fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T>
         }
         std::thread::sleep(Duration::from_millis(250));
     }
+}
+
+/// A container whose limit is below what it needs: real memcg OOM kills, three in a row, make one
+/// `container-oom-loop` incident naming the pod and the container.
+#[test]
+fn repeated_oom_kills_of_one_container_are_a_loop() {
+    if !kernel_tests_can_run("repeated_oom_kills_of_one_container_are_a_loop") {
+        return;
+    }
+    let uid = "6b1d2e3f-4c5d-4e6f-9a0b-1c2d3e4f5a6b";
+    let name = "worker-7c9d8e6f5-k2j4h";
+    let dir = tempfile::tempdir().unwrap();
+    let pods_file = dir.path().join("pods.json");
+    write_pods_file(&pods_file, &[pod_json(uid, name, CONTAINER)]);
+    let mut agent = Agent::start(&["--pods-file", pods_file.to_str().unwrap()]);
+    let container = Cgroup::at(&format!("kubepods/burstable/pod{uid}/{CONTAINER}"));
+    let limit = v1_memory_limit("oom-loop");
+    for kill in 1..=3 {
+        oom_kill(&[&container.procs(), limit.procs().as_path()], Duration::ZERO);
+        if kill < 3 {
+            std::thread::sleep(Duration::from_secs(2));
+            let early = agent.incidents().into_iter().find(|i| i["signature"] == "container-oom-loop");
+            assert!(early.is_none(), "fired after {kill} kills: {early:?}");
+        }
+    }
+    let looping = agent
+        .wait_incident(
+            |i| i["signature"] == "container-oom-loop" && i["pod"] == name,
+            Duration::from_secs(10),
+        )
+        .unwrap_or_else(|| panic!("no container-oom-loop: {:#?}\n{}", agent.incidents(), agent.log()));
+    assert_eq!(
+        (&looping["namespace"], &looping["container"]),
+        (&"shop".into(), &"app".into()),
+        "{looping:#}"
+    );
+    assert_eq!(looping["evidence"]["kills"].as_array().map(Vec::len), Some(3), "{looping:#}");
+    assert_eq!(agent.stop(), Some(0));
 }
