@@ -434,7 +434,7 @@ fn hostname() -> String {
 }
 
 /// `90s`, `30m`, `1h`, `1d`, or plain seconds.
-fn parse_duration(text: &str) -> Option<Duration> {
+pub fn parse_duration(text: &str) -> Option<Duration> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let n: u64 = t[..split].parse().ok()?;

@@ -19,6 +19,10 @@ enum Command {
     Agent(Box<config::AgentArgs>),
     /// Show every probe (loaded or not, and why), events and losses, from the running agent.
     Status(cli::status::StatusArgs),
+    /// Capture events live from the running agent, filtered (pod, port, probe, ...) and bounded.
+    Trace(cli::trace::TraceArgs),
+    /// Incidents firing now (--all: and recently resolved), with evidence and the way out.
+    Incidents(cli::incidents::IncidentsArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,5 +43,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Agent(args) => cli::agent::run(*args),
         Command::Status(args) => cli::status::run(args),
+        Command::Trace(args) => cli::trace::run(args),
+        Command::Incidents(args) => cli::incidents::run(args),
     }
 }

@@ -49,6 +49,11 @@ fn bad_values_exit_64_naming_the_field() {
     assert_usage_error(&["agent", "--config", "/nonexistent.toml"], "config");
     assert_usage_error(&["agent", "--no-such-flag"], "--no-such-flag");
     assert_usage_error(&["frobnicate"], "frobnicate");
+    assert_usage_error(&["agent", "--alertmanager-url", "https://am:9093"], "alertmanager_url");
+    assert_usage_error(&["agent", "--pods-file", "/nonexistent/pods.json"], "pods_file");
+    assert_usage_error(&["trace", "--probe", "tcp-reset,oom-kil"], "oom-kil");
+    assert_usage_error(&["trace", "--duration", "soon"], "--duration");
+    assert_usage_error(&["incidents", "--output", "xml"], "xml");
 }
 
 #[test]
@@ -59,12 +64,14 @@ fn environment_values_are_validated_like_flags() {
 }
 
 #[test]
-fn status_without_an_agent_says_how_to_start_one() {
-    let (code, stderr) = kstall(&["status", "--api-socket", "/nonexistent/kstall.sock"]);
-    if stderr == "skipped\n" {
-        return;
+fn commands_without_an_agent_say_how_to_start_one() {
+    for command in ["status", "trace", "incidents"] {
+        let (code, stderr) = kstall(&[command, "--api-socket", "/nonexistent/kstall.sock"]);
+        if stderr == "skipped\n" {
+            return;
+        }
+        assert_eq!(code, 1, "{command}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{command}: {stderr}");
+        assert!(stderr.contains("kstall agent"), "{command}: {stderr}");
     }
-    assert_eq!(code, 1, "{stderr}");
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("kstall agent"), "{stderr}");
 }

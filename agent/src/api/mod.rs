@@ -2,6 +2,7 @@
 //! request line; the agent answers with one JSON document (`status`) or a stream of events, one per
 //! line (`events`), until the client hangs up. `kstall status` is its client.
 
+pub mod filter;
 pub mod server;
 
 use serde::{Deserialize, Serialize};
@@ -12,8 +13,13 @@ use crate::{attribution::pods::SourceHealth, incidents::Incident, probes::ProbeS
 #[serde(tag = "request", rename_all = "snake_case")]
 pub enum Request {
     Status,
-    /// Every decoded event as it arrives (unfiltered; `kstall trace` builds on this).
+    /// Every decoded event as it arrives, unfiltered.
     Events,
+    /// The events that match `filter` as they arrive (`kstall trace`), until the client hangs up.
+    Trace {
+        #[serde(default)]
+        filter: filter::TraceFilter,
+    },
     /// Firing incidents, then recently resolved ones: `{"incidents": [...]}`.
     Incidents,
 }

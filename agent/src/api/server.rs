@@ -16,7 +16,12 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{AttributionReport, ErrorReply, IncidentsReport, ProbeReport, Request, StatusReport};
+use super::{
+    AttributionReport, ErrorReply, IncidentsReport, ProbeReport, Request, StatusReport, filter::TraceFilter,
+};
+
+/// A client whose event stream cannot be written for this long is disconnected.
+const STALLED_CLIENT: Duration = Duration::from_secs(5);
 use crate::{
     attribution::{Index, pods::Health},
     events::Event,
@@ -128,7 +133,8 @@ async fn handle(stream: UnixStream, state: Arc<AgentState>, shutdown: Cancellati
     };
     let result = match request {
         Ok(Request::Status) => write_json(&mut write, &state.status()).await,
-        Ok(Request::Events) => stream_events(&mut write, &state, &shutdown).await,
+        Ok(Request::Events) => stream_events(&mut write, &state, &TraceFilter::default(), &shutdown).await,
+        Ok(Request::Trace { filter }) => stream_events(&mut write, &state, &filter, &shutdown).await,
         Ok(Request::Incidents) => write_json(&mut write, &state.incidents()).await,
         Err(e) => write_json(&mut write, &ErrorReply { error: format!("bad request: {e}") }).await,
     };
@@ -137,9 +143,12 @@ async fn handle(stream: UnixStream, state: Arc<AgentState>, shutdown: Cancellati
     }
 }
 
+/// Streams the events that match `filter`. A client that falls behind loses events (counted);
+/// one that stops reading altogether is cut off after `STALLED_CLIENT`.
 async fn stream_events(
     write: &mut tokio::net::unix::OwnedWriteHalf,
     state: &AgentState,
+    filter: &TraceFilter,
     shutdown: &CancellationToken,
 ) -> io::Result<()> {
     let mut events = state.events.subscribe();
@@ -149,7 +158,17 @@ async fn stream_events(
             event = events.recv() => event,
         };
         match event {
-            Ok(event) => write_json(write, &*event).await?,
+            Ok(event) if filter.matches(&event) => {
+                match tokio::time::timeout(STALLED_CLIENT, write_json(write, &*event)).await {
+                    Ok(written) => written?,
+                    Err(_) => {
+                        state.metrics.subscriber_dropped("events", 1);
+                        tracing::info!("API client stopped reading its event stream; cut off");
+                        return Ok(());
+                    }
+                }
+            }
+            Ok(_) => {}
             Err(broadcast::error::RecvError::Lagged(n)) => state.metrics.subscriber_dropped("events", n),
             Err(broadcast::error::RecvError::Closed) => return Ok(()),
         }

@@ -42,6 +42,11 @@ pub fn run(args: StatusArgs) -> ExitCode {
 }
 
 fn fetch(socket: &PathBuf) -> Result<StatusReport, String> {
+    request(socket, &Request::Status)
+}
+
+/// One request to the agent and its one-document answer.
+pub fn request<T: serde::de::DeserializeOwned>(socket: &PathBuf, what: &Request) -> Result<T, String> {
     let unreachable = |e: std::io::Error| {
         format!(
             "cannot reach the agent at {} ({e}); start it with `kstall agent` (or `cargo xtask run`)",
@@ -50,9 +55,9 @@ fn fetch(socket: &PathBuf) -> Result<StatusReport, String> {
     };
     let mut stream = UnixStream::connect(socket).map_err(unreachable)?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(unreachable)?;
-    let mut request = serde_json::to_vec(&Request::Status).expect("serializable");
-    request.push(b'\n');
-    stream.write_all(&request).map_err(unreachable)?;
+    let mut line = serde_json::to_vec(what).expect("serializable");
+    line.push(b'\n');
+    stream.write_all(&line).map_err(unreachable)?;
     let mut line = String::new();
     BufReader::new(stream).read_line(&mut line).map_err(|e| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(

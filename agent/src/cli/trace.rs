@@ -1,0 +1,328 @@
+//! `kstall trace`: a live, filtered, bounded capture from the running agent. The agent filters;
+//! this end formats (one aligned human line per event, or the agent's JSON as is), stops after
+//! `--duration` (30 s unless given) or `--count` events, or on Ctrl-C.
+
+use std::{
+    io::{IsTerminal as _, Write},
+    path::PathBuf,
+    process::ExitCode,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+
+use super::{EXIT_RUNTIME, EXIT_USAGE};
+use crate::{
+    api::{Request, filter::TraceFilter},
+    config::{DEFAULT_API_SOCKET, parse_duration},
+    probes,
+};
+
+const DEFAULT_DURATION: Duration = Duration::from_secs(30);
+
+#[derive(Debug, clap::Args)]
+pub struct TraceArgs {
+    /// Probes to capture, comma-separated: tcp-reset, hung-task, oom, nfs [default: all].
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub probe: Vec<String>,
+    /// Only events of pods in this namespace.
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+    /// Only events of this pod (name or UID).
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// Only events of this container (name or runtime id).
+    #[arg(long)]
+    pub container: Option<String>,
+    /// Only events of this process or thread.
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Only resets with this local, remote or original port, and NFS events of a server on it.
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Only events of this NFS server (or reset peer) address.
+    #[arg(long)]
+    pub server: Option<String>,
+    /// Stop after this long: 5s, 2m [default: 30s, also with --count].
+    #[arg(long, value_name = "DURATION")]
+    pub duration: Option<String>,
+    /// Stop after this many events.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// text (one line per event) or json (the agent's JSON, one object per line).
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub output: String,
+    /// Write the events here instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub output_file: Option<PathBuf>,
+    /// The agent's API socket.
+    #[arg(long, env = "KSTALL_API_SOCKET", default_value = DEFAULT_API_SOCKET, value_name = "PATH")]
+    pub api_socket: PathBuf,
+}
+
+pub fn run(args: TraceArgs) -> ExitCode {
+    let (filter, duration) = match validate(&args) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("kstall: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kstall: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_RUNTIME);
+        }
+    };
+    match runtime.block_on(capture(&args, filter, duration)) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kstall: {e}");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
+}
+
+fn validate(args: &TraceArgs) -> Result<(TraceFilter, Duration), String> {
+    let probes: Vec<String> =
+        args.probe.iter().map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect();
+    if let Some(unknown) = probes.iter().find(|p| !probes::names().any(|n| n == p.as_str())) {
+        return Err(format!(
+            "unknown probe {unknown:?} (valid: {})",
+            probes::names().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    let duration = match &args.duration {
+        Some(text) => parse_duration(text)
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| format!("--duration {text:?} is not a duration like 5s, 2m"))?,
+        None => DEFAULT_DURATION,
+    };
+    if args.count == Some(0) {
+        return Err("--count must be at least 1".into());
+    }
+    let filter = TraceFilter {
+        probes,
+        namespace: args.namespace.clone(),
+        pod: args.pod.clone(),
+        container: args.container.clone(),
+        pid: args.pid,
+        port: args.port,
+        server: args.server.clone(),
+    };
+    Ok((filter, duration))
+}
+
+async fn capture(args: &TraceArgs, filter: TraceFilter, duration: Duration) -> Result<u64, String> {
+    let socket = &args.api_socket;
+    let unreachable = |e: std::io::Error| {
+        format!(
+            "cannot reach the agent at {} ({e}); start it with `kstall agent` (or `cargo xtask run`)",
+            socket.display()
+        )
+    };
+    let stream = tokio::net::UnixStream::connect(socket).await.map_err(unreachable)?;
+    let (read, mut write) = stream.into_split();
+    let mut request = serde_json::to_vec(&Request::Trace { filter }).expect("serializable");
+    request.push(b'\n');
+    write.write_all(&request).await.map_err(unreachable)?;
+    let mut out: Box<dyn Write> = match &args.output_file {
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path).map_err(|e| format!("cannot write {}: {e}", path.display()))?,
+        )),
+        None => Box::new(std::io::LineWriter::new(std::io::stdout())),
+    };
+    let json = args.output == "json";
+    let progress =
+        std::io::stderr().is_terminal() && (args.output_file.is_some() || !std::io::stdout().is_terminal());
+    let started = Instant::now();
+    let deadline = tokio::time::sleep(duration);
+    tokio::pin!(deadline);
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    let mut lines = BufReader::new(read).lines();
+    let mut n = 0u64;
+    loop {
+        tokio::select! {
+            _ = &mut deadline => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = ticker.tick(), if progress => {
+                eprint!("\r{n} events, {}s", started.elapsed().as_secs());
+            }
+            line = lines.next_line() => {
+                let line = match line {
+                    Ok(Some(line)) => line,
+                    Ok(None) => return Err("the agent closed the capture (stopped?)".into()),
+                    Err(e) => return Err(format!("reading from the agent: {e}")),
+                };
+                let event: Value = serde_json::from_str(&line).map_err(|e| format!("unexpected answer from the agent: {e}"))?;
+                if let Some(error) = event.get("error").and_then(Value::as_str) {
+                    return Err(format!("the agent refused the capture: {error}"));
+                }
+                let text = if json { line } else { render(&event) };
+                writeln!(out, "{text}").map_err(|e| format!("writing the capture: {e}"))?;
+                n += 1;
+                if args.count.is_some_and(|c| n >= c) {
+                    break;
+                }
+            }
+        }
+    }
+    out.flush().map_err(|e| format!("writing the capture: {e}"))?;
+    if progress {
+        eprintln!("\r{n} events, {}s", started.elapsed().as_secs());
+    }
+    Ok(n)
+}
+
+/// One aligned line: time (UTC), who, probe, what happened.
+pub fn render(e: &Value) -> String {
+    let time = e["time_unix_ns"]
+        .as_u64()
+        .and_then(|t| jiff::Timestamp::from_nanosecond(i128::from(t)).ok())
+        .map(|t| t.strftime("%H:%M:%S%.3f").to_string())
+        .unwrap_or_default();
+    format!("{time:<12}  {:<36}  {:<9}  {}", who(e), e["probe"].as_str().unwrap_or(""), what(e))
+}
+
+/// `namespace/pod[/container]`, `host (<unit>)`, `host network`, or the pod UID without metadata.
+pub fn who(e: &Value) -> String {
+    let s = |k: &str| e[k].as_str().unwrap_or("");
+    if !s("pod").is_empty() {
+        let container =
+            if s("container").is_empty() { String::new() } else { format!("/{}", s("container")) };
+        format!("{}/{}{container}", s("namespace"), s("pod"))
+    } else if e["host_network"] == true {
+        "host network".into()
+    } else if e["host"] == true {
+        match e["unit"].as_str() {
+            Some(unit) => format!("host ({unit})"),
+            None => "host".into(),
+        }
+    } else if let Some(uid) = e["pod_uid"].as_str() {
+        format!("pod {uid}")
+    } else {
+        "-".into()
+    }
+}
+
+fn what(e: &Value) -> String {
+    let s = |k: &str| e[k].as_str().unwrap_or("");
+    let n = |k: &str| e[k].as_u64().map(|v| v.to_string()).unwrap_or_else(|| "?".into());
+    let pid = format!("{}/{} {}", n("tgid"), n("pid"), s("comm"));
+    match s("kind") {
+        "tcp_reset" => {
+            let arrow = if s("direction") == "sent" { "sent RST" } else { "got RST" };
+            let mut text = format!(
+                "{arrow} {}:{} -> {}:{}",
+                s("local_addr"),
+                n("local_port"),
+                s("remote_addr"),
+                n("remote_port")
+            );
+            if let Some(port) = e["original_dst_port"].as_u64() {
+                text.push_str(&format!(" (dialled {}:{port}, redirected)", s("original_dst_addr")));
+            }
+            if !s("reason").is_empty() {
+                text.push_str(&format!(" {}", s("reason")));
+            }
+            text
+        }
+        "hung_task" => {
+            let top = e["stack"].as_array().and_then(|f| f.first()).and_then(Value::as_str).unwrap_or("");
+            format!("hung {}s in {} {pid} at {top}", n("blocked_secs"), s("wait"))
+        }
+        "hung_task_cleared" => format!("no longer hung ({}) {pid}", s("why")),
+        "oom_kill" => {
+            let rss =
+                e["anon_rss_bytes"].as_u64().map(|b| format!(" rss {} MiB", b >> 20)).unwrap_or_default();
+            let critical = if e["critical"] == true { " CRITICAL" } else { "" };
+            format!("OOM kill ({}) of {pid}{rss}{critical}", s("scope"))
+        }
+        "nfs" => {
+            let mut text = format!("{} server {}:{}", s("what"), s("server_addr"), n("server_port"));
+            if !s("procedure").is_empty() {
+                text.push_str(&format!(" {}", s("procedure")));
+            }
+            if let Some(error) = e["error_name"].as_str() {
+                text.push_str(&format!(" {error}"));
+            }
+            text
+        }
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const T: u64 = 1_796_013_722_123_000_000;
+
+    /// Golden lines, one per probe: what a person reads at 3 am.
+    #[test]
+    fn one_line_per_event() {
+        let reset = json!({"probe": "tcp-reset", "time_unix_ns": T, "tgid": 0, "pid": 0, "comm": "swapper/1",
+            "kind": "tcp_reset", "direction": "sent", "local_addr": "10.55.0.1", "local_port": 15001,
+            "remote_addr": "10.0.0.7", "remote_port": 871, "original_dst_addr": "10.55.0.1", "original_dst_port": 2049,
+            "reason": "NO_SOCKET", "namespace": "shop", "pod": "web-1", "container": "", "host": false});
+        assert_eq!(
+            render(&reset),
+            "04:42:02.123  shop/web-1                            tcp-reset  sent RST 10.55.0.1:15001 -> 10.0.0.7:871 (dialled 10.55.0.1:2049, redirected) NO_SOCKET"
+        );
+        let hung = json!({"probe": "hung-task", "time_unix_ns": T, "tgid": 4242, "pid": 4243, "comm": "java",
+            "kind": "hung_task", "blocked_secs": 122, "wait": "nfs", "stack": ["folio_wait_bit+0xd6", "nfs_wb_all+0x2a"],
+            "namespace": "shop", "pod": "web-1", "container": "app", "host": false});
+        assert_eq!(
+            render(&hung),
+            "04:42:02.123  shop/web-1/app                        hung-task  hung 122s in nfs 4242/4243 java at folio_wait_bit+0xd6"
+        );
+        let cleared = json!({"probe": "hung-task", "time_unix_ns": T, "tgid": 4242, "pid": 4243, "comm": "java",
+            "kind": "hung_task_cleared", "why": "exited", "namespace": "", "pod": "", "host": false, "pod_uid": "u-1"});
+        assert_eq!(
+            render(&cleared),
+            "04:42:02.123  pod u-1                               hung-task  no longer hung (exited) 4242/4243 java"
+        );
+        let oom = json!({"probe": "oom", "time_unix_ns": T, "tgid": 812, "pid": 812, "comm": "kubelet",
+            "kind": "oom_kill", "scope": "global", "critical": true, "anon_rss_bytes": 104857600,
+            "pod": "", "host": true, "unit": "kubelet.service"});
+        assert_eq!(
+            render(&oom),
+            "04:42:02.123  host (kubelet.service)                oom        OOM kill (global) of 812/812 kubelet rss 100 MiB CRITICAL"
+        );
+        let nfs = json!({"probe": "nfs", "time_unix_ns": T, "tgid": 77, "pid": 77, "comm": "kworker/u4:1",
+            "kind": "nfs", "what": "socket_connect", "server_addr": "10.55.0.1", "server_port": 2049,
+            "error_name": "ECONNREFUSED", "pod": "", "host": true, "host_network": true});
+        assert_eq!(
+            render(&nfs),
+            "04:42:02.123  host network                          nfs        socket_connect server 10.55.0.1:2049 ECONNREFUSED"
+        );
+    }
+
+    fn args(extra: &[&str]) -> TraceArgs {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            trace: TraceArgs,
+        }
+        Cli::try_parse_from(std::iter::once("trace").chain(extra.iter().copied())).unwrap().trace
+    }
+
+    #[test]
+    fn bad_input_is_one_clear_line() {
+        let e = validate(&args(&["--probe", "tcp-reset,oom-kil"])).unwrap_err();
+        assert!(e.contains("oom-kil") && e.contains("valid: tcp-reset, hung-task, oom, nfs"), "{e}");
+        assert!(validate(&args(&["--duration", "soon"])).unwrap_err().contains("--duration"));
+        assert!(validate(&args(&["--count", "0"])).is_err());
+        let (filter, duration) =
+            validate(&args(&["--port", "2049", "--duration", "5s", "-n", "shop"])).unwrap();
+        assert_eq!(
+            (filter.port, filter.namespace.as_deref(), duration),
+            (Some(2049), Some("shop"), Duration::from_secs(5))
+        );
+    }
+}

@@ -1,0 +1,145 @@
+//! `kstall trace` against a running agent while incident 1's redirect runs in a pod's network
+//! namespace: the capture holds exactly the pod's redirected NFS resets, filtered in the agent;
+//! concurrent captures get everything while a client that never reads is cut off.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    net::{Ipv4Addr, SocketAddr},
+    os::unix::net::UnixStream,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use kstall_tests::{
+    Agent, Cgroup, NetNs, PodProcess, agent_binary, kernel_tests_can_run, pod_json, refused_connects,
+    write_pods_file,
+};
+use serde_json::Value;
+
+const UID: &str = "7c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f";
+const CONTAINER: &str = "1f2e3d4c5b6a79880f1e2d3c4b5a69788f9e0d1c2b3a49586f7e8d9c0b1a2f3e";
+const POD: &str = "tenant-api-5d8c7b9f4-t9r2p";
+
+/// `kstall trace` as a user runs it; returns its stdout lines.
+fn trace(agent: &Agent, args: &[&str]) -> std::process::Child {
+    Command::new(agent_binary())
+        .arg("trace")
+        .args(["--api-socket", agent.socket.to_str().unwrap()])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kstall trace")
+}
+
+fn lines(child: std::process::Child) -> (Option<i32>, Vec<String>, String) {
+    let out = child.wait_with_output().expect("trace output");
+    let stdout = String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect();
+    (out.status.code(), stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn trace_captures_the_pods_redirected_nfs_resets_only() {
+    if !kernel_tests_can_run("trace_captures_the_pods_redirected_nfs_resets_only") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pods_file = dir.path().join("pods.json");
+    write_pods_file(&pods_file, &[pod_json(UID, POD, CONTAINER)]);
+    let mut agent = Agent::start(&["--pods-file", pods_file.to_str().unwrap()]);
+    let container = Cgroup::at(&format!("kubepods/besteffort/pod{UID}/{CONTAINER}"));
+    let netns = NetNs::new("trace");
+    let _sandbox = PodProcess::start(&netns, &container.procs());
+    netns.redirect_tcp("iptables", 2049, 15001);
+
+    let json =
+        trace(&agent, &["--probe", "tcp-reset", "--port", "2049", "--duration", "5s", "--output", "json"]);
+    let text = trace(&agent, &["--pod", POD, "--port", "2049", "--count", "3"]);
+    std::thread::sleep(Duration::from_millis(700));
+    // Redirected NFS connects, and connects to another closed port in the same namespace.
+    netns.run_inside(|| {
+        refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)), 3);
+        refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2050)), 3);
+    });
+
+    let (code, events, stderr) = lines(json);
+    assert_eq!(code, Some(0), "{stderr}");
+    // Each redirected connect: one sent reset (15001, original 2049) and one received (remote 2049).
+    assert_eq!(events.len(), 6, "{events:#?}");
+    for line in &events {
+        let e: Value = serde_json::from_str(line).expect("one JSON object per line");
+        assert_eq!(
+            (&e["probe"], &e["pod"], &e["namespace"]),
+            (&"tcp-reset".into(), &POD.into(), &"shop".into()),
+            "{e}"
+        );
+        assert_eq!(e["netns"], netns.inode(), "{e}");
+        match e["direction"].as_str() {
+            Some("sent") => {
+                assert_eq!((&e["local_port"], &e["original_dst_port"]), (&15001.into(), &2049.into()), "{e}")
+            }
+            _ => assert_eq!(e["remote_port"], 2049, "{e}"),
+        }
+    }
+    let (code, text, stderr) = lines(text);
+    assert_eq!(code, Some(0), "--count ends the capture: {stderr}");
+    assert_eq!(text.len(), 3, "{text:#?}");
+    assert!(text[0].contains(&format!("shop/{POD}")) && text[0].contains("tcp-reset"), "{text:#?}");
+    assert!(text.iter().any(|l| l.contains("(dialled 127.0.0.1:2049, redirected)")), "{text:#?}");
+    assert_eq!(agent.stop(), Some(0));
+}
+
+#[test]
+fn concurrent_captures_get_everything_while_a_stalled_client_is_cut_off() {
+    if !kernel_tests_can_run("concurrent_captures_get_everything_while_a_stalled_client_is_cut_off") {
+        return;
+    }
+    let mut agent = Agent::start(&[]);
+    let netns = NetNs::new("trace-many");
+    let ino = netns.inode().to_string();
+    // A client that asks for everything and never reads.
+    let mut stalled = UnixStream::connect(&agent.socket).unwrap();
+    stalled.write_all(b"{\"request\":\"trace\"}\n").unwrap();
+    let captures: Vec<_> = (0..2)
+        .map(|_| {
+            trace(
+                &agent,
+                &["--probe", "tcp-reset", "--port", "2051", "--duration", "15s", "--output", "json"],
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(700));
+    let before = agent.metric(r#"kstall_events_total{probe="tcp-reset"}"#).unwrap_or(0.0);
+    // Enough resets (with their JSON) to fill the stalled client's socket many times over.
+    netns.run_inside(|| {
+        for _ in 0..8 {
+            refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2052)), 250);
+        }
+        refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2051)), 20);
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let after = agent.metric(r#"kstall_events_total{probe="tcp-reset"}"#).unwrap_or(0.0);
+    assert!(after - before >= 4040.0, "metrics stay current: {before} -> {after}");
+    for capture in captures {
+        let (code, events, stderr) = lines(capture);
+        assert_eq!(code, Some(0), "{stderr}");
+        let ours = events.iter().filter(|l| l.contains(&format!("\"netns\":{ino}"))).count();
+        assert_eq!(ours, 40, "every 2051 reset (sent and received), none of 2052's: {}", events.len());
+    }
+    // The stalled client was cut off: its connection ends once it reads what is buffered.
+    stalled.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut reader = BufReader::new(stalled);
+    let mut line = String::new();
+    let mut read = 0;
+    while reader.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+        read += 1;
+        line.clear();
+    }
+    assert!(read < 4040, "the stalled client did not get everything ({read})");
+    assert!(
+        agent.metric(r#"kstall_api_events_dropped_total{stream="events"}"#).unwrap_or(0.0) >= 1.0,
+        "its losses are counted: {}",
+        agent.metrics()
+    );
+    assert_eq!(agent.stop(), Some(0));
+}
