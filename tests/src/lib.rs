@@ -383,6 +383,21 @@ impl Drop for Sysctl {
     }
 }
 
+/// The agent's programs, by the 15 characters of their names the kernel keeps.
+pub const AGENT_PROGRAMS: [&str; 11] = [
+    "tcp_send_reset",
+    "tcp_receive_res",
+    "sched_process_h",
+    "mark_victim",
+    "nfs_xprt_retran",
+    "nfs_rpc_timeout",
+    "nfs_rpc_socket_",
+    "nfs_rpc_socket_",
+    "nfs_rpc_socket_",
+    "nfs_xprt_lookup",
+    "nfs4_state_mgr_",
+];
+
 /// BPF programs whose (15-character) kernel name starts with one of `names`, as bpftool's JSON.
 pub fn bpf_programs(names: &[&str]) -> Vec<Value> {
     let progs: Value =

@@ -2,22 +2,7 @@
 
 use std::time::Duration;
 
-use kstall_tests::{Agent, bpf_programs, kernel_tests_can_run};
-
-/// The agent's programs, by the 15 characters of their names the kernel keeps.
-const PROGRAMS: [&str; 11] = [
-    "tcp_send_reset",
-    "tcp_receive_res",
-    "sched_process_h",
-    "mark_victim",
-    "nfs_xprt_retran",
-    "nfs_rpc_timeout",
-    "nfs_rpc_socket_",
-    "nfs_rpc_socket_",
-    "nfs_rpc_socket_",
-    "nfs_xprt_lookup",
-    "nfs4_state_mgr_",
-];
+use kstall_tests::{AGENT_PROGRAMS as PROGRAMS, Agent, bpf_programs, kernel_tests_can_run};
 
 /// SIGTERM detaches every program: the programs the agent loaded are gone after it exits.
 #[test]

@@ -65,7 +65,7 @@ fn environment_values_are_validated_like_flags() {
 
 #[test]
 fn commands_without_an_agent_say_how_to_start_one() {
-    for command in ["status", "trace", "incidents"] {
+    for command in ["status", "incidents"] {
         let (code, stderr) = kstall(&[command, "--api-socket", "/nonexistent/kstall.sock"]);
         if stderr == "skipped\n" {
             return;

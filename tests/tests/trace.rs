@@ -11,8 +11,8 @@ use std::{
 };
 
 use kstall_tests::{
-    Agent, Cgroup, NetNs, PodProcess, agent_binary, kernel_tests_can_run, pod_json, refused_connects,
-    write_pods_file,
+    AGENT_PROGRAMS, Agent, Cgroup, NetNs, PodProcess, agent_binary, bpf_programs, kernel_tests_can_run,
+    pod_json, refused_connects, write_pods_file,
 };
 use serde_json::Value;
 
@@ -142,4 +142,65 @@ fn concurrent_captures_get_everything_while_a_stalled_client_is_cut_off() {
         agent.metrics()
     );
     assert_eq!(agent.stop(), Some(0));
+}
+
+/// No agent running: `kstall trace` loads the probes itself for the capture and unloads them
+/// after — no program of kstall's is left in the kernel.
+#[test]
+fn a_standalone_capture_leaves_nothing_attached() {
+    if !kernel_tests_can_run("a_standalone_capture_leaves_nothing_attached") {
+        return;
+    }
+    let ours = || -> std::collections::BTreeSet<u64> {
+        bpf_programs(&AGENT_PROGRAMS).iter().filter_map(|p| p["id"].as_u64()).collect()
+    };
+    let before = ours();
+    let netns = NetNs::new("trace-alone");
+    netns.redirect_tcp("iptables", 2049, 15001);
+    let capture = Command::new(agent_binary())
+        .args(["trace", "--api-socket", "/nonexistent/kstall.sock", "--probe", "tcp-reset"])
+        .args(["--port", "2049", "--duration", "10s", "--output", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kstall trace");
+    // The NFS client's retries, while the capture's own agent starts.
+    let retrying = netns.path();
+    let client = std::thread::spawn(move || {
+        let file = std::fs::File::open(retrying).unwrap();
+        // SAFETY: valid fd; CLONE_NEWNET only affects this thread.
+        assert_eq!(unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) }, 0);
+        for _ in 0..16 {
+            refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)), 1);
+            refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2050)), 1);
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    client.join().unwrap();
+    let (code, events, stderr) = lines(capture);
+    assert_eq!(code, Some(0), "{stderr}");
+    let sent: Vec<Value> = events
+        .iter()
+        .map(|l| serde_json::from_str::<Value>(l).expect("JSON"))
+        .filter(|e| e["direction"] == "sent")
+        .collect();
+    assert!(!sent.is_empty(), "the standalone capture saw the redirected resets: {events:#?}\n{stderr}");
+    for e in &sent {
+        assert_eq!(
+            (&e["local_port"], &e["original_dst_port"], &e["netns"]),
+            (&15001.into(), &2049.into(), &netns.inode().into()),
+            "{e}"
+        );
+    }
+    assert!(!events.iter().any(|l| l.contains("\"local_port\":2050")), "other ports filtered out");
+    // The kernel frees a released program after an RCU grace period: give it a moment.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: Vec<u64> = ours().difference(&before).copied().collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "programs left attached after the capture: {left:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

@@ -56,6 +56,10 @@ pub struct TraceArgs {
     /// Write the events here instead of standard output.
     #[arg(long, value_name = "FILE")]
     pub output_file: Option<PathBuf>,
+    /// Load the probes for this capture only (root), even if an agent runs; without an agent
+    /// at --api-socket this is what happens anyway.
+    #[arg(long)]
+    pub standalone: bool,
     /// The agent's API socket.
     #[arg(long, env = "KSTALL_API_SOCKET", default_value = DEFAULT_API_SOCKET, value_name = "PATH")]
     pub api_socket: PathBuf,
@@ -76,7 +80,22 @@ pub fn run(args: TraceArgs) -> ExitCode {
             return ExitCode::from(EXIT_RUNTIME);
         }
     };
-    match runtime.block_on(capture(&args, filter, duration)) {
+    // No agent to ask (or asked not to): run one for this capture, and stop it after.
+    let agent_running = std::os::unix::net::UnixStream::connect(&args.api_socket).is_ok();
+    let standalone = match (args.standalone, agent_running) {
+        (false, true) => None,
+        _ => match StandaloneAgent::start() {
+            Ok(agent) => Some(agent),
+            Err(e) => {
+                eprintln!("kstall: {e}");
+                return ExitCode::from(EXIT_RUNTIME);
+            }
+        },
+    };
+    let socket = standalone.as_ref().map_or(args.api_socket.clone(), |a| a.socket.clone());
+    let result = runtime.block_on(capture(&args, &socket, filter, duration));
+    drop(standalone);
+    match result {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kstall: {e}");
@@ -115,8 +134,12 @@ fn validate(args: &TraceArgs) -> Result<(TraceFilter, Duration), String> {
     Ok((filter, duration))
 }
 
-async fn capture(args: &TraceArgs, filter: TraceFilter, duration: Duration) -> Result<u64, String> {
-    let socket = &args.api_socket;
+async fn capture(
+    args: &TraceArgs,
+    socket: &std::path::Path,
+    filter: TraceFilter,
+    duration: Duration,
+) -> Result<u64, String> {
     let unreachable = |e: std::io::Error| {
         format!(
             "cannot reach the agent at {} ({e}); start it with `kstall agent` (or `cargo xtask run`)",
@@ -174,6 +197,77 @@ async fn capture(args: &TraceArgs, filter: TraceFilter, duration: Duration) -> R
         eprintln!("\r{n} events, {}s", started.elapsed().as_secs());
     }
     Ok(n)
+}
+
+/// `kstall agent` run for one capture: its own socket, no metrics port to speak of, stopped with
+/// SIGTERM on drop — which detaches every program, so nothing stays attached after the capture.
+struct StandaloneAgent {
+    child: std::process::Child,
+    socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl StandaloneAgent {
+    fn start() -> Result<Self, String> {
+        let dir = std::env::temp_dir().join(format!("kstall-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let socket = dir.join("kstall.sock");
+        let log = std::fs::File::create(dir.join("agent.log"))
+            .map_err(|e| format!("cannot write the agent's log: {e}"))?;
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find the kstall binary: {e}"))?;
+        let child = std::process::Command::new(exe)
+            .args(["agent", "--listen", "127.0.0.1:0", "--log-format", "json", "--api-socket"])
+            .arg(&socket)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start a standalone agent: {e}"))?;
+        let mut agent = StandaloneAgent { child, socket, dir };
+        // The agent answers `status` only once its probes are loaded.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = agent.child.try_wait() {
+                return Err(format!("the standalone agent exited ({status}): {}", agent.last_log_line()));
+            }
+            if super::status::request::<crate::api::StatusReport>(&agent.socket, &Request::Status).is_ok() {
+                return Ok(agent);
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the standalone agent did not start within 60 s: {}",
+                    agent.last_log_line()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn last_log_line(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default();
+        let line = log.lines().last().unwrap_or("no log");
+        serde_json::from_str::<Value>(line)
+            .ok()
+            .and_then(|v| v["fields"]["message"].as_str().map(String::from))
+            .unwrap_or_else(|| line.to_string())
+    }
+}
+
+impl Drop for StandaloneAgent {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                let _ = std::fs::remove_dir_all(&self.dir);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// One aligned line: time (UTC), who, probe, what happened.
