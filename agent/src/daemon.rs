@@ -99,6 +99,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let stop_intake = CancellationToken::new();
     let attribution = start_attribution(&config, stop_intake.clone()).await;
     let incidents = Arc::new(Mutex::new(Engine::new(config.node_name.clone(), &config.incidents)));
+    let hung = Arc::new(Mutex::new(HungTaskTracker::default()));
     let state = Arc::new(AgentState {
         started: Instant::now(),
         kernel: kernel_release,
@@ -109,6 +110,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         pod_source: attribution.health.clone(),
         retention: config.pod_retention,
         incidents: incidents.clone(),
+        hung: hung.clone(),
     });
 
     let http_task = tokio::spawn(http::serve(http_listener, state.clone(), shutdown.clone()));
@@ -134,7 +136,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             "cannot measure the kernel tick rate (/proc/timer_list): hung-task blocked times unknown"
         );
     }
-    let hung = Arc::new(Mutex::new(HungTaskTracker::default()));
     let sweeper = tokio::spawn(sweep_hung_tasks(
         hung.clone(),
         metrics.clone(),

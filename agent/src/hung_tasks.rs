@@ -101,6 +101,15 @@ impl HungTaskTracker {
             .collect()
     }
 
+    /// The tasks of pod `uid` hung now.
+    pub fn of_pod(&self, uid: &str) -> Vec<(&Header, &HungTask)> {
+        self.tasks
+            .values()
+            .filter(|t| t.attribution.as_ref().and_then(|a| a.pod_uid.as_deref()) == Some(uid))
+            .map(|t| (&t.header, &t.hung))
+            .collect()
+    }
+
     /// The tasks hung now: wait class and who they are.
     pub fn hung(&self) -> impl Iterator<Item = (WaitClass, Option<&Attribution>)> {
         self.tasks.values().map(|t| (t.hung.wait, t.attribution.as_deref()))

@@ -23,6 +23,8 @@ enum Command {
     Trace(cli::trace::TraceArgs),
     /// Incidents firing now (--all: and recently resolved), with evidence and the way out.
     Incidents(cli::incidents::IncidentsArgs),
+    /// Everything kstall knows about one pod now, and the next step.
+    Explain(cli::explain::ExplainArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,5 +47,6 @@ fn main() -> ExitCode {
         Command::Status(args) => cli::status::run(args),
         Command::Trace(args) => cli::trace::run(args),
         Command::Incidents(args) => cli::incidents::run(args),
+        Command::Explain(args) => cli::explain::run(args),
     }
 }

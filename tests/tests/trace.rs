@@ -86,6 +86,47 @@ fn trace_captures_the_pods_redirected_nfs_resets_only() {
     assert_eq!(text.len(), 3, "{text:#?}");
     assert!(text[0].contains(&format!("shop/{POD}")) && text[0].contains("tcp-reset"), "{text:#?}");
     assert!(text.iter().any(|l| l.contains("(dialled 127.0.0.1:2049, redirected)")), "{text:#?}");
+
+    // `kstall explain pod` puts it together: cgroups, namespace, the resets, the incident.
+    std::thread::sleep(Duration::from_millis(1500));
+    let explain = |args: &[&str]| {
+        let out = Command::new(agent_binary())
+            .args(["explain", "pod", "--api-socket", agent.socket.to_str().unwrap()])
+            .args(args)
+            .output()
+            .expect("kstall explain");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, json, stderr) = explain(&[POD, "-n", "shop", "--output", "json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let x: Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!((&x["pod_uid"], &x["workload"]), (&UID.into(), &"Deployment/web".into()), "{x:#}");
+    assert_eq!(x["containers"], serde_json::json!([["app", CONTAINER]]), "{x:#}");
+    // The container's cgroup and the pod's own.
+    let cgroups = x["cgroup_ids"].as_array().unwrap();
+    assert!(cgroups.len() == 2 && cgroups.contains(&container.id().into()), "{x:#}");
+    assert_eq!(x["netns"], serde_json::json!([netns.inode()]), "{x:#}");
+    let activity = x["activity"].to_string();
+    assert!(
+        activity.contains(r#"original_port=\"2049\""#) && activity.contains("kstall_tcp_resets_total"),
+        "{x:#}"
+    );
+    assert_eq!(x["incidents"][0]["signature"], "nfs-sidecar-redirect", "{x:#}");
+    assert!(x["next_step"].as_str().unwrap().contains("excludeOutboundPorts"), "{x:#}");
+    let (code, text, _) = explain(&[UID]);
+    assert_eq!(code, Some(0));
+    assert!(text.starts_with(&format!("POD shop/{POD}  uid {UID}  Deployment/web  best_effort")), "{text}");
+    let (code, _, stderr) = explain(&["tenant-api-5d8c7b9f4-nosuch"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("kstall knows no pod") && stderr.contains(&format!("close: shop/{POD}")),
+        "{stderr}"
+    );
     assert_eq!(agent.stop(), Some(0));
 }
 

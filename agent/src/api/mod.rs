@@ -2,6 +2,7 @@
 //! request line; the agent answers with one JSON document (`status`) or a stream of events, one per
 //! line (`events`), until the client hangs up. `kstall status` is its client.
 
+pub mod explain;
 pub mod filter;
 pub mod server;
 
@@ -22,6 +23,12 @@ pub enum Request {
     },
     /// Firing incidents, then recently resolved ones: `{"incidents": [...]}`.
     Incidents,
+    /// Everything known about one pod (name or UID): an `explain::PodExplanation`.
+    ExplainPod {
+        pod: String,
+        #[serde(default)]
+        namespace: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

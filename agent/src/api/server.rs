@@ -17,7 +17,9 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AttributionReport, ErrorReply, IncidentsReport, ProbeReport, Request, StatusReport, filter::TraceFilter,
+    AttributionReport, ErrorReply, IncidentsReport, ProbeReport, Request, StatusReport,
+    explain::{self, PodExplanation},
+    filter::TraceFilter,
 };
 
 /// A client whose event stream cannot be written for this long is disconnected.
@@ -26,6 +28,7 @@ use crate::{
     attribution::{Index, pods::Health},
     events::Event,
     export::metrics::Metrics,
+    hung_tasks::HungTaskTracker,
     incidents::engine::Engine,
     probes::ProbeStatus,
 };
@@ -42,9 +45,27 @@ pub struct AgentState {
     pub pod_source: Health,
     pub retention: Duration,
     pub incidents: Arc<std::sync::Mutex<Engine>>,
+    pub hung: Arc<std::sync::Mutex<HungTaskTracker>>,
 }
 
 impl AgentState {
+    pub fn explain_pod(&self, query: &str, namespace: Option<&str>) -> Result<PodExplanation, String> {
+        let index = self.attribution.borrow().clone();
+        let pod = explain::find(&index, query, namespace)?;
+        let incidents: Vec<_> = self
+            .incidents()
+            .incidents
+            .into_iter()
+            .filter(|i| {
+                i.pod_uid == pod.pod_uid
+                    || (!pod.pod.is_empty() && i.pod == pod.pod && i.namespace == pod.namespace)
+            })
+            .collect();
+        let activity = self.metrics.pod_activity(&pod.namespace, &pod.pod);
+        let hung = self.hung.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(explain::explain(&index, pod, &hung, activity, incidents))
+    }
+
     pub fn incidents(&self) -> IncidentsReport {
         let engine = self.incidents.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         IncidentsReport { incidents: engine.incidents() }
@@ -136,6 +157,10 @@ async fn handle(stream: UnixStream, state: Arc<AgentState>, shutdown: Cancellati
         Ok(Request::Events) => stream_events(&mut write, &state, &TraceFilter::default(), &shutdown).await,
         Ok(Request::Trace { filter }) => stream_events(&mut write, &state, &filter, &shutdown).await,
         Ok(Request::Incidents) => write_json(&mut write, &state.incidents()).await,
+        Ok(Request::ExplainPod { pod, namespace }) => match state.explain_pod(&pod, namespace.as_deref()) {
+            Ok(explanation) => write_json(&mut write, &explanation).await,
+            Err(error) => write_json(&mut write, &ErrorReply { error }).await,
+        },
         Err(e) => write_json(&mut write, &ErrorReply { error: format!("bad request: {e}") }).await,
     };
     if let Err(e) = result {

@@ -1,5 +1,6 @@
 //! One file per subcommand.
 pub mod agent;
+pub mod explain;
 pub mod incidents;
 pub mod status;
 pub mod trace;

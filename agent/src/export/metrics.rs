@@ -387,6 +387,31 @@ impl Metrics {
         }
     }
 
+    /// `name{labels} value` of every event series of pod `namespace/pod` (its pod labels left out).
+    pub fn pod_activity(&self, namespace: &str, pod: &str) -> Vec<String> {
+        let mut lines = Vec::new();
+        for family in self.registry.gather() {
+            for m in family.get_metric() {
+                let labels = m.get_label();
+                let has = |k: &str, v: &str| labels.iter().any(|l| l.name() == k && l.value() == v);
+                if pod.is_empty() || !has("pod", pod) || !has("namespace", namespace) {
+                    continue;
+                }
+                let own: Vec<String> = labels
+                    .iter()
+                    .filter(|l| !POD_LABELS.contains(&l.name()) && !l.value().is_empty())
+                    .map(|l| format!("{}=\"{}\"", l.name(), l.value()))
+                    .collect();
+                let value = match family.get_field_type() {
+                    prometheus::proto::MetricType::COUNTER => m.get_counter().get_value(),
+                    _ => m.get_gauge().get_value(),
+                };
+                lines.push(format!("{}{{{}}} {value}", family.name(), own.join(",")));
+            }
+        }
+        lines
+    }
+
     pub fn set_attribution(&self, index: &Index, source: &SourceHealth) {
         self.pod_metadata_up.set(i64::from(source.up));
         self.attribution_pods.with_label_values(&["running"]).set((index.pods - index.deleted_pods) as i64);
