@@ -105,6 +105,13 @@ pub struct AgentArgs {
     /// Push incidents to this Alertmanager (http://host:port), repeatable or comma-separated.
     #[arg(long, env = "KSTALL_ALERTMANAGER_URL", value_name = "URL", value_delimiter = ',')]
     pub alertmanager_url: Option<Vec<String>>,
+    /// For an agent run by `kstall trace --standalone`: keep only this process's events, in the
+    /// kernel (the node agent must see every event).
+    #[arg(long, hide = true, value_name = "PID")]
+    pub capture_pid: Option<u32>,
+    /// For an agent run by `kstall trace --standalone`: keep only events with this port.
+    #[arg(long, hide = true, value_name = "PORT")]
+    pub capture_port: Option<u16>,
 }
 
 /// The file form: same settings, native TOML types. Unknown keys are errors (a typo must not be
@@ -184,6 +191,7 @@ pub struct Config {
     pub pod_retention: Duration,
     pub incidents: crate::incidents::Settings,
     pub alertmanager_urls: Vec<String>,
+    pub capture: kstall_common::capture::CaptureFilter,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -348,7 +356,14 @@ impl Config {
             crate::export::alertmanager::endpoint(url).map_err(|e| invalid("alertmanager_url", e))?;
         }
 
+        let capture = kstall_common::capture::CaptureFilter {
+            pid: args.capture_pid.unwrap_or(0),
+            port: args.capture_port.unwrap_or(0),
+            _pad: 0,
+        };
+
         Ok(Config {
+            capture,
             alertmanager_urls,
             incidents,
             pod_metadata,

@@ -5,6 +5,7 @@
 //! size pinned by a compile-time assertion. Kind ids are stable and never reused.
 #![no_std]
 
+pub mod capture;
 pub mod header;
 pub mod hung_task;
 pub mod nfs;

@@ -6,7 +6,7 @@ use aya_ebpf::{
     macros::map,
     maps::{PerCpuArray, RingBuf, ring_buf::RingBufEntry},
 };
-use kstall_common::kind;
+use kstall_common::{EventHeader, capture::CaptureFilter, kind};
 
 /// Resized by the agent at load time (`--ring-buffer-bytes`).
 #[map]
@@ -21,9 +21,44 @@ pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(kind::COUNT, 0
 #[unsafe(no_mangle)]
 static WAKEUP_BYTES: u64 = 0;
 
+/// Set by an agent run for one capture (`kstall trace --standalone`); empty otherwise.
+#[unsafe(no_mangle)]
+static CAPTURE: CaptureFilter = CaptureFilter { pid: 0, port: 0, _pad: 0 };
+
+/// What the capture filter looks at in an event.
+pub trait Filtered {
+    fn header(&self) -> &EventHeader;
+    /// The ports the event carries (0: none).
+    fn ports(&self) -> [u16; 3] {
+        [0; 3]
+    }
+}
+
+/// Whether the capture filter keeps `event` (always, for the node agent).
+#[inline(always)]
+fn wanted<T: Filtered>(event: &T) -> bool {
+    let filter = unsafe { core::ptr::read_volatile(&CAPTURE) };
+    if filter.pid != 0 {
+        let header = event.header();
+        if header.tgid != filter.pid && header.pid != filter.pid {
+            return false;
+        }
+    }
+    if filter.port != 0 {
+        let ports = event.ports();
+        if ports[0] != filter.port && ports[1] != filter.port && ports[2] != filter.port {
+            return false;
+        }
+    }
+    true
+}
+
 /// Sends `event` to userspace, or counts it as lost for `kind` when the ring buffer is full.
 #[inline(always)]
-pub fn emit<T: 'static>(kind: u32, event: &T) {
+pub fn emit<T: Filtered + 'static>(kind: u32, event: &T) {
+    if !wanted(event) {
+        return;
+    }
     if EVENTS.output::<T>(event, wakeup_flags()).is_err() {
         count_lost(kind);
     }
@@ -40,9 +75,15 @@ pub fn reserve<T: 'static>(kind: u32) -> Option<RingBufEntry<T>> {
     entry
 }
 
+/// Submits a written entry (or discards it when the capture filter does not keep it).
 #[inline(always)]
-pub fn submit<T>(entry: RingBufEntry<T>) {
-    entry.submit(wakeup_flags());
+pub fn submit<T: Filtered>(entry: RingBufEntry<T>) {
+    // SAFETY: the caller wrote the whole event before submitting it.
+    if wanted(unsafe { entry.assume_init_ref() }) {
+        entry.submit(wakeup_flags());
+    } else {
+        entry.discard(0);
+    }
 }
 
 #[inline(always)]

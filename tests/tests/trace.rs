@@ -218,6 +218,20 @@ fn a_standalone_capture_leaves_nothing_attached() {
         }
     });
     client.join().unwrap();
+    // The capture's own agent loaded only the probe asked for, and dropped other ports in the
+    // kernel: it received the 2049 resets (a sent and a received one per connect), not 2050's.
+    let socket = std::env::temp_dir().join(format!("kstall-trace-{}/kstall.sock", capture.id()));
+    let mut status = UnixStream::connect(&socket).expect("the capture's agent");
+    status.write_all(b"{\"request\":\"status\"}\n").unwrap();
+    let mut answer = String::new();
+    BufReader::new(status).read_line(&mut answer).unwrap();
+    let status: Value = serde_json::from_str(&answer).unwrap();
+    let probes = status["probes"].as_array().unwrap();
+    let up: Vec<&str> =
+        probes.iter().filter(|p| p["up"] == true).filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(up, ["tcp-reset"], "{status:#}");
+    let received = probes.iter().find(|p| p["name"] == "tcp-reset").unwrap()["events"].as_u64().unwrap();
+    assert!(received > 0 && received <= 32, "kernel-filtered: {received} of 64 resets reached the agent");
     let (code, events, stderr) = lines(capture);
     assert_eq!(code, Some(0), "{stderr}");
     let sent: Vec<Value> = events

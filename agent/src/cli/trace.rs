@@ -84,7 +84,7 @@ pub fn run(args: TraceArgs) -> ExitCode {
     let agent_running = std::os::unix::net::UnixStream::connect(&args.api_socket).is_ok();
     let standalone = match (args.standalone, agent_running) {
         (false, true) => None,
-        _ => match StandaloneAgent::start() {
+        _ => match StandaloneAgent::start(&filter) {
             Ok(agent) => Some(agent),
             Err(e) => {
                 eprintln!("kstall: {e}");
@@ -208,16 +208,28 @@ struct StandaloneAgent {
 }
 
 impl StandaloneAgent {
-    fn start() -> Result<Self, String> {
+    /// Loads only the probes `filter` asks for, and drops other pids and ports in the kernel.
+    fn start(filter: &TraceFilter) -> Result<Self, String> {
         let dir = std::env::temp_dir().join(format!("kstall-trace-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let socket = dir.join("kstall.sock");
         let log = std::fs::File::create(dir.join("agent.log"))
             .map_err(|e| format!("cannot write the agent's log: {e}"))?;
         let exe = std::env::current_exe().map_err(|e| format!("cannot find the kstall binary: {e}"))?;
-        let child = std::process::Command::new(exe)
+        let mut command = std::process::Command::new(exe);
+        command
             .args(["agent", "--listen", "127.0.0.1:0", "--log-format", "json", "--api-socket"])
-            .arg(&socket)
+            .arg(&socket);
+        if !filter.probes.is_empty() {
+            command.arg("--probes").arg(filter.probes.join(","));
+        }
+        if let Some(pid) = filter.pid {
+            command.arg("--capture-pid").arg(pid.to_string());
+        }
+        if let Some(port) = filter.port {
+            command.arg("--capture-port").arg(port.to_string());
+        }
+        let child = command
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()

@@ -185,6 +185,7 @@ pub fn load(config: &Config) -> Loaded {
     loader.map_max_entries("EVENTS", config.ring_buffer_bytes);
     let wakeup_bytes = u64::from(config.ring_buffer_bytes / 4);
     loader.override_global("WAKEUP_BYTES", &wakeup_bytes, true);
+    loader.override_global("CAPTURE", &config.capture, true);
     for (_, plan) in &plans {
         loader.override_global(plan.global, plan.global_value.as_slice(), true);
     }

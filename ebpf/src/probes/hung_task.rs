@@ -12,6 +12,7 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use kstall_common::{
+    EventHeader,
     hung_task::{
         BLOCKER_TYPE_MASK, BLOCKER_TYPE_MUTEX, BLOCKER_TYPE_RWSEM_READER, BLOCKER_TYPE_RWSEM_WRITER,
         FLAG_BLOCKER_TRACKED, FLAG_NO_NSPROXY, HungTaskConfig, HungTaskEvent, STACK_DEPTH, VERSION,
@@ -20,7 +21,7 @@ use kstall_common::{
 };
 
 use crate::{
-    maps::{reserve, submit},
+    maps::{Filtered, reserve, submit},
     read::at,
     task::fill_header,
 };
@@ -88,4 +89,10 @@ fn blocker_owner_pid(cfg: &HungTaskConfig, blocker: u64) -> u32 {
     let Ok(owner) = at::<u64>(lock, owner_offset) else { return 0 };
     let owner = (owner & !OWNER_FLAGS_MASK) as *const u8;
     at(owner, cfg.task.pid).unwrap_or(0)
+}
+
+impl Filtered for HungTaskEvent {
+    fn header(&self) -> &EventHeader {
+        &self.header
+    }
 }

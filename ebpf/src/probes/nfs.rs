@@ -22,14 +22,18 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use kstall_common::{
-    kind,
+    EventHeader, kind,
     nfs::{
         NAME_LEN, NfsConfig, NfsEvent, VERSION, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING, WHAT_SOCKET_CONNECT,
         WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET, WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
     },
 };
 
-use crate::{maps::emit, read::at, task::current_header};
+use crate::{
+    maps::{Filtered, emit},
+    read::at,
+    task::current_header,
+};
 
 #[map]
 static NFS_CONFIG: Array<NfsConfig> = Array::with_max_entries(1, 0);
@@ -220,5 +224,15 @@ fn fill_sockaddr(ev: &mut NfsEvent, base: *const u8, offset: u32) {
 fn read_str(src: *const u8, dst: &mut [u8; NAME_LEN]) {
     if !src.is_null() {
         let _ = unsafe { bpf_probe_read_kernel_str_bytes(src, dst) };
+    }
+}
+
+impl Filtered for NfsEvent {
+    fn header(&self) -> &EventHeader {
+        &self.header
+    }
+
+    fn ports(&self) -> [u16; 3] {
+        [self.server_port, 0, 0]
     }
 }

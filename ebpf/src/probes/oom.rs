@@ -23,7 +23,7 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, FEntryContext},
 };
 use kstall_common::{
-    kind,
+    EventHeader, kind,
     oom::{
         FLAG_FROM_OOM_CONTROL, FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_MEMCG_OOM, FLAG_VICTIM_PID_ONLY,
         OomConfig, OomKillEvent, STACK_DEPTH, VERSION,
@@ -31,7 +31,7 @@ use kstall_common::{
 };
 
 use crate::{
-    maps::{reserve, submit},
+    maps::{Filtered, reserve, submit},
     read::at,
     task::fill_header,
 };
@@ -147,5 +147,11 @@ fn fill_rss(cfg: &OomConfig, task: *const u8, ev: &mut OomKillEvent) {
         ev.shmem_rss = shmem;
         ev.total_vm = total_vm;
         ev.flags |= FLAG_HAS_RSS;
+    }
+}
+
+impl Filtered for OomKillEvent {
+    fn header(&self) -> &EventHeader {
+        &self.header
     }
 }

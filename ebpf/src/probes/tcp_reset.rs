@@ -17,7 +17,7 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use kstall_common::{
-    kind,
+    EventHeader, kind,
     tcp_reset::{
         ConntrackOffsets, DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6, FLAG_HAS_CONNTRACK,
         FLAG_HAS_REASON, FLAG_HAS_SOCKET, HOOK_KFREE_SKB_NO_SOCKET, HOOK_TCP_RECEIVE_RESET,
@@ -25,7 +25,11 @@ use kstall_common::{
     },
 };
 
-use crate::{maps::emit, read::at, task::current_header};
+use crate::{
+    maps::{Filtered, emit},
+    read::at,
+    task::current_header,
+};
 
 /// Filled by the agent from the running kernel's BTF before load.
 #[unsafe(no_mangle)]
@@ -257,4 +261,14 @@ fn fill_conntrack(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *const u8) 
     ev.orig_dst_addr = at(ct, off.orig_dst_addr)?;
     ev.flags |= FLAG_HAS_CONNTRACK;
     Ok(())
+}
+
+impl Filtered for TcpResetEvent {
+    fn header(&self) -> &EventHeader {
+        &self.header
+    }
+
+    fn ports(&self) -> [u16; 3] {
+        [self.local_port, self.remote_port, self.orig_dst_port]
+    }
 }
