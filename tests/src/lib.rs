@@ -398,6 +398,24 @@ pub const AGENT_PROGRAMS: [&str; 11] = [
     "nfs4_state_mgr_",
 ];
 
+/// Ids of the kernel's programs that carry the agent's program names.
+pub fn agent_program_ids() -> std::collections::BTreeSet<u64> {
+    bpf_programs(&AGENT_PROGRAMS).iter().filter_map(|p| p["id"].as_u64()).collect()
+}
+
+/// Which of `ids` are still loaded 5 s on (the kernel frees a released program after an RCU
+/// grace period).
+pub fn still_loaded_after_grace(ids: &std::collections::BTreeSet<u64>) -> Vec<u64> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: Vec<u64> = agent_program_ids().intersection(ids).copied().collect();
+        if left.is_empty() || Instant::now() > deadline {
+            return left;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// BPF programs whose (15-character) kernel name starts with one of `names`, as bpftool's JSON.
 pub fn bpf_programs(names: &[&str]) -> Vec<Value> {
     let progs: Value =

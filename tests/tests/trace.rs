@@ -11,8 +11,8 @@ use std::{
 };
 
 use kstall_tests::{
-    AGENT_PROGRAMS, Agent, Cgroup, NetNs, PodProcess, agent_binary, bpf_programs, kernel_tests_can_run,
-    pod_json, refused_connects, write_pods_file,
+    Agent, Cgroup, NetNs, PodProcess, agent_binary, agent_program_ids, kernel_tests_can_run, pod_json,
+    refused_connects, still_loaded_after_grace, write_pods_file,
 };
 use serde_json::Value;
 
@@ -192,10 +192,7 @@ fn a_standalone_capture_leaves_nothing_attached() {
     if !kernel_tests_can_run("a_standalone_capture_leaves_nothing_attached") {
         return;
     }
-    let ours = || -> std::collections::BTreeSet<u64> {
-        bpf_programs(&AGENT_PROGRAMS).iter().filter_map(|p| p["id"].as_u64()).collect()
-    };
-    let before = ours();
+    let before = agent_program_ids();
     let netns = NetNs::new("trace-alone");
     netns.redirect_tcp("iptables", 2049, 15001);
     let capture = Command::new(agent_binary())
@@ -248,14 +245,9 @@ fn a_standalone_capture_leaves_nothing_attached() {
         );
     }
     assert!(!events.iter().any(|l| l.contains("\"local_port\":2050")), "other ports filtered out");
-    // The kernel frees a released program after an RCU grace period: give it a moment.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let left: Vec<u64> = ours().difference(&before).copied().collect();
-        if left.is_empty() {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "programs left attached after the capture: {left:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let loaded: std::collections::BTreeSet<u64> = agent_program_ids().difference(&before).copied().collect();
+    assert!(
+        still_loaded_after_grace(&loaded).is_empty(),
+        "programs left attached after the capture: {loaded:?}"
+    );
 }

@@ -229,29 +229,7 @@ async fn post(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::incidents::{Remediation, Severity, State};
-
-    pub fn incident(resolved: Option<u64>) -> Incident {
-        Incident {
-            id: "nfs-sidecar-redirect/node-a/netns-1".into(),
-            signature: "nfs-sidecar-redirect".into(),
-            severity: Severity::Critical,
-            state: if resolved.is_some() { State::Resolved } else { State::Firing },
-            first_seen_unix_ns: 1_796_000_000_000_000_000,
-            last_seen_unix_ns: 1_796_000_010_000_000_000,
-            resolved_unix_ns: resolved,
-            node: "node-a".into(),
-            namespace: "shop".into(),
-            pod: "web-1".into(),
-            container: String::new(),
-            workload: String::new(),
-            pod_uid: None,
-            summary: "redirected".into(),
-            evidence: serde_json::Value::Null,
-            remediation: Remediation::default(),
-            related: vec![],
-        }
-    }
+    use crate::incidents::tests::incident;
 
     #[test]
     fn alerts_carry_the_rules_labels() {

@@ -689,27 +689,8 @@ mod tests {
 
     #[test]
     fn incident_metrics() {
-        use crate::incidents::{Incident, Remediation, Severity, State};
         let m = Metrics::new(32768..=60999);
-        let incident = Incident {
-            id: "nfs-sidecar-redirect/node-a/netns-1".into(),
-            signature: "nfs-sidecar-redirect".into(),
-            severity: Severity::Critical,
-            state: State::Firing,
-            first_seen_unix_ns: 1,
-            last_seen_unix_ns: 2,
-            resolved_unix_ns: None,
-            node: "node-a".into(),
-            namespace: "shop".into(),
-            pod: "web-1".into(),
-            container: String::new(),
-            workload: String::new(),
-            pod_uid: None,
-            summary: String::new(),
-            evidence: serde_json::Value::Null,
-            remediation: Remediation::default(),
-            related: vec![],
-        };
+        let incident = crate::incidents::tests::incident(None);
         m.set_incidents(
             [&incident].into_iter(),
             std::slice::from_ref(&incident),

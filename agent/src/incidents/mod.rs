@@ -157,3 +157,31 @@ impl Default for Settings {
 pub(crate) fn ns(d: Duration) -> u64 {
     d.as_nanos().min(u128::from(u64::MAX)) as u64
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A firing (or, given `resolved`, resolved) incident-1 incident for shop/web-1 on node-a.
+    pub fn incident(resolved: Option<u64>) -> Incident {
+        Incident {
+            id: "nfs-sidecar-redirect/node-a/netns-1".into(),
+            signature: "nfs-sidecar-redirect".into(),
+            severity: Severity::Critical,
+            state: if resolved.is_some() { State::Resolved } else { State::Firing },
+            first_seen_unix_ns: 1_796_000_000_000_000_000,
+            last_seen_unix_ns: 1_796_000_010_000_000_000,
+            resolved_unix_ns: resolved,
+            node: "node-a".into(),
+            namespace: "shop".into(),
+            pod: "web-1".into(),
+            container: String::new(),
+            workload: String::new(),
+            pod_uid: None,
+            summary: "redirected".into(),
+            evidence: serde_json::Value::Null,
+            remediation: Remediation::default(),
+            related: vec![],
+        }
+    }
+}
