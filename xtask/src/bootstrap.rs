@@ -80,7 +80,7 @@ fn apt_packages() -> anyhow::Result<()> {
     )
 }
 
-fn dpkg_installed(package: &str) -> bool {
+pub fn dpkg_installed(package: &str) -> bool {
     Command::new("dpkg-query")
         .args(["-W", "-f=${Status}", package])
         .stderr(Stdio::null())
@@ -164,7 +164,7 @@ fn bpf_linker() -> anyhow::Result<()> {
 
 /// Runs an install step with its output in target/bootstrap.log, so that a failure is one line
 /// here (and the details are in the log).
-fn run_step(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
+pub fn run_step(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
     let log_path = crate::build::workspace_root().join("target/bootstrap.log");
     std::fs::create_dir_all(log_path.parent().expect("target dir")).context("bootstrap: create target/")?;
     let log = std::fs::OpenOptions::new()

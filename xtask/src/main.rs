@@ -8,6 +8,7 @@ mod bootstrap;
 mod build;
 mod run;
 mod test;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -35,6 +36,12 @@ enum Command {
     Test,
     /// Bootstrap, build, then the benchmarks (root): a reset storm through a real agent.
     Bench,
+    /// The kernel matrix (root): boot Debian 6.1 and 6.12 in VMs and load every probe in each.
+    VmTest {
+        /// Only these kernels (6.1, 6.12) [default: all].
+        #[arg(long = "kernel")]
+        kernels: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -44,6 +51,7 @@ fn main() -> ExitCode {
         Command::Run { agent_args } => run::run(&agent_args),
         Command::Test => test::run(),
         Command::Bench => bench::run(),
+        Command::VmTest { kernels } => vm::run(&kernels),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,6 @@
 //! `cargo xtask test`: the second README command and what CI runs. Bootstrap, build, format and
-//! lint checks, every unit test, every kernel integration test.
+//! lint checks, every unit test, every kernel integration test, and (as root) the kernel matrix
+//! in VMs.
 //!
 //! As root (always so in CI) the kernel tests are required: one that cannot run fails instead of
 //! skipping.
@@ -8,7 +9,7 @@ use std::process::Command;
 
 use anyhow::{Context as _, bail};
 
-use crate::{bootstrap, build};
+use crate::{bootstrap, build, vm};
 
 pub fn run() -> anyhow::Result<()> {
     let env = bootstrap::run()?;
@@ -35,7 +36,12 @@ pub fn run() -> anyhow::Result<()> {
         test.env("KSTALL_KERNEL_TESTS", "require");
     }
     env.apply(&mut test);
-    step("cargo test (unit and kernel integration tests)", &mut test)
+    step("cargo test (unit and kernel integration tests)", &mut test)?;
+    if bootstrap::is_root() || std::env::var_os("CI").is_some() {
+        println!("==> the kernel matrix in VMs (cargo xtask vm-test)");
+        vm::matrix(&[])?;
+    }
+    Ok(())
 }
 
 fn step(what: &str, cmd: &mut Command) -> anyhow::Result<()> {

@@ -1,0 +1,248 @@
+//! `cargo xtask vm-test [--kernel 6.1 --kernel 6.12]`: the kernel matrix. Boots Debian's 6.1 and
+//! 6.12 kernels under qemu (software emulation: this machine has no KVM) with virtme-ng, the host's
+//! root file system shared read-only, runs the release agent in each, and requires every probe to
+//! load and attach there — a verifier rejection or a missing hook is a failure. Prints per kernel:
+//! boot seconds, each probe's hooks, wall time. (The host's 6.18 is the ordinary kernel tests'.)
+//!
+//! Installs what it needs first, idempotently: the bookworm-backports suite (a qemu matching the
+//! preinstalled qemu-utils, the 6.12 kernel), the kernels, a static busybox (virtme-ng needs it),
+//! and virtme-ng in a venv under target/vm/.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::{bootstrap, build};
+
+/// The matrix: a version prefix, the package that installs it when /boot has none.
+const KERNELS: &[(&str, &str)] =
+    &[("6.1.", "linux-image-amd64"), ("6.12.", "linux-image-6.12.*+deb12-amd64")];
+/// A qemu crash (6.1 hit an `iotlb_to_section` assertion one boot in six) gets one more boot.
+const ATTEMPTS: u32 = 2;
+const BOOT_TIMEOUT_SECS: &str = "600";
+
+pub fn run(kernels: &[String]) -> anyhow::Result<()> {
+    let env = bootstrap::run()?;
+    build::release(&env)?;
+    matrix(kernels)
+}
+
+/// Boots each kernel with the release binary already built.
+pub fn matrix(kernels: &[String]) -> anyhow::Result<()> {
+    let vm_dir = build::workspace_root().join("target/vm");
+    let vng = install(&vm_dir)?;
+    let guest = vm_dir.join("guest.sh");
+    std::fs::write(&guest, GUEST_SCRIPT).context("write the guest script")?;
+    let mut failures = Vec::new();
+    for (prefix, _) in KERNELS.iter().filter(|(p, _)| {
+        kernels.is_empty() || kernels.iter().any(|k| p.starts_with(&format!("{k}.")) || *p == k)
+    }) {
+        let version = boot_kernel(prefix).with_context(|| format!("no {prefix}x kernel in /boot"))?;
+        match boot_and_check(&vng, &vm_dir, &guest, &version) {
+            Ok(report) => println!("{report}"),
+            Err(e) => {
+                println!("vm-test {version}: FAILED: {e:#}");
+                failures.push(version);
+            }
+        }
+    }
+    if !failures.is_empty() {
+        bail!("vm-test failed on {}", failures.join(", "));
+    }
+    Ok(())
+}
+
+/// The newest /boot/vmlinuz-<prefix>* version.
+fn boot_kernel(prefix: &str) -> Option<String> {
+    let mut found: Vec<String> = std::fs::read_dir("/boot")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("vmlinuz-").map(String::from))
+        .filter(|v| v.starts_with(prefix))
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// Installs what is missing; returns the vng binary.
+fn install(vm_dir: &Path) -> anyhow::Result<PathBuf> {
+    let backports = Path::new("/etc/apt/sources.list.d/kstall-backports.sources");
+    let has_backports = std::fs::read_dir("/etc/apt/sources.list.d")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| std::fs::read_to_string(e.path()).is_ok_and(|t| t.contains("bookworm-backports")));
+    let mut updated = false;
+    let apt_update = |updated: &mut bool| -> anyhow::Result<()> {
+        if !*updated {
+            bootstrap::run_step(
+                Command::new("apt-get").args(["update", "-q"]).env("DEBIAN_FRONTEND", "noninteractive"),
+                "apt-get update (no network to the Debian mirror?)",
+            )?;
+            *updated = true;
+        }
+        Ok(())
+    };
+    if !has_backports {
+        println!("vm-test: adding the bookworm-backports suite ({})", backports.display());
+        std::fs::write(
+            backports,
+            "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\n\
+             Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
+        )
+        .context("write the backports source (needs root)")?;
+    }
+    let install = |packages: &[&str], backports: bool| -> anyhow::Result<()> {
+        let mut cmd = Command::new("apt-get");
+        cmd.args(["install", "-y", "-q", "--no-install-recommends"]);
+        if backports {
+            cmd.args(["-t", "bookworm-backports"]);
+        }
+        cmd.args(packages).env("DEBIAN_FRONTEND", "noninteractive");
+        println!("vm-test: installing {}", packages.join(" "));
+        bootstrap::run_step(&mut cmd, &format!("apt-get install {}", packages.join(" ")))
+    };
+    if !bootstrap::dpkg_installed("qemu-system-x86") {
+        apt_update(&mut updated)?;
+        install(&["qemu-system-x86"], true)?;
+    }
+    let missing: Vec<&str> = ["busybox-static", "kmod", "zstd", "python3-venv"]
+        .into_iter()
+        .filter(|p| !bootstrap::dpkg_installed(p))
+        .collect();
+    if !missing.is_empty() {
+        apt_update(&mut updated)?;
+        install(&missing, false)?;
+    }
+    for (prefix, package) in KERNELS {
+        if boot_kernel(prefix).is_none() {
+            apt_update(&mut updated)?;
+            let package = if package.contains('*') { newest_package(package)? } else { package.to_string() };
+            install(&[&package], false)?;
+        }
+    }
+    let venv = vm_dir.join("venv");
+    let vng = venv.join("bin/vng");
+    if !vng.exists() {
+        println!("vm-test: installing virtme-ng (PyPI) into {}", venv.display());
+        std::fs::create_dir_all(vm_dir).context("create target/vm")?;
+        bootstrap::run_step(
+            Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv),
+            "python3 -m venv",
+        )?;
+        bootstrap::run_step(
+            Command::new(venv.join("bin/pip")).args(["install", "-q", "virtme-ng"]),
+            "pip install virtme-ng",
+        )?;
+    }
+    Ok(vng)
+}
+
+/// The newest package matching `pattern` (an apt-cache regex with `*` for the version).
+fn newest_package(pattern: &str) -> anyhow::Result<String> {
+    let regex = format!("^{}$", pattern.replace('.', "\\.").replace('+', "\\+").replace('*', ".*"));
+    let out =
+        Command::new("apt-cache").args(["search", "--names-only", &regex]).output().context("apt-cache")?;
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .filter(|n| !n.contains("-unsigned") && !n.contains("-dbg"))
+        .collect();
+    names.sort_by_key(|n| {
+        n.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse::<u64>().ok()).collect::<Vec<_>>()
+    });
+    names.pop().with_context(|| format!("no package matches {pattern}"))
+}
+
+fn boot_and_check(vng: &Path, vm_dir: &Path, guest: &Path, version: &str) -> anyhow::Result<String> {
+    let out = vm_dir.join("out").join(version);
+    let kstall = build::release_binary();
+    let started = Instant::now();
+    let mut attempt = 0;
+    let status = loop {
+        attempt += 1;
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out).context("create the output directory")?;
+        let console = std::fs::File::create(out.join("console.log")).context("console log")?;
+        // vng runs virtme-run, its sibling in the venv.
+        let path = format!(
+            "{}:{}",
+            vng.parent().map(|p| p.display().to_string()).unwrap_or_default(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let ran = Command::new("timeout")
+            .args([BOOT_TIMEOUT_SECS])
+            .arg(vng)
+            .env("PATH", path)
+            .args(["--disable-kvm", "--memory", "2G", "--cpus", "2", "--rwdir"])
+            .arg(&out)
+            .arg("--run")
+            .arg(format!("/boot/vmlinuz-{version}"))
+            .arg("--exec")
+            .arg(format!("bash {} {} {}", guest.display(), out.display(), kstall.display()))
+            .stdout(console.try_clone()?)
+            .stderr(console)
+            .status()
+            .context("run vng")?;
+        if out.join("done").exists() {
+            break std::fs::read_to_string(out.join("status.json")).context("the guest's status.json")?;
+        }
+        if attempt >= ATTEMPTS {
+            bail!("the guest did not finish ({ran}); see {}", out.join("console.log").display());
+        }
+        println!("vm-test {version}: the VM did not finish ({ran}), booting again");
+    };
+    let boot_secs: f64 = std::fs::read_to_string(out.join("boot_secs"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0.0);
+    let status: serde_json::Value = serde_json::from_str(&status).context("the guest's status.json")?;
+    let mut report = format!(
+        "vm-test {version}: kernel {} · booted in {boot_secs:.0} s · wall {:.0} s · attempts {attempt}\n",
+        status["kernel"].as_str().unwrap_or("?"),
+        started.elapsed().as_secs_f64()
+    );
+    let mut down = Vec::new();
+    for p in status["probes"].as_array().into_iter().flatten() {
+        let name = p["name"].as_str().unwrap_or("?");
+        if p["up"] == true {
+            report.push_str(&format!("  {name:<10} up    {}\n", p["hook"].as_str().unwrap_or("")));
+            for note in p["notes"].as_array().into_iter().flatten().filter_map(|n| n.as_str()) {
+                report.push_str(&format!("  {:<10}       {note}\n", ""));
+            }
+        } else {
+            let reason = p["reason"].as_str().unwrap_or("?");
+            report.push_str(&format!("  {name:<10} DOWN  {reason}\n"));
+            down.push(format!("{name}: {reason}"));
+        }
+    }
+    if down.is_empty() { Ok(report) } else { bail!("{report}probes down: {}", down.join("; ")) }
+}
+
+/// Runs inside the VM as root: `guest.sh OUT KSTALL`. Loads the modules the NFS and tcp-reset
+/// probes wait for (the first NFS mount and the first NAT rule load them on a node), runs the
+/// agent until its module watcher has attached everything, saves its status, stops it.
+const GUEST_SCRIPT: &str = r#"#!/bin/bash
+OUT=$1 KSTALL=$2
+exec > "$OUT/guest.log" 2>&1
+cut -d' ' -f1 /proc/uptime > "$OUT/boot_secs"
+mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing
+modprobe sunrpc; modprobe nfsv4; modprobe nf_conntrack
+SOCK=/tmp/kstall.sock
+"$KSTALL" agent --listen 127.0.0.1:9700 --api-socket "$SOCK" --log-format json > "$OUT/agent.log" 2>&1 &
+AGENT=$!
+for _ in $(seq 1 180); do
+    "$KSTALL" status --api-socket "$SOCK" --output json > "$OUT/status.json" 2>/dev/null && break
+    sleep 1
+done
+# The module watcher attaches what waited for sunrpc/nfsv4/nf_conntrack within 5 s.
+sleep 8
+"$KSTALL" status --api-socket "$SOCK" --output json > "$OUT/status.json"
+kill -TERM "$AGENT"; wait "$AGENT"
+echo "agent exit $?" >> "$OUT/guest.log"
+touch "$OUT/done"
+"#;
