@@ -316,8 +316,7 @@ impl Metrics {
                 self.set(Family::NfsResponding, &server, who, 0);
             }
             What::ServerResponding => self.set(Family::NfsResponding, &server, who, 1),
-            // A connect in progress is how every TCP connect starts, not an error.
-            What::SocketConnect if nfs.error.is_none_or(|e| e == -libc::EINPROGRESS) => {}
+            What::SocketConnect if !nfs.connect_failed() => {}
             What::SocketConnect | What::SocketError => {
                 self.inc(Family::NfsConnectErrors, &with(&server, &error), who)
             }

@@ -190,6 +190,13 @@ pub struct Nfs {
     pub error_name: Option<&'static str>,
 }
 
+impl Nfs {
+    /// A connect that failed: every TCP connect starts with an "in progress" report, which is not.
+    pub fn connect_failed(&self) -> bool {
+        self.what == What::SocketConnect && self.error.is_some_and(|e| e != -libc::EINPROGRESS)
+    }
+}
+
 pub fn decode(ev: &NfsEvent, clock: Clock) -> Result<Nfs, DecodeError> {
     let what = match ev.what {
         WHAT_RETRANSMIT => What::Retransmit,

@@ -11,11 +11,11 @@ use std::{
 
 use serde_json::json;
 
-use super::pod_name;
+use super::{nfs_sidecar_redirect::redirected_nfs_port, pod_name};
 use crate::{
     events::{Event, Payload},
     incidents::{Finding, Remediation, Settings, Severity, Signature, Step, keyed::Keyed, ns},
-    probes::{nfs::What, tcp_reset::Direction},
+    probes::nfs::What,
 };
 
 pub const NAME: &str = "nfs-server-unreachable";
@@ -65,9 +65,7 @@ impl Signature for NfsServerUnreachable {
         let t = event.header.time_unix_ns;
         match &event.payload {
             Payload::TcpReset(r)
-                if r.direction == Direction::Sent
-                    && r.original_dst_port
-                        .is_some_and(|p| self.nfs_ports.contains(&p) && p != r.local_port)
+                if redirected_nfs_port(r, &self.nfs_ports).is_some()
                     && self.redirected.len() < super::super::keyed::DEFAULT_CAP =>
             {
                 self.redirected.insert(event.header.netns);
@@ -76,7 +74,7 @@ impl Signature for NfsServerUnreachable {
                 let Some(addr) = nfs.server_addr else { return };
                 let error = match nfs.what {
                     What::Timeout => true,
-                    What::SocketConnect => nfs.error.is_some_and(|e| e != -libc::EINPROGRESS),
+                    What::SocketConnect => nfs.connect_failed(),
                     What::SocketError => true,
                     What::ServerResponding => {
                         if let Some(s) = self.by_server.get_mut(&addr) {

@@ -72,15 +72,14 @@ impl NfsSidecarRedirect {
             stuck: StuckTasks::default(),
         }
     }
+}
 
-    /// A SYN to an NFS port that NAT sent to another local port, answered with RST.
-    fn redirected(&self, reset: &TcpReset) -> Option<u16> {
-        let original = reset.original_dst_port?;
-        (reset.direction == Direction::Sent
-            && self.nfs_ports.contains(&original)
-            && reset.local_port != original)
-            .then_some(original)
-    }
+/// The NFS port a SYN was sent to when NAT sent it to another local port and it was answered with
+/// RST (the sidecar-redirect signature's evidence, also what other signatures leave to it).
+pub fn redirected_nfs_port(reset: &TcpReset, nfs_ports: &[u16]) -> Option<u16> {
+    let original = reset.original_dst_port?;
+    (reset.direction == Direction::Sent && nfs_ports.contains(&original) && reset.local_port != original)
+        .then_some(original)
 }
 
 impl Signature for NfsSidecarRedirect {
@@ -93,7 +92,7 @@ impl Signature for NfsSidecarRedirect {
         let netns = event.header.netns;
         match &event.payload {
             Payload::TcpReset(reset) => {
-                let Some(port) = self.redirected(reset) else { return };
+                let Some(port) = redirected_nfs_port(reset, &self.nfs_ports) else { return };
                 let who = event.attribution.clone().unwrap_or_default();
                 let ns = self.by_netns.touch(&netns, t, || Namespace::new(netns, who.clone()));
                 ns.who = who;
@@ -119,9 +118,7 @@ impl Signature for NfsSidecarRedirect {
                         ns.timeouts += 1;
                         ns.last_timeout = t;
                     }
-                    What::SocketConnect if nfs.error.is_some_and(|e| e != -libc::EINPROGRESS) => {
-                        ns.connect_errors += 1
-                    }
+                    What::SocketConnect if nfs.connect_failed() => ns.connect_errors += 1,
                     What::SocketError | What::SocketReset => ns.connect_errors += 1,
                     What::ServerResponding => ns.last_responding = t,
                     _ => {}
