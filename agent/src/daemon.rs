@@ -438,9 +438,7 @@ async fn evaluate_incidents(
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
-                as u64;
+        let now = crate::events::unix_now_ns();
         let mut engine = lock(&engine);
         let changes = engine.evaluate(now);
         for i in &changes.fired {
@@ -581,9 +579,7 @@ async fn sweep_hung_tasks(
             tracing::warn!("reading hung tasks' state from /proc timed out");
             continue;
         };
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
-                as u64;
+        let now = crate::events::unix_now_ns();
         let mut tracker = hung.lock().expect("hung-task tracker");
         for event in tracker.clear(&states, now) {
             lock(&incidents).observe(&event);

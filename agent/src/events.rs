@@ -174,6 +174,11 @@ pub fn comm_string(comm: &[u8]) -> String {
     String::from_utf8_lossy(&comm[..end]).into_owned()
 }
 
+/// Wall-clock now, in the unit of `Header::time_unix_ns`.
+pub fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64
+}
+
 /// `CLOCK_REALTIME - CLOCK_BOOTTIME`: turns `bpf_ktime_get_boot_ns` stamps into wall time.
 fn boot_to_unix_offset_ns() -> i128 {
     fn now(clock: libc::clockid_t) -> i128 {

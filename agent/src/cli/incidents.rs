@@ -31,9 +31,7 @@ pub fn run(args: IncidentsArgs) -> ExitCode {
             return ExitCode::from(EXIT_RUNTIME);
         }
     };
-    let now =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
-            as u64;
+    let now = crate::events::unix_now_ns();
     let shown: Vec<&Incident> =
         report.incidents.iter().filter(|i| args.all || i.state == State::Firing).collect();
     if args.output == "json" {

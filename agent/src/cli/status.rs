@@ -45,14 +45,17 @@ fn fetch(socket: &PathBuf) -> Result<StatusReport, String> {
     request(socket, &Request::Status)
 }
 
+/// The one line for an agent that cannot be reached, saying how to start one.
+pub fn unreachable(socket: &std::path::Path, e: std::io::Error) -> String {
+    format!(
+        "cannot reach the agent at {} ({e}); start it with `kstall agent` (or `cargo xtask run`)",
+        socket.display()
+    )
+}
+
 /// One request to the agent and its one-document answer.
 pub fn request<T: serde::de::DeserializeOwned>(socket: &PathBuf, what: &Request) -> Result<T, String> {
-    let unreachable = |e: std::io::Error| {
-        format!(
-            "cannot reach the agent at {} ({e}); start it with `kstall agent` (or `cargo xtask run`)",
-            socket.display()
-        )
-    };
+    let unreachable = |e| unreachable(socket, e);
     let mut stream = UnixStream::connect(socket).map_err(unreachable)?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(unreachable)?;
     let mut line = serde_json::to_vec(what).expect("serializable");

@@ -140,12 +140,7 @@ async fn capture(
     filter: TraceFilter,
     duration: Duration,
 ) -> Result<u64, String> {
-    let unreachable = |e: std::io::Error| {
-        format!(
-            "cannot reach the agent at {} ({e}); start it with `kstall agent` (or `cargo xtask run`)",
-            socket.display()
-        )
-    };
+    let unreachable = |e| super::status::unreachable(socket, e);
     let stream = tokio::net::UnixStream::connect(socket).await.map_err(unreachable)?;
     let (read, mut write) = stream.into_split();
     let mut request = serde_json::to_vec(&Request::Trace { filter }).expect("serializable");

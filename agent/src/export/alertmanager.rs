@@ -158,9 +158,7 @@ pub async fn run(
             }
         }
         let now = Instant::now();
-        let now_ns =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
-                as u64;
+        let now_ns = crate::events::unix_now_ns();
         for t in &mut targets {
             let mut ids: Vec<String> = firing.iter().map(|i| i.id.clone()).collect();
             ids.sort();
