@@ -110,6 +110,14 @@ impl NetNs {
 
     /// Runs `f` on a thread that has entered this namespace (setns is per thread).
     pub fn run_inside<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        self.spawn_inside(f).join().expect("netns thread")
+    }
+
+    /// Starts `f` on a thread that has entered this namespace, in the background.
+    pub fn spawn_inside<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> thread::JoinHandle<T> {
         let file = std::fs::File::open(self.path()).expect("open netns");
         thread::spawn(move || {
             // SAFETY: valid fd; CLONE_NEWNET only affects this thread.
@@ -117,8 +125,6 @@ impl NetNs {
             assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
             f()
         })
-        .join()
-        .expect("netns thread")
     }
 }
 
@@ -240,16 +246,7 @@ impl Agent {
 
     /// Polls the incidents until one matches `pred` (or `timeout`).
     pub fn wait_incident(&self, pred: impl Fn(&Value) -> bool, timeout: Duration) -> Option<Value> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(found) = self.incidents().into_iter().find(|i| pred(i)) {
-                return Some(found);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            thread::sleep(Duration::from_millis(250));
-        }
+        wait_for(timeout, || self.incidents().into_iter().find(|i| pred(i)))
     }
 
     /// Subscribes to the agent's event stream; events are collected in the background.
@@ -341,6 +338,20 @@ impl EventStream {
         }
         thread::sleep(Duration::from_millis(500));
         self.events.lock().unwrap().iter().filter(|e| pred(e)).cloned().collect()
+    }
+}
+
+/// Polls `f` every 250 ms until it returns something or `timeout` passes.
+pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(250));
     }
 }
 

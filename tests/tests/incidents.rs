@@ -8,7 +8,6 @@
 
 use std::{
     net::{Ipv4Addr, SocketAddr, TcpStream},
-    os::fd::AsRawFd as _,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -18,7 +17,7 @@ use std::{
 
 use kstall_tests::{
     Agent, Cgroup, NetNs, PodProcess, Sysctl, alerting, kernel_tests_can_run, oom_kill, pod_json,
-    v1_memory_limit, write_pods_file, writeback::FreezableDisk,
+    v1_memory_limit, wait_for, write_pods_file, writeback::FreezableDisk,
 };
 use serde_json::Value;
 
@@ -70,11 +69,8 @@ fn sidecar_redirect_and_stuck_writer_fire_alert_and_resolve() {
     // SYNs to 2049, redirected to 15001, reset.
     let retrying = Arc::new(AtomicBool::new(true));
     let client = {
-        let (retrying, path) = (retrying.clone(), netns.path());
-        std::thread::spawn(move || {
-            let file = std::fs::File::open(path).expect("open netns");
-            // SAFETY: valid fd; CLONE_NEWNET only affects this thread.
-            assert_eq!(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
+        let retrying = retrying.clone();
+        netns.spawn_inside(move || {
             let mut refused = 0;
             while retrying.load(Ordering::Relaxed) {
                 match TcpStream::connect_timeout(
@@ -226,20 +222,6 @@ fn sidecar_redirect_and_stuck_writer_fire_alert_and_resolve() {
     });
     assert!(quiet.is_some(), "still active in Alertmanager: {:#?}", am_alerts(true));
     assert_eq!(agent.stop(), Some(0));
-}
-
-/// Polls `f` every 250 ms until it returns something or `timeout` passes.
-fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if std::time::Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
 }
 
 /// A container whose limit is below what it needs: real memcg OOM kills, three in a row, make one

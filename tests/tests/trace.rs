@@ -203,18 +203,13 @@ fn a_standalone_capture_leaves_nothing_attached() {
         .spawn()
         .expect("kstall trace");
     // The NFS client's retries, while the capture's own agent starts.
-    let retrying = netns.path();
-    let client = std::thread::spawn(move || {
-        let file = std::fs::File::open(retrying).unwrap();
-        // SAFETY: valid fd; CLONE_NEWNET only affects this thread.
-        assert_eq!(unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) }, 0);
+    netns.run_inside(|| {
         for _ in 0..16 {
             refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)), 1);
             refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2050)), 1);
             std::thread::sleep(Duration::from_millis(500));
         }
     });
-    client.join().unwrap();
     // The capture's own agent loaded only the probe asked for, and dropped other ports in the
     // kernel: it received the 2049 resets (a sent and a received one per connect), not 2050's.
     let socket = std::env::temp_dir().join(format!("kstall-trace-{}/kstall.sock", capture.id()));
