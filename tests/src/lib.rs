@@ -17,6 +17,7 @@ use std::{
 use serde_json::Value;
 
 pub mod alerting;
+pub mod nfs;
 pub mod writeback;
 
 /// Returns false (after printing why) when kernel tests cannot run here; panics instead when they
@@ -284,6 +285,19 @@ impl Agent {
     /// Value of the sample whose name and labels are exactly `series` (as Prometheus prints it).
     pub fn metric(&self, series: &str) -> Option<f64> {
         self.metrics().lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+    }
+
+    /// Value of the first sample of `name` whose labels include every one of `labels`.
+    pub fn metric_with(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.metrics().lines().find_map(|line| {
+            let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+            let (set, value) = rest.split_once("} ")?;
+            let set = format!(",{set}");
+            labels
+                .iter()
+                .all(|(k, v)| set.contains(&format!(",{k}=\"{v}\"")))
+                .then(|| value.trim().parse().ok())?
+        })
     }
 
     /// SIGTERM and wait; returns the exit status code. The whole log is readable afterwards.

@@ -39,7 +39,7 @@ pub fn run() -> anyhow::Result<()> {
     step("cargo test (unit and kernel integration tests)", &mut test)?;
     if bootstrap::is_root() || std::env::var_os("CI").is_some() {
         println!("==> the kernel matrix in VMs (cargo xtask vm-test)");
-        vm::matrix(&[])?;
+        vm::matrix(&env, &[])?;
     }
     Ok(())
 }

@@ -1,12 +1,17 @@
 //! `cargo xtask vm-test [--kernel 6.1 --kernel 6.12]`: the kernel matrix. Boots Debian's 6.1 and
 //! 6.12 kernels under qemu (software emulation: this machine has no KVM) with virtme-ng, the host's
-//! root file system shared read-only, runs the release agent in each, and requires every probe to
-//! load and attach there — a verifier rejection or a missing hook is a failure. Prints per kernel:
-//! boot seconds, each probe's hooks, wall time. (The host's 6.18 is the ordinary kernel tests'.)
+//! root file system shared read-only, and in one boot per kernel:
+//! - runs the release agent and requires every probe to load and attach — a verifier rejection
+//!   or a missing hook is a failure;
+//! - runs the incident scenarios of `tests/tests/vm_scenarios.rs` (real NFS server and client,
+//!   a real global OOM), which only a throw-away VM may run.
+//!
+//! Prints per kernel: boot seconds, each probe's hooks, each scenario's result, wall time. (The
+//! host's 6.18 is the ordinary kernel tests'.)
 //!
 //! Installs what it needs first, idempotently: the bookworm-backports suite (a qemu matching the
-//! preinstalled qemu-utils, the 6.12 kernel), the kernels, a static busybox (virtme-ng needs it),
-//! and virtme-ng in a venv under target/vm/.
+//! preinstalled qemu-utils, the 6.12 kernel), the kernels, the NFS server and client, socat, a
+//! static busybox (virtme-ng needs it), and virtme-ng in a venv under target/vm/.
 
 use std::{
     path::{Path, PathBuf},
@@ -16,25 +21,33 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{bootstrap, build};
+use crate::{
+    bootstrap::{self, BuildEnv},
+    build,
+};
 
 /// The matrix: a version prefix, the package that installs it when /boot has none.
 const KERNELS: &[(&str, &str)] =
     &[("6.1.", "linux-image-amd64"), ("6.12.", "linux-image-6.12.*+deb12-amd64")];
 /// A qemu crash (6.1 hit an `iotlb_to_section` assertion one boot in six) gets one more boot.
 const ATTEMPTS: u32 = 2;
-const BOOT_TIMEOUT_SECS: &str = "600";
+/// The guest gives the scenarios this long (they take 3-5 min under emulation), the VM a little more.
+const SCENARIOS_TIMEOUT_SECS: u32 = 1200;
+const BOOT_TIMEOUT_SECS: u32 = SCENARIOS_TIMEOUT_SECS + 300;
+/// Small, so the system-OOM scenario fills it quickly.
+const VM_MEMORY: &str = "1G";
 
 pub fn run(kernels: &[String]) -> anyhow::Result<()> {
     let env = bootstrap::run()?;
     build::release(&env)?;
-    matrix(kernels)
+    matrix(&env, kernels)
 }
 
 /// Boots each kernel with the release binary already built.
-pub fn matrix(kernels: &[String]) -> anyhow::Result<()> {
+pub fn matrix(env: &BuildEnv, kernels: &[String]) -> anyhow::Result<()> {
     let vm_dir = build::workspace_root().join("target/vm");
     let vng = install(&vm_dir)?;
+    let scenarios = scenarios_binary(env)?;
     let guest = vm_dir.join("guest.sh");
     std::fs::write(&guest, GUEST_SCRIPT).context("write the guest script")?;
     let mut failures = Vec::new();
@@ -42,7 +55,7 @@ pub fn matrix(kernels: &[String]) -> anyhow::Result<()> {
         kernels.is_empty() || kernels.iter().any(|k| p.starts_with(&format!("{k}.")) || *p == k)
     }) {
         let version = boot_kernel(prefix).with_context(|| format!("no {prefix}x kernel in /boot"))?;
-        match boot_and_check(&vng, &vm_dir, &guest, &version) {
+        match boot_and_check(&vng, &vm_dir, &guest, &scenarios, &version) {
             Ok(report) => println!("{report}"),
             Err(e) => {
                 println!("vm-test {version}: FAILED: {e:#}");
@@ -110,10 +123,20 @@ fn install(vm_dir: &Path) -> anyhow::Result<PathBuf> {
         apt_update(&mut updated)?;
         install(&["qemu-system-x86"], true)?;
     }
-    let missing: Vec<&str> = ["busybox-static", "kmod", "zstd", "python3-venv"]
-        .into_iter()
-        .filter(|p| !bootstrap::dpkg_installed(p))
-        .collect();
+    let missing: Vec<&str> = [
+        "busybox-static",
+        "kmod",
+        "zstd",
+        "python3-venv",
+        "nfs-kernel-server",
+        "nfs-common",
+        "socat",
+        "iptables",
+        "iproute2",
+    ]
+    .into_iter()
+    .filter(|p| !bootstrap::dpkg_installed(p))
+    .collect();
     if !missing.is_empty() {
         apt_update(&mut updated)?;
         install(&missing, false)?;
@@ -158,12 +181,38 @@ fn newest_package(pattern: &str) -> anyhow::Result<String> {
     names.pop().with_context(|| format!("no package matches {pattern}"))
 }
 
-fn boot_and_check(vng: &Path, vm_dir: &Path, guest: &Path, version: &str) -> anyhow::Result<String> {
+/// Builds the scenario tests (`tests/tests/vm_scenarios.rs`); returns the test binary.
+fn scenarios_binary(env: &BuildEnv) -> anyhow::Result<PathBuf> {
+    let mut cmd = Command::new("cargo");
+    cmd.args(["test", "--package", "kstall-tests", "--test", "vm_scenarios", "--no-run"])
+        .args(["--message-format", "json-render-diagnostics"])
+        .current_dir(build::workspace_root())
+        .stderr(std::process::Stdio::inherit());
+    env.apply(&mut cmd);
+    let out = cmd.output().context("cannot run cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the VM scenarios failed");
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|m| m["target"]["name"] == "vm_scenarios" && m["executable"].is_string())
+        .and_then(|m| m["executable"].as_str().map(PathBuf::from))
+        .context("cargo did not name the vm_scenarios test binary")
+}
+
+fn boot_and_check(
+    vng: &Path,
+    vm_dir: &Path,
+    guest: &Path,
+    scenarios: &Path,
+    version: &str,
+) -> anyhow::Result<String> {
     let out = vm_dir.join("out").join(version);
     let kstall = build::release_binary();
     let started = Instant::now();
     let mut attempt = 0;
-    let status = loop {
+    loop {
         attempt += 1;
         let _ = std::fs::remove_dir_all(&out);
         std::fs::create_dir_all(&out).context("create the output directory")?;
@@ -175,38 +224,45 @@ fn boot_and_check(vng: &Path, vm_dir: &Path, guest: &Path, version: &str) -> any
             std::env::var("PATH").unwrap_or_default()
         );
         let ran = Command::new("timeout")
-            .args([BOOT_TIMEOUT_SECS])
+            .arg(BOOT_TIMEOUT_SECS.to_string())
             .arg(vng)
             .env("PATH", path)
-            .args(["--disable-kvm", "--memory", "2G", "--cpus", "2", "--rwdir"])
+            .args(["--disable-kvm", "--memory", VM_MEMORY, "--cpus", "2", "--rwdir"])
             .arg(&out)
             .arg("--run")
             .arg(format!("/boot/vmlinuz-{version}"))
             .arg("--exec")
-            .arg(format!("bash {} {} {}", guest.display(), out.display(), kstall.display()))
+            .arg(format!(
+                "bash {} {} {} {} {SCENARIOS_TIMEOUT_SECS}",
+                guest.display(),
+                out.display(),
+                kstall.display(),
+                scenarios.display()
+            ))
             .stdout(console.try_clone()?)
             .stderr(console)
             .status()
             .context("run vng")?;
         if out.join("done").exists() {
-            break std::fs::read_to_string(out.join("status.json")).context("the guest's status.json")?;
+            break;
         }
         if attempt >= ATTEMPTS {
             bail!("the guest did not finish ({ran}); see {}", out.join("console.log").display());
         }
         println!("vm-test {version}: the VM did not finish ({ran}), booting again");
-    };
+    }
     let boot_secs: f64 = std::fs::read_to_string(out.join("boot_secs"))
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0.0);
+    let status = std::fs::read_to_string(out.join("status.json")).context("the guest's status.json")?;
     let status: serde_json::Value = serde_json::from_str(&status).context("the guest's status.json")?;
     let mut report = format!(
         "vm-test {version}: kernel {} · booted in {boot_secs:.0} s · wall {:.0} s · attempts {attempt}\n",
         status["kernel"].as_str().unwrap_or("?"),
         started.elapsed().as_secs_f64()
     );
-    let mut down = Vec::new();
+    let mut failed = Vec::new();
     for p in status["probes"].as_array().into_iter().flatten() {
         let name = p["name"].as_str().unwrap_or("?");
         if p["up"] == true {
@@ -217,17 +273,88 @@ fn boot_and_check(vng: &Path, vm_dir: &Path, guest: &Path, version: &str) -> any
         } else {
             let reason = p["reason"].as_str().unwrap_or("?");
             report.push_str(&format!("  {name:<10} DOWN  {reason}\n"));
-            down.push(format!("{name}: {reason}"));
+            failed.push(format!("probe {name}: {reason}"));
         }
     }
-    if down.is_empty() { Ok(report) } else { bail!("{report}probes down: {}", down.join("; ")) }
+    let log_path = out.join("scenarios.log");
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let scenarios = Scenarios::parse(&log);
+    report.push_str(&format!(
+        "  scenarios: {} passed, {} failed ({:.0} s; log {})\n",
+        scenarios.passed.len(),
+        scenarios.failed.len(),
+        std::fs::read_to_string(out.join("scenarios_secs"))
+            .unwrap_or_default()
+            .trim()
+            .parse::<f64>()
+            .unwrap_or(0.0),
+        log_path.display()
+    ));
+    for line in &scenarios.reports {
+        report.push_str(&format!("    {line}\n"));
+    }
+    for name in &scenarios.failed {
+        report.push_str(&format!("    FAILED {name}\n"));
+        failed.push(format!("scenario {name}"));
+    }
+    let rc = std::fs::read_to_string(out.join("scenarios.rc")).unwrap_or_default();
+    if scenarios.passed.is_empty() || (failed.is_empty() && rc.trim() != "0") {
+        failed.push(format!(
+            "the scenarios did not run to the end (exit {}); see {}",
+            rc.trim(),
+            log_path.display()
+        ));
+    }
+    if failed.is_empty() {
+        Ok(report)
+    } else {
+        if !scenarios.failures.is_empty() {
+            report.push_str(&scenarios.failures);
+        }
+        bail!("{report}{}", failed.join("; "))
+    }
 }
 
-/// Runs inside the VM as root: `guest.sh OUT KSTALL`. Loads the modules the NFS and tcp-reset
-/// probes wait for (the first NFS mount and the first NAT rule load them on a node), runs the
-/// agent until its module watcher has attached everything, saves its status, stops it.
+/// What the scenario test binary printed: libtest's results and each scenario's `vm-scenario`
+/// report line.
+#[derive(Debug, Default, PartialEq)]
+struct Scenarios {
+    passed: Vec<String>,
+    failed: Vec<String>,
+    reports: Vec<String>,
+    /// libtest's failures section (panic messages), for the report.
+    failures: String,
+}
+
+impl Scenarios {
+    fn parse(log: &str) -> Self {
+        let mut scenarios = Scenarios::default();
+        for line in log.lines() {
+            if let Some(report) = line.strip_prefix("vm-scenario ") {
+                scenarios.reports.push(report.to_string());
+            } else if let Some((name, result)) =
+                line.strip_prefix("test ").and_then(|l| l.split_once(" ... "))
+            {
+                match result.trim() {
+                    "ok" => scenarios.passed.push(name.to_string()),
+                    "FAILED" => scenarios.failed.push(name.to_string()),
+                    _ => {}
+                }
+            }
+        }
+        if let Some(start) = log.find("\nfailures:\n") {
+            scenarios.failures = log[start + 1..].lines().take(80).collect::<Vec<_>>().join("\n") + "\n";
+        }
+        scenarios
+    }
+}
+
+/// Runs inside the VM as root: `guest.sh OUT KSTALL SCENARIOS TIMEOUT`. Loads the modules the NFS
+/// and tcp-reset probes wait for (the first NFS mount and the first NAT rule load them on a node),
+/// runs the agent until its module watcher has attached everything and saves its status; then runs
+/// the scenario tests, each of which starts its own agent.
 const GUEST_SCRIPT: &str = r#"#!/bin/bash
-OUT=$1 KSTALL=$2
+OUT=$1 KSTALL=$2 SCENARIOS=$3 TIMEOUT=$4
 exec > "$OUT/guest.log" 2>&1
 cut -d' ' -f1 /proc/uptime > "$OUT/boot_secs"
 mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing
@@ -244,5 +371,31 @@ sleep 8
 "$KSTALL" status --api-socket "$SOCK" --output json > "$OUT/status.json"
 kill -TERM "$AGENT"; wait "$AGENT"
 echo "agent exit $?" >> "$OUT/guest.log"
+START=$(cut -d' ' -f1 /proc/uptime)
+KSTALL_VM_GUEST=1 KSTALL_KERNEL_TESTS=require KSTALL_BIN="$KSTALL" \
+    timeout "$TIMEOUT" "$SCENARIOS" --ignored --test-threads=1 --show-output > "$OUT/scenarios.log" 2>&1
+echo $? > "$OUT/scenarios.rc"
+awk -v start="$START" '{ print $1 - start }' /proc/uptime > "$OUT/scenarios_secs"
+dmesg > "$OUT/dmesg.log"
 touch "$OUT/done"
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scenario_results_and_reports_are_read_from_libtest_output() {
+        // libtest with --show-output: results first, then passing tests' output, then failures.
+        let log = "running 2 tests\n\
+                   test a_scenario ... ok\n\
+                   test b_scenario ... FAILED\n\
+                   \nsuccesses:\n\n---- a_scenario stdout ----\nvm-scenario a: fired\n\n\
+                   \nfailures:\n\n---- b_scenario stdout ----\nno incident\n\n\
+                   test result: FAILED. 1 passed; 1 failed\n";
+        let s = Scenarios::parse(log);
+        assert_eq!((s.passed, s.failed), (vec!["a_scenario".to_string()], vec!["b_scenario".to_string()]));
+        assert_eq!(s.reports, ["a: fired"]);
+        assert!(s.failures.starts_with("failures:") && s.failures.contains("no incident"), "{}", s.failures);
+    }
+}

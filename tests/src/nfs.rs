@@ -1,0 +1,297 @@
+//! A real NFS v4.1 server and client "pods" for the scenarios that run inside the kernel-matrix
+//! VMs (`cargo xtask vm-test`): the host kernel has no NFS. The server listens on 10.55.0.1 (a
+//! dummy interface of the VM's root namespace); each pod is a network namespace over a veth pair
+//! routed to it, a kubepods container cgroup with a sandbox process, and a hard NFS mount made
+//! from inside the namespace — as the kubelet's mount of a pod volume goes through the pod's network.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Command, Stdio},
+    sync::{OnceLock, mpsc},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::{Cgroup, NetNs, PodProcess, pod_json, run};
+
+pub const SERVER: &str = "10.55.0.1";
+const WORK: &str = "/tmp/kstall-nfs";
+
+/// The NFS server, started by the first scenario that needs it and left running: the VM it runs
+/// in is thrown away after the scenarios.
+pub fn server() -> &'static str {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    STARTED.get_or_init(start_server);
+    SERVER
+}
+
+fn start_server() {
+    run("modprobe", &["nfsd"]);
+    run("modprobe", &["nfsv4"]);
+    run("ip", &["link", "add", "kstall-nfs0", "type", "dummy"]);
+    run("ip", &["addr", "add", &format!("{SERVER}/32"), "dev", "kstall-nfs0"]);
+    run("ip", &["link", "set", "kstall-nfs0", "up"]);
+    let export = Path::new(WORK).join("export");
+    std::fs::create_dir_all(&export).expect("export dir");
+    run("mount", &["-t", "tmpfs", "-o", "size=64m", "tmpfs", export.to_str().unwrap()]);
+    // nfsd's state (the v4 recovery directory, etab) must be writable; the VM's /var may not be.
+    run("mount", &["-t", "tmpfs", "tmpfs", "/var/lib/nfs"]);
+    for dir in ["v4recovery", "rpc_pipefs"] {
+        std::fs::create_dir_all(Path::new("/var/lib/nfs").join(dir)).expect("nfs state dir");
+    }
+    for file in ["etab", "rmtab"] {
+        std::fs::write(Path::new("/var/lib/nfs").join(file), "").expect("nfs state file");
+    }
+    if !Path::new("/proc/fs/nfsd/threads").exists() {
+        run("mount", &["-t", "nfsd", "nfsd", "/proc/fs/nfsd"]);
+    }
+    std::fs::write(
+        "/etc/exports",
+        format!("{} *(rw,fsid=0,no_root_squash,insecure,sync,no_subtree_check)\n", export.display()),
+    )
+    .expect("/etc/exports");
+    // Both go to the background once ready.
+    run("rpcbind", &["-w"]);
+    run("rpc.mountd", &["-N", "2", "-N", "3", "-u"]);
+    run("exportfs", &["-ra"]);
+    // v4 only, with a 10 s lease and grace period: recovery and the first OPEN are quick.
+    run("rpc.nfsd", &["-N", "3", "-V", "4", "-L", "10", "-G", "10", "4"]);
+}
+
+/// Makes the server unreachable from every pod: an iptables DROP of tcp/2049 in the VM's root
+/// namespace, deleted when the guard drops.
+pub fn block_server() -> ServerBlocked {
+    run("iptables", &[&["-I"][..], &BLOCK].concat());
+    ServerBlocked(())
+}
+
+const BLOCK: [&str; 7] = ["INPUT", "-p", "tcp", "--dport", "2049", "-j", "DROP"];
+
+pub struct ServerBlocked(());
+
+impl Drop for ServerBlocked {
+    fn drop(&mut self) {
+        let _ = Command::new("iptables").args([&["-D"][..], &BLOCK].concat()).status();
+    }
+}
+
+/// A pod with a hard NFS v4.1 mount of the server, made in the pod's network namespace.
+pub struct NfsPod {
+    pub name: String,
+    pub uid: String,
+    pub container_id: String,
+    pub mountpoint: PathBuf,
+    // Dropped in this order: the mount goes before the namespace it was made in.
+    mounted: bool,
+    _sandbox: PodProcess,
+    pub container: Cgroup,
+    pub netns: NetNs,
+}
+
+impl NfsPod {
+    /// Pod number `n` (1..=250; it picks the pod's subnet) named `name`, in namespace `shop`.
+    pub fn new(n: u8, name: &str) -> Self {
+        server();
+        let uid = format!("{n:08x}-6e2f-4b1d-8c3a-{:012x}", std::process::id());
+        let container_id = format!("{:064x}", u64::from(n) << 40 | u64::from(std::process::id()));
+        let container = Cgroup::at(&format!(
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{container_id}.scope",
+            uid.replace('-', "_")
+        ));
+        let netns = NetNs::new(&format!("nfs{n}"));
+        let (host_if, pod_if) = (format!("kst-h{n}"), format!("kst-p{n}"));
+        run("ip", &["link", "add", &host_if, "type", "veth", "peer", "name", &pod_if]);
+        run("ip", &["link", "set", &pod_if, "netns", &netns.name]);
+        run("ip", &["addr", "add", &format!("10.56.{n}.1/24"), "dev", &host_if]);
+        run("ip", &["link", "set", &host_if, "up"]);
+        netns.exec("ip", &["addr", "add", &format!("10.56.{n}.2/24"), "dev", &pod_if]);
+        netns.exec("ip", &["link", "set", &pod_if, "up"]);
+        netns.exec("ip", &["route", "add", "default", "via", &format!("10.56.{n}.1")]);
+        let sandbox = PodProcess::start(&netns, &container.procs());
+        let mountpoint = Path::new(WORK).join(name);
+        std::fs::create_dir_all(&mountpoint).expect("mount point");
+        NfsPod {
+            name: name.to_string(),
+            uid,
+            container_id,
+            mountpoint,
+            mounted: false,
+            _sandbox: sandbox,
+            container,
+            netns,
+        }
+    }
+
+    /// The pod as the pods file lists it.
+    pub fn json(&self) -> Value {
+        pod_json(&self.uid, &self.name, &self.container_id)
+    }
+
+    /// Mounts the export `hard` over TCP with a 1 s timeout and two retransmits, from inside the
+    /// pod's namespace (`nsenter`, not `ip netns exec`, which would hide the mount in a new mount
+    /// namespace).
+    pub fn mount(&mut self) {
+        let status = Command::new("timeout")
+            .args(["90", "nsenter", &format!("--net={}", self.netns.path().display())])
+            .args(["mount", "-t", "nfs4", "-o", "vers=4.1,hard,proto=tcp,timeo=10,retrans=2"])
+            .arg(format!("{SERVER}:/"))
+            .arg(&self.mountpoint)
+            .status()
+            .expect("mount");
+        assert!(status.success(), "mount the NFS export in pod {}: {status}", self.name);
+        self.mounted = true;
+    }
+
+    /// The sidecar's rules, shaped as istio-iptables writes them: all of the pod's outgoing TCP
+    /// jumps to ISTIO_OUTPUT, which returns the proxy's own (uid 65534 here, 1337 in Istio) and
+    /// sends the rest through ISTIO_REDIRECT to the proxy's port 15001.
+    pub fn add_sidecar_redirect(&self) {
+        let nat = |args: &[&str]| self.netns.exec("iptables", &[&["-t", "nat"][..], args].concat());
+        nat(&["-N", "ISTIO_REDIRECT"]);
+        nat(&["-A", "ISTIO_REDIRECT", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15001"]);
+        nat(&["-N", "ISTIO_OUTPUT"]);
+        nat(&["-A", "ISTIO_OUTPUT", "-m", "owner", "--uid-owner", "65534", "-j", "RETURN"]);
+        nat(&["-A", "ISTIO_OUTPUT", "-d", "127.0.0.1/32", "-j", "RETURN"]);
+        nat(&["-A", "ISTIO_OUTPUT", "-j", "ISTIO_REDIRECT"]);
+        nat(&["-A", "OUTPUT", "-p", "tcp", "-j", "ISTIO_OUTPUT"]);
+    }
+}
+
+impl Drop for NfsPod {
+    fn drop(&mut self) {
+        if self.mounted {
+            // Lazy and forced: never waits for a server that is gone.
+            let _ = Command::new("umount").args(["-f", "-l"]).arg(&self.mountpoint).status();
+        }
+    }
+}
+
+/// The envoy stand-in: relays the pod's local port 15001 to the NFS server, as uid 65534 (which
+/// the redirect exempts), in the pod's namespace and cgroup. Killed with its connections on drop.
+pub struct Sidecar {
+    child: Child,
+}
+
+impl Sidecar {
+    pub fn start(pod: &NfsPod) -> Self {
+        let child = Command::new("nsenter")
+            .arg(format!("--net={}", pod.netns.path().display()))
+            .args(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+            .args(["socat", "TCP-LISTEN:15001,reuseaddr,fork"])
+            .arg(format!("TCP:{SERVER}:2049"))
+            .process_group(0)
+            .spawn()
+            .expect("start socat");
+        std::fs::write(pod.container.procs(), child.id().to_string()).expect("sidecar joins the pod");
+        let sidecar = Sidecar { child };
+        let listening = crate::wait_for(Duration::from_secs(10), || {
+            (!pod.netns.exec("ss", &["-Hltn", "sport = :15001"]).trim().is_empty()).then_some(())
+        });
+        assert!(listening.is_some(), "the sidecar does not listen on 15001");
+        sidecar
+    }
+}
+
+impl Drop for Sidecar {
+    /// SIGKILL to the proxy and every connection it forked, as when the sidecar container is gone.
+    fn drop(&mut self) {
+        // SAFETY: signals the process group socat leads (its forked connections are in it); the
+        // group cannot have been reused, socat is not reaped yet.
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+/// A process of a pod's container with a file open on NFS: each `sync` writes 1 MiB and fsyncs
+/// it. Opened while the server is reachable: an OPEN that cannot reach the server waits killable
+/// and the hung-task detector would not report it; a flush waits uninterruptibly.
+pub struct Writer {
+    child: Child,
+    stdin: ChildStdin,
+    synced: mpsc::Receiver<String>,
+}
+
+const WRITER: &str = r#"
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+print("open", flush=True)
+block = b"k" * (1 << 20)
+for _ in sys.stdin:
+    os.write(fd, block)
+    os.fsync(fd)
+    print("synced", flush=True)
+"#;
+
+impl Writer {
+    pub fn start(pod: &NfsPod, file: &str) -> Self {
+        let path = pod.mountpoint.join(file);
+        // In the pod's network namespace and container cgroup, as an app container's process is.
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net={}", pod.netns.path().display()))
+            .args([
+                "sh",
+                "-c",
+                &format!("echo $$ > {} && exec python3 -c \"$0\" \"$1\"", pod.container.procs().display()),
+            ])
+            .arg(WRITER)
+            .arg(&path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the writer");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, synced) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let writer = Writer { child, stdin, synced };
+        // The first OPEN after the server started waits out its 10 s grace period.
+        assert_eq!(
+            writer.synced.recv_timeout(Duration::from_secs(60)).as_deref(),
+            Ok("open"),
+            "open {}",
+            path.display()
+        );
+        writer
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Asks for one more 1 MiB write and fsync, without waiting for it.
+    pub fn request_sync(&mut self) {
+        self.stdin.write_all(b"sync\n").and_then(|()| self.stdin.flush()).expect("writer stdin");
+    }
+
+    /// Waits up to `timeout` for the requested sync to finish.
+    pub fn synced(&self, timeout: Duration) -> bool {
+        self.synced.recv_timeout(timeout).as_deref() == Ok("synced")
+    }
+
+    /// One write and fsync that must finish within `timeout`.
+    pub fn sync(&mut self, timeout: Duration) {
+        self.request_sync();
+        assert!(self.synced(timeout), "the writer's fsync did not finish within {timeout:?}");
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        // A writer stuck in D state cannot die until its I/O ends: do not wait for it forever.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

@@ -1,0 +1,454 @@
+//! The incidents of shared/INCIDENTS.md reproduced end to end with the kernel's own NFS server and
+//! client, in the kernel-matrix VMs (`cargo xtask vm-test` boots Debian 6.1 and 6.12 and runs
+//! these there with `--ignored`): they load nfsd, cut the server off and run the whole machine
+//! out of memory, which only a throw-away VM may do. Each prints one `vm-scenario` line for the
+//! runner's report.
+
+use std::{
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use kstall_tests::{
+    Agent, Cgroup, EventStream, kernel_tests_can_run,
+    nfs::{self, NfsPod, Sidecar, Writer, block_server},
+    wait_for, write_pods_file,
+};
+use serde_json::Value;
+
+fn in_vm(test: &str) {
+    assert!(
+        std::env::var_os("KSTALL_VM_GUEST").is_some(),
+        "{test} runs inside the kernel-matrix VMs (cargo xtask vm-test): it loads nfsd, cuts NFS off and \
+         runs the machine out of memory"
+    );
+    assert!(kernel_tests_can_run(test));
+}
+
+/// An agent that names `pods` from a pods file, with the hung-task detector at 5 s.
+fn agent_for(pods: &[&NfsPod], extra: &[&str]) -> (Agent, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let pods_file = dir.path().join("pods.json");
+    write_pods_file(&pods_file, &pods.iter().map(|p| p.json()).collect::<Vec<_>>());
+    let args =
+        [&["--pods-file", pods_file.to_str().unwrap(), "--hung-task-timeout-secs", "5"][..], extra].concat();
+    (Agent::start(&args), dir)
+}
+
+fn firing(signature: &'static str) -> impl Fn(&Value) -> bool {
+    move |i: &Value| i["signature"] == signature && i["state"] == "firing"
+}
+
+/// What the kernel said about NFS and OOM, for failure messages.
+fn kernel_log() -> String {
+    let out = Command::new("dmesg").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    out.unwrap_or_default()
+        .lines()
+        .filter(|l| ["nfs", "rpc", "blocked for", "oom", "Killed process"].iter().any(|k| l.contains(k)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn text(v: &Value) -> &str {
+    v.as_str().unwrap_or_default()
+}
+
+fn no_incident(what: &str, agent: &Agent) -> String {
+    format!("{what}:\nincidents {:#?}\nkernel:\n{}\nagent:\n{}", agent.incidents(), kernel_log(), agent.log())
+}
+
+/// Incident 1: NFS through the sidecar's redirect, the sidecar gone, a flush stuck. kstall names the
+/// pod, the server, the ports, the stuck task and the way out; the break-glass steps it prints,
+/// run as printed, free the writer and the incident resolves.
+#[test]
+#[ignore = "runs inside the kernel-matrix VMs: cargo xtask vm-test"]
+fn nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it() {
+    in_vm("nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it");
+    let started = Instant::now();
+    let mut pod = NfsPod::new(1, "tenant-api-5d8c7b9f4-q7x2m");
+    pod.add_sidecar_redirect();
+    let sidecar = Sidecar::start(&pod);
+    let (agent, _dir) = agent_for(&[&pod], &["--quiet-window", "5s"]);
+    pod.mount();
+    let mut writer = Writer::start(&pod, "report.csv");
+    writer.sync(Duration::from_secs(60));
+
+    // The sidecar container is gone; the pod's NFS reconnects still go to its port.
+    drop(sidecar);
+    writer.request_sync();
+    let stuck = |i: &Value| {
+        firing("nfs-sidecar-redirect")(i)
+            && i["pod"] == pod.name.as_str()
+            && i["evidence"]["stuck_tasks"].as_array().is_some_and(|t| !t.is_empty())
+    };
+    let incident = agent
+        .wait_incident(stuck, Duration::from_secs(120))
+        .unwrap_or_else(|| panic!("{}", no_incident("no nfs-sidecar-redirect with a stuck task", &agent)));
+    let fired_after = started.elapsed();
+    assert!(!writer.synced(Duration::ZERO), "the writer is stuck");
+    assert_eq!(incident["severity"], "critical", "{incident:#}");
+    assert_eq!(incident["namespace"], "shop", "{incident:#}");
+    assert_eq!(incident["pod_uid"], pod.uid.as_str(), "{incident:#}");
+    assert_eq!(incident["workload"], "Deployment/web", "{incident:#}");
+    let evidence = &incident["evidence"];
+    assert_eq!(evidence["server"], nfs::SERVER, "{incident:#}");
+    assert_eq!(evidence["nfs_port"], 2049, "{incident:#}");
+    assert_eq!(evidence["redirect_ports"], serde_json::json!([15001]), "{incident:#}");
+    assert_eq!(evidence["netns"], pod.netns.inode(), "{incident:#}");
+    assert!(evidence["resets_total"].as_u64().is_some_and(|n| n >= 2), "{incident:#}");
+    let task = &evidence["stuck_tasks"][0];
+    assert_eq!(
+        (&task["pid"], &task["comm"], &task["wait"]),
+        (&writer.pid().into(), &"python3".into(), &"nfs".into())
+    );
+    let stack = task["stack"].as_array().cloned().unwrap_or_default();
+    assert!(
+        stack.iter().any(|f| f.as_str().is_some_and(|f| f.starts_with("nfs"))),
+        "an NFS stack: {stack:#?}"
+    );
+    // The refused reconnects are counted for the pod too.
+    let refused = agent.metric_with(
+        "kstall_nfs_connect_errors_total",
+        &[("server", nfs::SERVER), ("error", "ECONNREFUSED"), ("pod", &pod.name), ("namespace", "shop")],
+    );
+    assert!(refused.is_some_and(|n| n >= 1.0), "{}", agent.metrics());
+
+    // The break-glass steps, run as the incident prints them: three checks, then the deletion.
+    let commands: Vec<String> = incident["remediation"]["break_glass"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["command"].as_str().map(String::from))
+        .collect();
+    let sh = |command: &str| {
+        let out = Command::new("sh").args(["-c", command]).output().expect("sh");
+        assert!(out.status.success(), "{command}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let [belongs, netns, one_jump, delete, _confirm] = commands.as_slice() else {
+        panic!("five break-glass commands: {commands:#?}")
+    };
+    assert!(sh(belongs).parse::<u32>().is_ok_and(|n| n >= 1), "check 1: {belongs}");
+    let namespaces: Vec<String> = sh(netns).lines().map(String::from).collect();
+    assert!(namespaces.len() == 2 && namespaces[0] != namespaces[1], "check 2: {netns}: {namespaces:?}");
+    assert_eq!(sh(one_jump), "1", "check 3: {one_jump}");
+    let released = Instant::now();
+    sh(delete);
+    assert!(
+        writer.synced(Duration::from_secs(90)),
+        "the flush finishes once the rule is gone\n{}",
+        kernel_log()
+    );
+    let resolved = agent
+        .wait_incident(|i| i["id"] == incident["id"] && i["state"] == "resolved", Duration::from_secs(60));
+    assert!(resolved.is_some(), "{}", no_incident("not resolved", &agent));
+    println!(
+        "vm-scenario sidecar-redirect: nfs-sidecar-redirect fired for shop/{} (server {}:2049 -> 15001, {} resets, \
+         {} refused reconnects, stuck {} pid {} in {}) {:.0} s into the scenario; the printed break-glass steps \
+         freed the writer and it resolved {:.0} s later",
+        pod.name,
+        nfs::SERVER,
+        evidence["resets_total"],
+        refused.unwrap_or_default(),
+        text(&task["comm"]),
+        writer.pid(),
+        stack.iter().filter_map(Value::as_str).find(|f| f.starts_with("nfs")).unwrap_or_default(),
+        fired_after.as_secs_f64(),
+        released.elapsed().as_secs_f64(),
+    );
+}
+
+/// Incident 3: the server unreachable, flushes of two pods stuck at once: one node-wide incident
+/// naming the server and both pods, which resolves when the server is back.
+#[test]
+#[ignore = "runs inside the kernel-matrix VMs: cargo xtask vm-test"]
+fn nfs_flushes_of_two_pods_stuck_on_one_server_are_a_node_wide_stall() {
+    in_vm("nfs_flushes_of_two_pods_stuck_on_one_server_are_a_node_wide_stall");
+    let started = Instant::now();
+    let mut orders = NfsPod::new(2, "orders-7f9c6d5b8-x2k4p");
+    let mut billing = NfsPod::new(3, "billing-6b8d9f7c5-m3n8q");
+    let (agent, _dir) = agent_for(&[&orders, &billing], &["--quiet-window", "5s"]);
+    let mut writers = Vec::new();
+    for pod in [&mut orders, &mut billing] {
+        pod.mount();
+        let mut writer = Writer::start(pod, "ledger.db");
+        writer.sync(Duration::from_secs(60));
+        writers.push(writer);
+    }
+
+    let blocked = block_server();
+    for writer in &mut writers {
+        writer.request_sync();
+    }
+    let stall = agent
+        .wait_incident(firing("nfs-node-wide-stall"), Duration::from_secs(120))
+        .unwrap_or_else(|| panic!("{}", no_incident("no nfs-node-wide-stall", &agent)));
+    let fired_after = started.elapsed();
+    assert_eq!(stall["severity"], "critical", "{stall:#}");
+    let evidence = &stall["evidence"];
+    assert_eq!(evidence["server"], nfs::SERVER, "{stall:#}");
+    let mut pods: Vec<&str> =
+        evidence["pods"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    pods.sort_unstable();
+    assert_eq!(pods, [format!("shop/{}", billing.name), format!("shop/{}", orders.name)], "{stall:#}");
+    let stuck: Vec<u64> =
+        evidence["stuck_tasks"].as_array().into_iter().flatten().filter_map(|t| t["pid"].as_u64()).collect();
+    for writer in &writers {
+        assert!(stuck.contains(&u64::from(writer.pid())), "writer {} among {stuck:?}", writer.pid());
+    }
+    assert!(stall["summary"].as_str().is_some_and(|s| s.contains("drain the node")), "{stall:#}");
+
+    let released = Instant::now();
+    drop(blocked);
+    for writer in &writers {
+        assert!(
+            writer.synced(Duration::from_secs(120)),
+            "the flush finishes once the server is back\n{}",
+            kernel_log()
+        );
+    }
+    let resolved =
+        agent.wait_incident(|i| i["id"] == stall["id"] && i["state"] == "resolved", Duration::from_secs(60));
+    assert!(resolved.is_some(), "{}", no_incident("not resolved", &agent));
+    println!(
+        "vm-scenario node-wide-stall: nfs-node-wide-stall fired for server {} with pods {} ({} stuck tasks) {:.0} s \
+         into the scenario; resolved {:.0} s after the server came back",
+        nfs::SERVER,
+        pods.join(", "),
+        stuck.len(),
+        fired_after.as_secs_f64(),
+        released.elapsed().as_secs_f64(),
+    );
+}
+
+/// The NFS probe's view of an unreachable server, counted for the server and the pod whose
+/// namespace sent the RPCs: major timeouts and failed reconnects while it is cut off (the
+/// `server responding` gauge drops to 0), then the requests retransmitted on the new connection
+/// once it is back (the gauge returns to 1).
+#[test]
+#[ignore = "runs inside the kernel-matrix VMs: cargo xtask vm-test"]
+fn nfs_timeouts_reconnects_and_retransmits_are_counted_per_server_and_pod() {
+    in_vm("nfs_timeouts_reconnects_and_retransmits_are_counted_per_server_and_pod");
+    let mut pod = NfsPod::new(4, "catalog-0");
+    let (agent, _dir) = agent_for(&[&pod], &[]);
+    let events = agent.subscribe();
+    pod.mount();
+    let mut writer = Writer::start(&pod, "items.json");
+    writer.sync(Duration::from_secs(60));
+
+    let labels = [("server", nfs::SERVER), ("pod", pod.name.as_str()), ("namespace", "shop")];
+    let count = |name: &str, extra: &[(&str, &str)]| {
+        agent.metric_with(name, &[&labels[..], extra].concat()).unwrap_or(0.0)
+    };
+    let responding = || agent.metric_with("kstall_nfs_server_responding", &labels);
+    let what_seen = || {
+        let mut seen = std::collections::BTreeMap::<String, usize>::new();
+        for e in pod_nfs_events(&events, &pod) {
+            *seen.entry(e["what"].as_str().unwrap_or_default().to_string()).or_default() += 1;
+        }
+        seen
+    };
+    let blocked = block_server();
+    writer.request_sync();
+    let cut_off = wait_for(Duration::from_secs(90), || {
+        let timeouts = count("kstall_nfs_rpc_timeouts_total", &[]);
+        let reconnects = count("kstall_nfs_connect_errors_total", &[("error", "ETIMEDOUT")]);
+        (timeouts >= 1.0 && reconnects >= 1.0 && responding() == Some(0.0)).then_some((timeouts, reconnects))
+    });
+    let (timeouts, reconnects) = cut_off.unwrap_or_else(|| {
+        panic!(
+            "no timeouts, failed reconnects and not-responding for the pod: events {:?}\n{}\n{}",
+            what_seen(),
+            agent.metrics(),
+            kernel_log()
+        )
+    });
+    drop(blocked);
+    assert!(
+        writer.synced(Duration::from_secs(120)),
+        "the flush finishes once the server is back\n{}",
+        kernel_log()
+    );
+    let back = wait_for(Duration::from_secs(30), || {
+        let retransmits = count("kstall_nfs_rpc_retransmits_total", &[]);
+        (retransmits >= 1.0 && responding() == Some(1.0)).then_some(retransmits)
+    });
+    let retransmits = back.unwrap_or_else(|| {
+        panic!("no retransmits and responding again: events {:?}\n{}", what_seen(), agent.metrics())
+    });
+
+    // Each event carries the pod's namespace, not the host's.
+    let nfs_events = pod_nfs_events(&events, &pod);
+    let wrong: Vec<&Value> = nfs_events.iter().filter(|e| e["netns"] != pod.netns.inode()).collect();
+    assert!(wrong.is_empty(), "events of the pod in another namespace: {wrong:#?}");
+    println!(
+        "vm-scenario nfs-probes: server {} cut off from shop/{} (netns {}): {timeouts} major timeouts, \
+         {reconnects} failed reconnects (ETIMEDOUT), kstall_nfs_server_responding 1 -> 0 -> 1, then \
+         {retransmits} retransmits on the new connection; {} events, all in the pod's namespace",
+        nfs::SERVER,
+        pod.name,
+        pod.netns.inode(),
+        nfs_events.len(),
+    );
+}
+
+fn pod_nfs_events(events: &EventStream, pod: &NfsPod) -> Vec<Value> {
+    events.collect(
+        |e| e["kind"] == "nfs" && e["server_addr"] == nfs::SERVER && e["pod"] == pod.name.as_str(),
+        usize::MAX,
+        Duration::from_secs(1),
+    )
+}
+
+/// Incident 2 (last in name order: it runs the VM out of memory): the global OOM killer takes a
+/// node daemon. kstall reports `system-oom`: global scope, the victim as a host process,
+/// node-critical, the pods' memory limits against the node's memory.
+#[test]
+#[ignore = "runs inside the kernel-matrix VMs: cargo xtask vm-test"]
+fn the_global_oom_killer_taking_a_node_daemon_is_a_critical_system_oom() {
+    in_vm("the_global_oom_killer_taking_a_node_daemon_is_a_critical_system_oom");
+    let node_bytes = mem_total_bytes();
+    // A pod whose limit is twice the node: its usage is only bounded by the node's memory.
+    let pod =
+        kstall_tests::pod_json("3c1d9e2f-5a4b-4c6d-8e7f-0a1b2c3d4e5f", "batch-report-0", &"ab".repeat(32));
+    let container = Cgroup::at(&format!(
+        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod3c1d9e2f_5a4b_4c6d_8e7f_0a1b2c3d4e5f.slice/cri-containerd-{}.scope",
+        "ab".repeat(32)
+    ));
+    let pod_dir = container.path.parent().unwrap().to_path_buf();
+    // The memory controller, enabled from the root down to the pod, gives the pod a memory.max.
+    let mut levels: Vec<&std::path::Path> =
+        pod_dir.ancestors().filter(|p| p.join("cgroup.subtree_control").exists()).collect();
+    levels.reverse();
+    for level in levels {
+        std::fs::write(level.join("cgroup.subtree_control"), "+memory")
+            .expect("enable the memory controller");
+    }
+    std::fs::write(pod_dir.join("memory.max"), (2 * node_bytes).to_string()).expect("pod memory limit");
+
+    let dir = tempfile::tempdir().unwrap();
+    let pods_file = dir.path().join("pods.json");
+    write_pods_file(&pods_file, &[pod]);
+    let mut agent = Agent::start(&["--pods-file", pods_file.to_str().unwrap()]);
+
+    // The node daemon: a host process that holds 64 MiB, as likely a victim as a BestEffort pod.
+    let mut daemon = start_daemon();
+    let hog = Command::new("sh")
+        .args([
+            "-c",
+            &format!("echo $$ > {} && exec python3 -c \"$0\" {}", container.procs().display(), daemon.0.id()),
+        ])
+        .arg(HOG)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the hog");
+    let _hog = Killed(hog);
+    let incident = agent
+        .wait_incident(firing("system-oom"), Duration::from_secs(180))
+        .unwrap_or_else(|| panic!("{}", no_incident("no system-oom", &agent)));
+    assert!(daemon.0.try_wait().unwrap().is_some(), "the daemon was killed");
+    assert_eq!(incident["severity"], "critical", "{incident:#}");
+    let evidence = &incident["evidence"];
+    let victim = &evidence["victims"][0];
+    assert_eq!(
+        (&victim["comm"], &victim["pid"], &victim["critical"], &victim["victim"]),
+        (&"node_exporter".into(), &daemon.0.id().into(), &true.into(), &"host process".into()),
+        "{incident:#}"
+    );
+    // Every victim reported is one the kernel logged, and the 24 h count is theirs.
+    let victims: Vec<u64> =
+        evidence["victims"].as_array().into_iter().flatten().filter_map(|v| v["pid"].as_u64()).collect();
+    let logged = kernel_log();
+    for pid in &victims {
+        assert!(
+            logged.contains(&format!("Killed process {pid} ")),
+            "victim {pid} in the kernel log:\n{logged}"
+        );
+    }
+    assert_eq!(evidence["system_ooms_24h"], victims.len(), "{incident:#}");
+    let ratio = evidence["memory_limit_overcommit_ratio"].as_f64().unwrap_or(0.0);
+    assert!((1.9..2.1).contains(&ratio), "pod limits twice the node: {incident:#}");
+    let counted = agent.metric_with(
+        "kstall_oom_kills_total",
+        &[("scope", "global"), ("comm", "node_exporter"), ("critical", "true"), ("host", "true")],
+    );
+    assert_eq!(counted, Some(1.0), "{}", agent.metrics());
+    assert_eq!(agent.stop(), Some(0), "the agent survived the OOM");
+    println!(
+        "vm-scenario system-oom: system-oom fired, critical; victims as reported: {}; {} system OOM(s) in 24 h; \
+         pod limits {:.0}% of the node's memory",
+        evidence["victims"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| format!(
+                "{} pid {} ({}{})",
+                text(&v["comm"]),
+                v["pid"],
+                text(&v["victim"]),
+                if v["critical"] == true { ", node-critical" } else { "" }
+            ))
+            .collect::<Vec<_>>()
+            .join(", "),
+        victims.len(),
+        ratio * 100.0,
+    );
+}
+
+/// Allocates 16 MiB at a time, touching every page, until the process `argv[1]` is gone.
+const HOG: &str = r#"
+import os, sys, time
+chunks = []
+while True:
+    try:
+        os.kill(int(sys.argv[1]), 0)
+    except ProcessLookupError:
+        break
+    chunk = bytearray(16 << 20)
+    chunk[::4096] = b"\x01" * ((16 << 20) // 4096)
+    chunks.append(chunk)
+time.sleep(600)
+"#;
+
+/// A host process named like a node daemon, holding 64 MiB, with the OOM score of a BestEffort
+/// pod: the kernel's first choice of victim.
+fn start_daemon() -> Killed {
+    let script = r#"
+import ctypes, time
+ctypes.CDLL(None).prctl(15, b"node_exporter", 0, 0, 0)
+open("/proc/self/oom_score_adj", "w").write("1000")
+held = bytearray(64 << 20)
+held[::4096] = b"\x01" * ((64 << 20) // 4096)
+print("ready", flush=True)
+time.sleep(600)
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the daemon");
+    let mut ready = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut ready)
+        .expect("daemon ready");
+    assert_eq!(ready.trim(), "ready");
+    Killed(child)
+}
+
+/// A child killed and reaped on drop.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn mem_total_bytes() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
+    let kib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    kib.expect("MemTotal") * 1024
+}
