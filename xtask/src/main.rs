@@ -36,7 +36,8 @@ enum Command {
     Test,
     /// Bootstrap, build, then the benchmarks (root): a reset storm through a real agent.
     Bench,
-    /// The kernel matrix (root): boot Debian 6.1 and 6.12 in VMs and load every probe in each.
+    /// The kernel matrix (root): boot Debian 6.1 and 6.12 in VMs; in each, load every probe and
+    /// run the incident scenarios (real NFS, a real global OOM).
     VmTest {
         /// Only these kernels (6.1, 6.12) [default: all].
         #[arg(long = "kernel")]

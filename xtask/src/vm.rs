@@ -50,11 +50,14 @@ pub fn matrix(env: &BuildEnv, kernels: &[String]) -> anyhow::Result<()> {
     let scenarios = scenarios_binary(env)?;
     let guest = vm_dir.join("guest.sh");
     std::fs::write(&guest, GUEST_SCRIPT).context("write the guest script")?;
+    let started = Instant::now();
     let mut failures = Vec::new();
+    let mut booted = 0;
     for (prefix, _) in KERNELS.iter().filter(|(p, _)| {
         kernels.is_empty() || kernels.iter().any(|k| p.starts_with(&format!("{k}.")) || *p == k)
     }) {
         let version = boot_kernel(prefix).with_context(|| format!("no {prefix}x kernel in /boot"))?;
+        booted += 1;
         match boot_and_check(&vng, &vm_dir, &guest, &scenarios, &version) {
             Ok(report) => println!("{report}"),
             Err(e) => {
@@ -63,6 +66,7 @@ pub fn matrix(env: &BuildEnv, kernels: &[String]) -> anyhow::Result<()> {
             }
         }
     }
+    println!("vm-test: {booted} kernel(s) in {:.0} s", started.elapsed().as_secs_f64());
     if !failures.is_empty() {
         bail!("vm-test failed on {}", failures.join(", "));
     }
