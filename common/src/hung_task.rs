@@ -12,6 +12,12 @@ pub const STACK_DEPTH: usize = 32;
 pub const FLAG_BLOCKER_TRACKED: u32 = 1 << 0;
 /// The task had no network namespace left (exiting): `netns_ino` is 0 for that reason.
 pub const FLAG_NO_NSPROXY: u32 = 1 << 1;
+/// The task is exiting (`PF_EXITING`): do_exit sets it before it closes the task's files, so a
+/// flush stuck in that close — incident 1's — has it while the namespaces are still there.
+pub const FLAG_EXITING: u32 = 1 << 2;
+
+/// `PF_EXITING` in `task->flags` (include/linux/sched.h; the same value since Linux 2.6).
+pub const PF_EXITING: u32 = 0x4;
 
 /// `task->blocker` low bits (include/linux/hung_task.h).
 pub const BLOCKER_TYPE_MUTEX: u64 = 0;
@@ -50,6 +56,7 @@ pub struct HungTaskConfig {
     pub blocker: u32,
     pub task: TaskOffsets,
     pub task_last_switch_time: u32,
+    pub task_flags: u32,
     pub task_blocker: u32,
     pub mutex_owner: u32,
     pub rwsem_owner: u32,

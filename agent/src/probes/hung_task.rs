@@ -5,7 +5,7 @@
 
 use kstall_common::hung_task::{
     BLOCKER_TYPE_MASK, BLOCKER_TYPE_MUTEX, BLOCKER_TYPE_RWSEM_READER, BLOCKER_TYPE_RWSEM_WRITER,
-    BLOCKER_TYPE_SEM, FLAG_BLOCKER_TRACKED, FLAG_NO_NSPROXY, HungTaskConfig, HungTaskEvent,
+    BLOCKER_TYPE_SEM, FLAG_BLOCKER_TRACKED, FLAG_EXITING, FLAG_NO_NSPROXY, HungTaskConfig, HungTaskEvent,
 };
 use std::sync::LazyLock;
 
@@ -29,6 +29,7 @@ pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, String> {
         task_last_switch_time: vmlinux
             .offset_of("task_struct", "last_switch_time")
             .map_err(|e| e.to_string())?,
+        task_flags: vmlinux.offset_of("task_struct", "flags").map_err(|e| e.to_string())?,
         ..HungTaskConfig::default()
     };
     // CONFIG_DETECT_HUNG_TASK_BLOCKER (6.15+): probed, never assumed.
@@ -112,7 +113,8 @@ pub struct HungTask {
     pub stack: Stack,
     /// What the task blocks on, on kernels that track it.
     pub blocker: Option<Blocker>,
-    /// The task is exiting (no namespaces left), as in incident 1's `do_exit` flush.
+    /// The task is exiting (`PF_EXITING`, or no namespaces left), as in incident 1's flush of the
+    /// files `do_exit` closes.
     pub exiting: bool,
 }
 
@@ -141,7 +143,7 @@ pub fn decode(ev: &HungTaskEvent, symbols: &Symbols, clock: Clock) -> Result<Hun
         wait: classify(stack.names()),
         stack,
         blocker,
-        exiting: ev.flags & FLAG_NO_NSPROXY != 0,
+        exiting: ev.flags & (FLAG_EXITING | FLAG_NO_NSPROXY) != 0,
     })
 }
 
@@ -347,6 +349,19 @@ mod tests {
         assert_eq!(hung.wait, WaitClass::Nfs);
         assert_eq!(hung.blocked_secs, Some(130));
         assert_eq!(decode(&ev, &symbols, Clock { hz: None }).unwrap().blocked_secs, None);
+    }
+
+    #[test]
+    fn exiting_is_pf_exiting_or_no_namespaces() {
+        let mut ev = event(&[]);
+        let exiting = |ev: &HungTaskEvent| decode(ev, &Symbols::default(), Clock::default()).unwrap().exiting;
+        assert!(!exiting(&ev));
+        // Incident 1's flush in do_exit -> put_files_struct -> filp_close: the namespaces are
+        // still there, PF_EXITING is set.
+        ev.flags = FLAG_EXITING;
+        assert!(exiting(&ev));
+        ev.flags = FLAG_NO_NSPROXY;
+        assert!(exiting(&ev));
     }
 
     #[test]

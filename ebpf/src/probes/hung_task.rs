@@ -15,7 +15,8 @@ use kstall_common::{
     EventHeader,
     hung_task::{
         BLOCKER_TYPE_MASK, BLOCKER_TYPE_MUTEX, BLOCKER_TYPE_RWSEM_READER, BLOCKER_TYPE_RWSEM_WRITER,
-        FLAG_BLOCKER_TRACKED, FLAG_NO_NSPROXY, HungTaskConfig, HungTaskEvent, STACK_DEPTH, VERSION,
+        FLAG_BLOCKER_TRACKED, FLAG_EXITING, FLAG_NO_NSPROXY, HungTaskConfig, HungTaskEvent, PF_EXITING,
+        STACK_DEPTH, VERSION,
     },
     kind,
 };
@@ -60,6 +61,9 @@ pub fn sched_process_hang(ctx: BtfTracePointContext) -> u32 {
                 entry.discard(0);
                 return 0;
             }
+        }
+        if at::<u32>(task, cfg.task_flags).unwrap_or(0) & PF_EXITING != 0 {
+            ev.flags |= FLAG_EXITING;
         }
         ev.last_switch_jiffies = at(task, cfg.task_last_switch_time).unwrap_or(0);
         ev.now_jiffies = bpf_jiffies64();
