@@ -207,12 +207,13 @@ impl Drop for Sidecar {
 }
 
 /// A process of a pod's container with a file open on NFS: each `sync` writes 1 MiB and fsyncs
-/// it. Opened while the server is reachable: an OPEN that cannot reach the server waits killable
-/// and the hung-task detector would not report it; a flush waits uninterruptibly.
+/// it, each `write` only writes it (dirty pages its exit must flush). Opened while the server is
+/// reachable: an OPEN that cannot reach the server waits killable and the hung-task detector
+/// would not report it; a flush waits uninterruptibly.
 pub struct Writer {
     child: Child,
     stdin: ChildStdin,
-    synced: mpsc::Receiver<String>,
+    done: mpsc::Receiver<String>,
 }
 
 const WRITER: &str = r#"
@@ -220,10 +221,11 @@ import os, sys
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 print("open", flush=True)
 block = b"k" * (1 << 20)
-for _ in sys.stdin:
+for line in sys.stdin:
     os.write(fd, block)
-    os.fsync(fd)
-    print("synced", flush=True)
+    if line.strip() == "sync":
+        os.fsync(fd)
+    print("done", flush=True)
 "#;
 
 impl Writer {
@@ -245,7 +247,7 @@ impl Writer {
             .expect("start the writer");
         let stdin = child.stdin.take().unwrap();
         let stdout = child.stdout.take().unwrap();
-        let (tx, synced) = mpsc::channel();
+        let (tx, done) = mpsc::channel();
         thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if tx.send(line).is_err() {
@@ -253,10 +255,10 @@ impl Writer {
                 }
             }
         });
-        let writer = Writer { child, stdin, synced };
+        let writer = Writer { child, stdin, done };
         // The first OPEN after the server started waits out its 10 s grace period.
         assert_eq!(
-            writer.synced.recv_timeout(Duration::from_secs(60)).as_deref(),
+            writer.done.recv_timeout(Duration::from_secs(60)).as_deref(),
             Ok("open"),
             "open {}",
             path.display()
@@ -270,18 +272,40 @@ impl Writer {
 
     /// Asks for one more 1 MiB write and fsync, without waiting for it.
     pub fn request_sync(&mut self) {
-        self.stdin.write_all(b"sync\n").and_then(|()| self.stdin.flush()).expect("writer stdin");
+        self.send("sync");
     }
 
     /// Waits up to `timeout` for the requested sync to finish.
     pub fn synced(&self, timeout: Duration) -> bool {
-        self.synced.recv_timeout(timeout).as_deref() == Ok("synced")
+        self.done.recv_timeout(timeout).as_deref() == Ok("done")
     }
 
     /// One write and fsync that must finish within `timeout`.
     pub fn sync(&mut self, timeout: Duration) {
         self.request_sync();
         assert!(self.synced(timeout), "the writer's fsync did not finish within {timeout:?}");
+    }
+
+    /// 1 MiB written to the page cache, not flushed.
+    pub fn write(&mut self) {
+        self.send("write");
+        assert!(self.synced(Duration::from_secs(10)), "the writer's write did not return");
+    }
+
+    fn send(&mut self, command: &str) {
+        writeln!(self.stdin, "{command}").and_then(|()| self.stdin.flush()).expect("writer stdin");
+    }
+
+    /// SIGTERM, as the kubelet stops a container: the process exits, and its exit closes the file,
+    /// which flushes what it wrote.
+    pub fn terminate(&self) {
+        // SAFETY: signals our own child, not yet reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+    }
+
+    /// Waits up to `timeout` for the process to be gone.
+    pub fn exited(&mut self, timeout: Duration) -> bool {
+        crate::wait_for(timeout, || self.child.try_wait().ok().flatten()).is_some()
     }
 }
 
