@@ -45,9 +45,14 @@ impl FreezableDisk {
         disk.loop_dev =
             Some(run("losetup", &["--find", "--show", image.to_str().unwrap()]).trim().to_string());
         let dev = disk.loop_dev.clone().unwrap();
-        run("mkfs.ext4", &["-q", &dev]);
+        // No lazy initialisation and the writer's file made beforehand: once frozen, the only
+        // I/O a writer waits on is its own data's writeback (not inode tables or metadata reads,
+        // which would classify its wait differently).
+        run("mkfs.ext4", &["-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", &dev]);
         run("mount", &[&dev, disk.mount_point().to_str().unwrap()]);
         disk.mounted = true;
+        std::fs::File::create(disk.target()).and_then(|f| f.sync_all()).expect("the writer's file");
+        run("sync", &["-f", disk.target().to_str().unwrap()]);
         disk
     }
 
@@ -68,6 +73,10 @@ impl FreezableDisk {
         self.dir.join("mnt")
     }
 
+    fn target(&self) -> PathBuf {
+        self.mount_point().join("stuck")
+    }
+
     /// Freezes the disk: nothing written to it completes until `thaw`.
     pub fn freeze(&self) {
         unsafe { libc::kill(self.bindfs.id() as i32, libc::SIGSTOP) };
@@ -80,7 +89,7 @@ impl FreezableDisk {
     /// Starts `dd ... conv=fsync` into the disk, inside `cgroup_procs` (a cgroup's `cgroup.procs`)
     /// so that its cgroup is known. Returns its pid.
     pub fn start_writer(&mut self, cgroup_procs: &Path) -> u32 {
-        let target = self.mount_point().join("stuck");
+        let target = self.target();
         // The shell joins the cgroup, then becomes dd: the pid stays the same.
         let script = format!(
             "echo $$ > {} && exec dd if=/dev/zero of={} bs=1M count=8 conv=fsync status=none",
