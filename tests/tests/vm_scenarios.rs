@@ -263,14 +263,15 @@ fn nfs_flushes_of_two_pods_stuck_on_one_server_are_a_node_wide_stall() {
 
 /// The NFS probe's view of an unreachable server, counted for the server and the pod whose
 /// namespace sent the RPCs: major timeouts and failed reconnects while it is cut off (the
-/// `server responding` gauge drops to 0), then the requests retransmitted on the new connection
-/// once it is back (the gauge returns to 1).
+/// `server responding` gauge drops to 0, `nfs-server-unreachable` fires), then the requests
+/// retransmitted on the new connection once it is back (the gauge returns to 1, the incident
+/// resolves).
 #[test]
 #[ignore = "runs inside the kernel-matrix VMs: cargo xtask vm-test"]
-fn nfs_timeouts_reconnects_and_retransmits_are_counted_per_server_and_pod() {
-    in_vm("nfs_timeouts_reconnects_and_retransmits_are_counted_per_server_and_pod");
+fn nfs_server_cut_off_is_counted_per_pod_and_is_an_unreachable_server() {
+    in_vm("nfs_server_cut_off_is_counted_per_pod_and_is_an_unreachable_server");
     let mut pod = NfsPod::new(4, "catalog-0");
-    let (agent, _dir) = agent_for(&[&pod], &[]);
+    let (agent, _dir) = agent_for(&[&pod], &["--quiet-window", "5s"]);
     let events = agent.subscribe();
     pod.mount();
     let mut writer = Writer::start(&pod, "items.json");
@@ -303,6 +304,12 @@ fn nfs_timeouts_reconnects_and_retransmits_are_counted_per_server_and_pod() {
             kernel_log()
         )
     });
+    let unreachable = agent
+        .wait_incident(firing("nfs-server-unreachable"), Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("{}", no_incident("no nfs-server-unreachable", &agent)));
+    assert_eq!(unreachable["evidence"]["server"], nfs::SERVER, "{unreachable:#}");
+    let errors = &unreachable["evidence"]["errors_by_pod"][format!("shop/{}", pod.name)];
+    assert!(errors.as_u64().is_some_and(|n| n >= 1), "the pod's errors: {unreachable:#}");
     drop(blocked);
     assert!(
         writer.synced(Duration::from_secs(120)),
@@ -316,6 +323,9 @@ fn nfs_timeouts_reconnects_and_retransmits_are_counted_per_server_and_pod() {
     let retransmits = back.unwrap_or_else(|| {
         panic!("no retransmits and responding again: events {:?}\n{}", what_seen(), agent.metrics())
     });
+    let resolved = agent
+        .wait_incident(|i| i["id"] == unreachable["id"] && i["state"] == "resolved", Duration::from_secs(60));
+    assert!(resolved.is_some(), "{}", no_incident("nfs-server-unreachable not resolved", &agent));
 
     // Each event carries the pod's namespace, not the host's.
     let nfs_events = pod_nfs_events(&events, &pod);
@@ -324,11 +334,13 @@ fn nfs_timeouts_reconnects_and_retransmits_are_counted_per_server_and_pod() {
     println!(
         "vm-scenario nfs-probes: server {} cut off from shop/{} (netns {}): {timeouts} major timeouts, \
          {reconnects} failed reconnects (ETIMEDOUT), kstall_nfs_server_responding 1 -> 0 -> 1, then \
-         {retransmits} retransmits on the new connection; {} events, all in the pod's namespace",
+         {retransmits} retransmits on the new connection; {} events, all in the pod's namespace; \
+         nfs-server-unreachable fired ({} errors from the pod) and resolved",
         nfs::SERVER,
         pod.name,
         pod.netns.inode(),
         nfs_events.len(),
+        errors,
     );
 }
 
