@@ -466,6 +466,15 @@ impl Cgroup {
         Self::at(&format!("kstall-{tag}-{}", std::process::id()))
     }
 
+    /// A container's cgroup as the kubelet's systemd driver and containerd lay it out: pod `uid`
+    /// in QoS class `qos` (`burstable`, `besteffort`), container `container_id`.
+    pub fn kubepods_container(qos: &str, uid: &str, container_id: &str) -> Self {
+        Self::at(&format!(
+            "kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{}.slice/cri-containerd-{container_id}.scope",
+            uid.replace('-', "_")
+        ))
+    }
+
     /// A cgroup at `relative` below the v2 root (e.g. a kubepods-style path), parents included.
     pub fn at(relative: &str) -> Self {
         let root = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {

@@ -21,12 +21,11 @@ use crate::{Cgroup, NetNs, PodProcess, pod_json, run};
 pub const SERVER: &str = "10.55.0.1";
 const WORK: &str = "/tmp/kstall-nfs";
 
-/// The NFS server, started by the first scenario that needs it and left running: the VM it runs
+/// Starts the NFS server for the first pod that needs it and leaves it running: the VM it runs
 /// in is thrown away after the scenarios.
-pub fn server() -> &'static str {
+fn ensure_server() {
     static STARTED: OnceLock<()> = OnceLock::new();
     STARTED.get_or_init(start_server);
-    SERVER
 }
 
 fn start_server() {
@@ -95,13 +94,10 @@ pub struct NfsPod {
 impl NfsPod {
     /// Pod number `n` (1..=250; it picks the pod's subnet) named `name`, in namespace `shop`.
     pub fn new(n: u8, name: &str) -> Self {
-        server();
+        ensure_server();
         let uid = format!("{n:08x}-6e2f-4b1d-8c3a-{:012x}", std::process::id());
         let container_id = format!("{:064x}", u64::from(n) << 40 | u64::from(std::process::id()));
-        let container = Cgroup::at(&format!(
-            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{container_id}.scope",
-            uid.replace('-', "_")
-        ));
+        let container = Cgroup::kubepods_container("besteffort", &uid, &container_id);
         let netns = NetNs::new(&format!("nfs{n}"));
         let (host_if, pod_if) = (format!("kst-h{n}"), format!("kst-p{n}"));
         run("ip", &["link", "add", &host_if, "type", "veth", "peer", "name", &pod_if]);

@@ -48,10 +48,7 @@ impl FakePod {
     fn container_cgroup(&self, layout: Layout) -> Cgroup {
         let (uid, id) = (&self.uid, &self.container_id);
         match layout {
-            Layout::SystemdV2 => Cgroup::at(&format!(
-                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{id}.scope",
-                uid.replace('-', "_")
-            )),
+            Layout::SystemdV2 => Cgroup::kubepods_container("burstable", uid, id),
             Layout::CgroupfsV2 => Cgroup::at(&format!("kubepods/besteffort/pod{uid}/{id}")),
             Layout::CgroupfsV1 => Cgroup::v1_memory_at(&format!("kubepods/burstable/pod{uid}/{id}")),
         }

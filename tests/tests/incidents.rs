@@ -57,10 +57,7 @@ fn sidecar_redirect_and_stuck_writer_fire_alert_and_resolve() {
 
     // The pod: a container cgroup in the systemd driver's layout, its own network namespace with
     // the sidecar's rule, a process in both.
-    let container = Cgroup::at(&format!(
-        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{CONTAINER}.scope",
-        UID.replace('-', "_")
-    ));
+    let container = Cgroup::kubepods_container("burstable", UID, CONTAINER);
     let netns = NetNs::new("incident");
     let _sandbox = PodProcess::start(&netns, &container.procs());
     netns.redirect_tcp("iptables", 2049, 15001);

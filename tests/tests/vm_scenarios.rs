@@ -361,12 +361,9 @@ fn the_global_oom_killer_taking_a_node_daemon_is_a_critical_system_oom() {
     in_vm("the_global_oom_killer_taking_a_node_daemon_is_a_critical_system_oom");
     let node_bytes = mem_total_bytes();
     // A pod whose limit is twice the node: its usage is only bounded by the node's memory.
-    let pod =
-        kstall_tests::pod_json("3c1d9e2f-5a4b-4c6d-8e7f-0a1b2c3d4e5f", "batch-report-0", &"ab".repeat(32));
-    let container = Cgroup::at(&format!(
-        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod3c1d9e2f_5a4b_4c6d_8e7f_0a1b2c3d4e5f.slice/cri-containerd-{}.scope",
-        "ab".repeat(32)
-    ));
+    let (uid, container_id) = ("3c1d9e2f-5a4b-4c6d-8e7f-0a1b2c3d4e5f", "ab".repeat(32));
+    let pod = kstall_tests::pod_json(uid, "batch-report-0", &container_id);
+    let container = Cgroup::kubepods_container("burstable", uid, &container_id);
     let pod_dir = container.path.parent().unwrap().to_path_buf();
     // The memory controller, enabled from the root down to the pod, gives the pod a memory.max.
     let mut levels: Vec<&std::path::Path> =
