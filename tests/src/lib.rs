@@ -544,6 +544,15 @@ impl PodProcess {
             .spawn()
             .expect("start the pod process");
         let process = PodProcess { child };
+        // nsenter enters the namespace a moment after it starts: join the pod's cgroup only then,
+        // or a walk could learn the host's namespace for the pod, as no real pause process shows.
+        let ns_link = format!("/proc/{}/ns/net", process.pid());
+        let inside = wait_for(Duration::from_secs(5), || {
+            (std::fs::metadata(&ns_link).ok().map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+                == Some(netns.inode()))
+            .then_some(())
+        });
+        assert!(inside.is_some(), "the pod process did not enter {}", netns.name);
         std::fs::write(procs, process.pid().to_string())
             .unwrap_or_else(|e| panic!("join {}: {e}", procs.display()));
         process
