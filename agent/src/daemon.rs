@@ -448,8 +448,9 @@ async fn evaluate_incidents(
             tracing::info!(id = %i.id, "incident resolved");
         }
         let (firing, evictions): (Vec<_>, Vec<_>) = (engine.firing().cloned().collect(), engine.evictions());
-        drop(engine);
+        // Under the engine's lock: the API and /metrics never disagree on what fires.
         metrics.set_incidents(firing.iter(), &changes.fired, &evictions);
+        drop(engine);
         if let Some(alerts) = &alerts {
             // A pusher still busy with the last one skips this one: the next carries the same.
             let _ = alerts.try_send(alertmanager::Snapshot { firing, resolved: changes.resolved });

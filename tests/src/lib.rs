@@ -250,22 +250,28 @@ impl Agent {
         wait_for(timeout, || self.incidents().into_iter().find(|i| pred(i)))
     }
 
-    /// Subscribes to the agent's event stream; events are collected in the background.
+    /// Subscribes to the agent's event stream; events are collected in the background. Returns
+    /// once the agent says it has subscribed: every event after that is in the stream.
     pub fn subscribe(&self) -> EventStream {
         let mut stream = UnixStream::connect(&self.socket).expect("API socket");
         stream.write_all(b"{\"request\":\"events\"}\n").expect("subscribe");
         let events = Arc::new(Mutex::new(Vec::new()));
         let sink = events.clone();
         let reader = stream.try_clone().expect("clone stream");
+        let (started_tx, started) = std::sync::mpsc::channel();
         thread::spawn(move || {
             for line in BufReader::new(reader).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                let Ok(v) = serde_json::from_str::<Value>(&line) else { continue };
+                if v["subscribed"] == true {
+                    let _ = started_tx.send(());
+                } else {
                     sink.lock().unwrap().push(v);
                 }
             }
         });
-        // The server subscribes after reading the request line; give it that moment.
-        thread::sleep(Duration::from_millis(200));
+        started
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("the agent did not start the event stream\n{}", self.log()));
         EventStream { events, _stream: stream }
     }
 
@@ -600,17 +606,24 @@ pub fn write_pods_file(path: &Path, pods: &[Value]) {
 /// The memory limit of the cgroups tests OOM-kill in.
 pub const OOM_LIMIT: u64 = 64 << 20;
 
-/// A process that joins `procs` (after `delay`: on v1, the agent learns a pod's processes by
-/// walking) and allocates until the memcg OOM killer kills it; returns its pid.
-pub fn oom_kill(procs: &[&Path], delay: Duration) -> u32 {
+/// A process that joins `procs`, waits for `ready` (called with its pid: on v1, say, until the
+/// agent has learnt the process), then allocates until the memcg OOM killer kills it; returns its
+/// pid.
+pub fn oom_kill(procs: &[&Path], ready: impl FnOnce(u32)) -> u32 {
     let joins: String = procs.iter().map(|p| format!("echo $$ > {} && ", p.display())).collect();
     let script = format!(
-        "{joins}exec python3 -c 'import time; time.sleep({}); x = [bytearray(8 << 20) for _ in range(64)]'",
-        delay.as_secs_f64()
+        "{joins}exec python3 -c 'import sys; sys.stdin.readline(); x = [bytearray(8 << 20) for _ in range(64)]'"
     );
-    let mut victim = Command::new("sh").args(["-c", &script]).spawn().expect("start the allocator");
+    let mut victim =
+        Command::new("sh").args(["-c", &script]).stdin(Stdio::piped()).spawn().expect("start the allocator");
     let pid = victim.id();
-    let deadline = Instant::now() + Duration::from_secs(60) + delay;
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ready(pid))) {
+        let _ = victim.kill();
+        let _ = victim.wait();
+        std::panic::resume_unwind(panic);
+    }
+    victim.stdin.take().unwrap().write_all(b"go\n").expect("start allocating");
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(status) = victim.try_wait().unwrap() {
             assert_eq!(

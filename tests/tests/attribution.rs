@@ -10,7 +10,7 @@ use std::{
 
 use kstall_tests::{
     Agent, Cgroup, EventStream, NetNs, OOM_LIMIT, PodProcess, closed_low_port, kernel_tests_can_run,
-    oom_kill, own_netns_inode, pod_json, refused_connects, v1_memory_limit, write_pods_file,
+    oom_kill, own_netns_inode, pod_json, refused_connects, v1_memory_limit, wait_for, write_pods_file,
 };
 use serde_json::Value;
 
@@ -120,11 +120,19 @@ fn resets_and_oom_kills_name_their_pod_in_every_cgroup_layout() {
         let (pid, via) = match layout {
             Layout::CgroupfsV1 => {
                 std::fs::write(container.path.join("memory.limit_in_bytes"), OOM_LIMIT.to_string()).unwrap();
-                (oom_kill(&[&container.procs()], Duration::from_secs(6)), "process")
+                // On v1 the agent learns a pod's processes by walking its cgroups: the victim
+                // allocates once the agent knows it.
+                let known = || agent.status()["attribution"]["v1_pod_processes"].as_u64().unwrap_or(0);
+                let before = known();
+                let learnt = |_| {
+                    let found = wait_for(Duration::from_secs(30), || (known() > before).then_some(()));
+                    assert!(found.is_some(), "{what}: the agent did not learn the victim: {}", agent.log());
+                };
+                (oom_kill(&[&container.procs()], learnt), "process")
             }
             _ => {
                 let limit = v1_memory_limit(&format!("attr-oom{}", *layout as usize));
-                (oom_kill(&[&container.procs(), &limit.procs()], Duration::ZERO), "cgroup")
+                (oom_kill(&[&container.procs(), &limit.procs()], |_| {}), "cgroup")
             }
         };
         let kills =

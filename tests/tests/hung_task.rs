@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use kstall_tests::{Agent, Cgroup, Sysctl, kernel_tests_can_run, own_netns_inode, writeback::FreezableDisk};
+use kstall_tests::{
+    Agent, Cgroup, Sysctl, kernel_tests_can_run, own_netns_inode, wait_for, writeback::FreezableDisk,
+};
 
 const TIMEOUT_SYSCTL: &str = "kernel.hung_task_timeout_secs";
 
@@ -27,12 +29,13 @@ fn writer_stuck_in_writeback_is_reported_once_and_cleared() {
     let is_writer = |e: &serde_json::Value| e["kind"] == "hung_task" && e["pid"] == writer;
     let first = events.collect(is_writer, 1, Duration::from_secs(30));
     assert_eq!(first.len(), 1, "writer {writer} reported hung:\n{}", agent.log());
-    // The detector checks every 3 s and reports the writer each time: let it do so twice more.
-    std::thread::sleep(Duration::from_secs(7));
-    let reports = agent.metric(r#"kstall_events_total{probe="hung-task"}"#).unwrap_or(0.0);
+    // The detector checks every 3 s and reports the writer each time: once it has done so twice
+    // more, kstall has folded the repeats into the one event.
+    let reports = || agent.metric(r#"kstall_events_total{probe="hung-task"}"#).unwrap_or(0.0);
+    let repeated = wait_for(Duration::from_secs(30), || (reports() >= 3.0).then_some(()));
+    assert!(repeated.is_some(), "the detector repeated itself ({} reports)", reports());
     let hung = events.collect(is_writer, 2, Duration::ZERO);
-    assert_eq!(hung.len(), 1, "one hung task however many reports ({reports}): {hung:#?}");
-    assert!(reports >= 3.0, "the detector repeated itself ({reports} reports), and kstall folded them");
+    assert_eq!(hung.len(), 1, "one hung task however many reports ({}): {hung:#?}", reports());
 
     let e = &hung[0];
     assert_eq!(e["comm"], "dd", "{e}");

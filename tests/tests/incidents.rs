@@ -237,7 +237,7 @@ fn repeated_oom_kills_of_one_container_are_a_loop() {
     let container = Cgroup::at(&format!("kubepods/burstable/pod{uid}/{CONTAINER}"));
     let limit = v1_memory_limit("oom-loop");
     for kill in 1..=3 {
-        oom_kill(&[&container.procs(), limit.procs().as_path()], Duration::ZERO);
+        oom_kill(&[&container.procs(), limit.procs().as_path()], |_| {});
         if kill < 3 {
             std::thread::sleep(Duration::from_secs(2));
             let early = agent.incidents().into_iter().find(|i| i["signature"] == "container-oom-loop");

@@ -3,16 +3,18 @@
 //! concurrent captures get everything while a client that never reads is cut off.
 
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
+    io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{Ipv4Addr, SocketAddr},
     os::unix::net::UnixStream,
-    process::{Command, Stdio},
+    path::Path,
+    process::{Child, Command, Stdio},
+    thread,
     time::Duration,
 };
 
 use kstall_tests::{
     Agent, Cgroup, NetNs, PodProcess, agent_binary, agent_program_ids, kernel_tests_can_run, pod_json,
-    refused_connects, still_loaded_after_grace, write_pods_file,
+    refused_connects, still_loaded_after_grace, wait_for, write_pods_file,
 };
 use serde_json::Value;
 
@@ -20,22 +22,53 @@ const UID: &str = "7c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f";
 const CONTAINER: &str = "1f2e3d4c5b6a79880f1e2d3c4b5a69788f9e0d1c2b3a49586f7e8d9c0b1a2f3e";
 const POD: &str = "tenant-api-5d8c7b9f4-t9r2p";
 
-/// `kstall trace` as a user runs it; returns its stdout lines.
-fn trace(agent: &Agent, args: &[&str]) -> std::process::Child {
-    Command::new(agent_binary())
-        .arg("trace")
-        .args(["--api-socket", agent.socket.to_str().unwrap()])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kstall trace")
+/// `kstall trace` as a user runs it, once it says it is capturing: from then on nothing is missed.
+struct Capture {
+    child: Child,
+    stderr: thread::JoinHandle<String>,
 }
 
-fn lines(child: std::process::Child) -> (Option<i32>, Vec<String>, String) {
-    let out = child.wait_with_output().expect("trace output");
-    let stdout = String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect();
-    (out.status.code(), stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+impl Capture {
+    fn start(socket: &Path, args: &[&str]) -> Self {
+        let mut child = Command::new(agent_binary())
+            .arg("trace")
+            .arg("--api-socket")
+            .arg(socket)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kstall trace");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut before = String::new();
+        loop {
+            let mut line = String::new();
+            if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+                panic!("kstall trace ended before capturing: {before}");
+            }
+            if line.starts_with("kstall: capturing ") {
+                break;
+            }
+            before.push_str(&line);
+        }
+        let stderr = thread::spawn(move || {
+            let mut rest = before;
+            let _ = stderr.read_to_string(&mut rest);
+            rest
+        });
+        Capture { child, stderr }
+    }
+
+    fn of(agent: &Agent, args: &[&str]) -> Self {
+        Self::start(&agent.socket, args)
+    }
+
+    /// Waits for the end of the capture: exit code, stdout lines, stderr.
+    fn lines(self) -> (Option<i32>, Vec<String>, String) {
+        let out = self.child.wait_with_output().expect("trace output");
+        let stdout = String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect();
+        (out.status.code(), stdout, self.stderr.join().unwrap_or_default())
+    }
 }
 
 #[test]
@@ -52,17 +85,19 @@ fn trace_captures_the_pods_redirected_nfs_resets_only() {
     let _sandbox = PodProcess::start(&netns, &container.procs());
     netns.redirect_tcp("iptables", 2049, 15001);
 
-    let json =
-        trace(&agent, &["--probe", "tcp-reset", "--port", "2049", "--duration", "5s", "--output", "json"]);
-    let text = trace(&agent, &["--pod", POD, "--port", "2049", "--count", "3"]);
-    std::thread::sleep(Duration::from_millis(700));
-    // Redirected NFS connects, and connects to another closed port in the same namespace.
+    // Both end by their count; any event of another port would come first and be among them.
+    let json = Capture::of(
+        &agent,
+        &["--probe", "tcp-reset", "--port", "2049", "--count", "6", "--duration", "60s", "--output", "json"],
+    );
+    let text = Capture::of(&agent, &["--pod", POD, "--port", "2049", "--count", "3", "--duration", "60s"]);
+    // Connects to another closed port in the pod's namespace, then redirected NFS connects.
     netns.run_inside(|| {
-        refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)), 3);
         refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2050)), 3);
+        refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)), 3);
     });
 
-    let (code, events, stderr) = lines(json);
+    let (code, events, stderr) = json.lines();
     assert_eq!(code, Some(0), "{stderr}");
     // Each redirected connect: one sent reset (15001, original 2049) and one received (remote 2049).
     assert_eq!(events.len(), 6, "{events:#?}");
@@ -81,14 +116,15 @@ fn trace_captures_the_pods_redirected_nfs_resets_only() {
             _ => assert_eq!(e["remote_port"], 2049, "{e}"),
         }
     }
-    let (code, text, stderr) = lines(text);
+    let (code, text, stderr) = text.lines();
     assert_eq!(code, Some(0), "--count ends the capture: {stderr}");
     assert_eq!(text.len(), 3, "{text:#?}");
     assert!(text[0].contains(&format!("shop/{POD}")) && text[0].contains("tcp-reset"), "{text:#?}");
     assert!(text.iter().any(|l| l.contains("(dialled 127.0.0.1:2049, redirected)")), "{text:#?}");
 
     // `kstall explain pod` puts it together: cgroups, namespace, the resets, the incident.
-    std::thread::sleep(Duration::from_millis(1500));
+    let fired = |i: &Value| i["signature"] == "nfs-sidecar-redirect" && i["state"] == "firing";
+    assert!(agent.wait_incident(fired, Duration::from_secs(30)).is_some(), "{:#?}", agent.incidents());
     let explain = |args: &[&str]| {
         let out = Command::new(agent_binary())
             .args(["explain", "pod", "--api-socket", agent.socket.to_str().unwrap()])
@@ -138,19 +174,35 @@ fn concurrent_captures_get_everything_while_a_stalled_client_is_cut_off() {
     let mut agent = Agent::start(&[]);
     let netns = NetNs::new("trace-many");
     let ino = netns.inode().to_string();
-    // A client that asks for everything and never reads.
-    let mut stalled = UnixStream::connect(&agent.socket).unwrap();
-    stalled.write_all(b"{\"request\":\"trace\"}\n").unwrap();
+    // A client that asks for everything and, once subscribed, never reads.
+    let stalled = UnixStream::connect(&agent.socket).unwrap();
+    (&stalled).write_all(b"{\"request\":\"trace\"}\n").unwrap();
+    let mut stalled = BufReader::new(stalled);
+    let mut started = String::new();
+    stalled.read_line(&mut started).unwrap();
+    assert_eq!(started.trim(), r#"{"subscribed":true}"#);
+    // Each ends at its count: 2052's resets come first and would be counted if they got through.
     let captures: Vec<_> = (0..2)
         .map(|_| {
-            trace(
+            Capture::of(
                 &agent,
-                &["--probe", "tcp-reset", "--port", "2051", "--duration", "15s", "--output", "json"],
+                &[
+                    "--probe",
+                    "tcp-reset",
+                    "--port",
+                    "2051",
+                    "--count",
+                    "40",
+                    "--duration",
+                    "120s",
+                    "--output",
+                    "json",
+                ],
             )
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(700));
-    let before = agent.metric(r#"kstall_events_total{probe="tcp-reset"}"#).unwrap_or(0.0);
+    let events_total = || agent.metric(r#"kstall_events_total{probe="tcp-reset"}"#).unwrap_or(0.0);
+    let before = events_total();
     // Enough resets (with their JSON) to fill the stalled client's socket many times over.
     netns.run_inside(|| {
         for _ in 0..8 {
@@ -158,21 +210,25 @@ fn concurrent_captures_get_everything_while_a_stalled_client_is_cut_off() {
         }
         refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2051)), 20);
     });
-    std::thread::sleep(Duration::from_secs(2));
-    let after = agent.metric(r#"kstall_events_total{probe="tcp-reset"}"#).unwrap_or(0.0);
-    assert!(after - before >= 4040.0, "metrics stay current: {before} -> {after}");
+    let current =
+        kstall_tests::wait_for(Duration::from_secs(30), || (events_total() - before >= 4040.0).then_some(()));
+    assert!(current.is_some(), "metrics stay current: {before} -> {}", events_total());
     for capture in captures {
-        let (code, events, stderr) = lines(capture);
+        let (code, events, stderr) = capture.lines();
         assert_eq!(code, Some(0), "{stderr}");
         let ours = events.iter().filter(|l| l.contains(&format!("\"netns\":{ino}"))).count();
         assert_eq!(ours, 40, "every 2051 reset (sent and received), none of 2052's: {}", events.len());
     }
-    // The stalled client was cut off: its connection ends once it reads what is buffered.
-    stalled.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut reader = BufReader::new(stalled);
+    // The stalled client is cut off once the agent could not write to it for 5 s (reading
+    // before that would unblock it); its connection then ends after what is buffered.
+    let cut_off = wait_for(Duration::from_secs(30), || {
+        agent.log().contains("API client stopped reading its event stream; cut off").then_some(())
+    });
+    assert!(cut_off.is_some(), "the stalled client was not cut off:\n{}", agent.log());
+    stalled.get_ref().set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut line = String::new();
     let mut read = 0;
-    while reader.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+    while stalled.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
         read += 1;
         line.clear();
     }
@@ -195,43 +251,67 @@ fn a_standalone_capture_leaves_nothing_attached() {
     let before = agent_program_ids();
     let netns = NetNs::new("trace-alone");
     netns.redirect_tcp("iptables", 2049, 15001);
-    let capture = Command::new(agent_binary())
-        .args(["trace", "--api-socket", "/nonexistent/kstall.sock", "--probe", "tcp-reset"])
-        .args(["--port", "2049", "--duration", "10s", "--output", "json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kstall trace");
-    // The NFS client's retries, while the capture's own agent starts.
+    // It ends at its count: 16 redirected NFS connects, a sent and a received reset each.
+    let capture = Capture::start(
+        Path::new("/nonexistent/kstall.sock"),
+        &[
+            "--probe",
+            "tcp-reset",
+            "--port",
+            "2049",
+            "--count",
+            "32",
+            "--duration",
+            "120s",
+            "--output",
+            "json",
+        ],
+    );
+    // The capture's own agent loaded only the probe asked for, and drops other ports in the
+    // kernel: of the resets below only 2049's reach it, 30 before the last connect.
     netns.run_inside(|| {
-        for _ in 0..16 {
-            refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)), 1);
+        for _ in 0..15 {
             refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2050)), 1);
-            std::thread::sleep(Duration::from_millis(500));
+            refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)), 1);
         }
+        refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2050)), 1);
     });
-    // The capture's own agent loaded only the probe asked for, and dropped other ports in the
-    // kernel: it received the 2049 resets (a sent and a received one per connect), not 2050's.
-    let socket = std::env::temp_dir().join(format!("kstall-trace-{}/kstall.sock", capture.id()));
-    let mut status = UnixStream::connect(&socket).expect("the capture's agent");
-    status.write_all(b"{\"request\":\"status\"}\n").unwrap();
-    let mut answer = String::new();
-    BufReader::new(status).read_line(&mut answer).unwrap();
-    let status: Value = serde_json::from_str(&answer).unwrap();
-    let probes = status["probes"].as_array().unwrap();
-    let up: Vec<&str> =
-        probes.iter().filter(|p| p["up"] == true).filter_map(|p| p["name"].as_str()).collect();
+    let socket = std::env::temp_dir().join(format!("kstall-trace-{}/kstall.sock", capture.child.id()));
+    let ask_status = || {
+        let mut status = UnixStream::connect(&socket).expect("the capture's agent");
+        status.write_all(b"{\"request\":\"status\"}\n").unwrap();
+        let mut answer = String::new();
+        BufReader::new(status).read_line(&mut answer).unwrap();
+        serde_json::from_str::<Value>(&answer).unwrap()
+    };
+    let received = |status: &Value| {
+        let probes = status["probes"].as_array().unwrap();
+        probes.iter().find(|p| p["name"] == "tcp-reset").unwrap()["events"].as_u64().unwrap()
+    };
+    let status = wait_for(Duration::from_secs(30), || {
+        let status = ask_status();
+        (received(&status) >= 30).then_some(status)
+    })
+    .unwrap_or_else(|| panic!("the capture's agent did not receive the 30 resets: {:#}", ask_status()));
+    let up: Vec<&str> = status["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["up"] == true)
+        .filter_map(|p| p["name"].as_str())
+        .collect();
     assert_eq!(up, ["tcp-reset"], "{status:#}");
-    let received = probes.iter().find(|p| p["name"] == "tcp-reset").unwrap()["events"].as_u64().unwrap();
-    assert!(received > 0 && received <= 32, "kernel-filtered: {received} of 64 resets reached the agent");
-    let (code, events, stderr) = lines(capture);
+    assert_eq!(received(&status), 30, "kernel-filtered: only 2049's of 62 resets reached the agent");
+    netns.run_inside(|| refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)), 1));
+    let (code, events, stderr) = capture.lines();
     assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(events.len(), 32, "{events:#?}");
     let sent: Vec<Value> = events
         .iter()
         .map(|l| serde_json::from_str::<Value>(l).expect("JSON"))
         .filter(|e| e["direction"] == "sent")
         .collect();
-    assert!(!sent.is_empty(), "the standalone capture saw the redirected resets: {events:#?}\n{stderr}");
+    assert_eq!(sent.len(), 16, "the standalone capture saw the redirected resets: {events:#?}\n{stderr}");
     for e in &sent {
         assert_eq!(
             (&e["local_port"], &e["original_dst_port"], &e["netns"]),
@@ -239,7 +319,6 @@ fn a_standalone_capture_leaves_nothing_attached() {
             "{e}"
         );
     }
-    assert!(!events.iter().any(|l| l.contains("\"local_port\":2050")), "other ports filtered out");
     let loaded: std::collections::BTreeSet<u64> = agent_program_ids().difference(&before).copied().collect();
     assert!(
         still_loaded_after_grace(&loaded).is_empty(),

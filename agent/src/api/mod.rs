@@ -1,6 +1,7 @@
 //! The agent's local API: a unix socket (mode 0600) speaking JSON lines. The client sends one
-//! request line; the agent answers with one JSON document (`status`) or a stream of events, one per
-//! line (`events`), until the client hangs up. `kstall status` is its client.
+//! request line; the agent answers with one JSON document (`status`) or a stream (`events`,
+//! `trace`): a `StreamStarted` line once the agent is subscribed, then one event per line, until
+//! the client hangs up. `kstall status` and `kstall trace` are its clients.
 
 pub mod explain;
 pub mod filter;
@@ -55,6 +56,10 @@ pub struct AttributionReport {
     pub retention_secs: u64,
     pub cgroups: usize,
     pub pod_namespaces: usize,
+    /// Processes found in pods' cgroup v1 hierarchies (nodes whose kubelet uses cgroup v1, where
+    /// events are attributed by process).
+    #[serde(default)]
+    pub v1_pod_processes: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -63,6 +68,13 @@ pub struct ProbeReport {
     pub status: ProbeStatus,
     pub events: u64,
     pub lost: u64,
+}
+
+/// The first line of an event stream: every event from here on reaches the client, so a client can
+/// wait for it before causing what it wants to see.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StreamStarted {
+    pub subscribed: bool,
 }
 
 /// Sent instead of a document when a request is not understood.

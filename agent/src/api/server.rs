@@ -17,7 +17,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AttributionReport, ErrorReply, IncidentsReport, ProbeReport, Request, StatusReport,
+    AttributionReport, ErrorReply, IncidentsReport, ProbeReport, Request, StatusReport, StreamStarted,
     explain::{self, PodExplanation},
     filter::TraceFilter,
 };
@@ -96,6 +96,7 @@ impl AgentState {
                     retention_secs: self.retention.as_secs(),
                     cgroups: index.by_cgroup.len(),
                     pod_namespaces: index.by_netns.values().filter(|a| a.pod_uid.is_some()).count(),
+                    v1_pod_processes: index.by_process.len(),
                 }
             },
         }
@@ -177,6 +178,7 @@ async fn stream_events(
     shutdown: &CancellationToken,
 ) -> io::Result<()> {
     let mut events = state.events.subscribe();
+    write_json(write, &StreamStarted { subscribed: true }).await?;
     loop {
         let event = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),

@@ -99,9 +99,13 @@ fn render(report: &StatusReport) -> String {
         (None, false) => "starting".to_string(),
     };
     out.push_str(&format!(
-        "\nPODS  source {} ({state})\n      {} pods known, {} deleted kept for {}s · {} cgroups · {} pod network namespaces\n",
+        "\nPODS  source {} ({state})\n      {} pods known, {} deleted kept for {}s · {} cgroups · {} pod network namespaces",
         a.source.source, a.pods, a.deleted_pods, a.retention_secs, a.cgroups, a.pod_namespaces
     ));
+    if a.v1_pod_processes > 0 {
+        out.push_str(&format!(" · {} processes in v1 pod cgroups", a.v1_pod_processes));
+    }
+    out.push('\n');
     out
 }
 
@@ -151,6 +155,7 @@ mod tests {
                 retention_secs: 3600,
                 cgroups: 412,
                 pod_namespaces: 29,
+                v1_pod_processes: 0,
             },
         };
         let text = render(&report);

@@ -14,7 +14,7 @@ use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 
 use super::{EXIT_RUNTIME, EXIT_USAGE};
 use crate::{
-    api::{Request, filter::TraceFilter},
+    api::{Request, StreamStarted, filter::TraceFilter},
     config::{DEFAULT_API_SOCKET, parse_duration},
     probes,
 };
@@ -143,7 +143,7 @@ async fn capture(
     let unreachable = |e| super::status::unreachable(socket, e);
     let stream = tokio::net::UnixStream::connect(socket).await.map_err(unreachable)?;
     let (read, mut write) = stream.into_split();
-    let mut request = serde_json::to_vec(&Request::Trace { filter }).expect("serializable");
+    let mut request = serde_json::to_vec(&Request::Trace { filter: filter.clone() }).expect("serializable");
     request.push(b'\n');
     write.write_all(&request).await.map_err(unreachable)?;
     let mut out: Box<dyn Write> = match &args.output_file {
@@ -178,6 +178,11 @@ async fn capture(
                 if let Some(error) = event.get("error").and_then(Value::as_str) {
                     return Err(format!("the agent refused the capture: {error}"));
                 }
+                if serde_json::from_value::<StreamStarted>(event.clone()).is_ok() {
+                    // As tcpdump's "listening on": from here on nothing is missed.
+                    eprintln!("kstall: capturing {}", describe(&filter, duration, args.count));
+                    continue;
+                }
                 let text = if json { line } else { render(&event) };
                 writeln!(out, "{text}").map_err(|e| format!("writing the capture: {e}"))?;
                 n += 1;
@@ -192,6 +197,31 @@ async fn capture(
         eprintln!("\r{n} events, {}s", started.elapsed().as_secs());
     }
     Ok(n)
+}
+
+/// What a capture takes, for the line that says it has started: `tcp-reset events of pod web-1 on
+/// port 2049 for 5s`.
+fn describe(filter: &TraceFilter, duration: Duration, count: Option<u64>) -> String {
+    let probes = if filter.probes.is_empty() { "all".to_string() } else { filter.probes.join(", ") };
+    let mut text = format!("{probes} events");
+    let conditions = [
+        ("of namespace", filter.namespace.clone()),
+        ("of pod", filter.pod.clone()),
+        ("of container", filter.container.clone()),
+        ("of pid", filter.pid.map(|p| p.to_string())),
+        ("on port", filter.port.map(|p| p.to_string())),
+        ("of server", filter.server.clone()),
+    ];
+    for (what, value) in conditions {
+        if let Some(value) = value {
+            text.push_str(&format!(" {what} {value}"));
+        }
+    }
+    text.push_str(&format!(" for {}s", duration.as_secs()));
+    if let Some(count) = count {
+        text.push_str(&format!(" or {count} events"));
+    }
+    text + " (Ctrl-C stops)"
 }
 
 /// `kstall agent` run for one capture: its own socket, no metrics port to speak of, stopped with
@@ -411,6 +441,21 @@ mod tests {
             trace: TraceArgs,
         }
         Cli::try_parse_from(std::iter::once("trace").chain(extra.iter().copied())).unwrap().trace
+    }
+
+    #[test]
+    fn the_started_line_says_what_is_captured() {
+        let (filter, duration) =
+            validate(&args(&["--probe", "tcp-reset", "--pod", "web-1", "--port", "2049", "--count", "3"]))
+                .unwrap();
+        assert_eq!(
+            describe(&filter, duration, Some(3)),
+            "tcp-reset events of pod web-1 on port 2049 for 30s or 3 events (Ctrl-C stops)"
+        );
+        assert_eq!(
+            describe(&TraceFilter::default(), Duration::from_secs(5), None),
+            "all events for 5s (Ctrl-C stops)"
+        );
     }
 
     #[test]
