@@ -128,24 +128,41 @@ fn nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it() {
         "explained by the redirect: {blocked:#}"
     );
     assert_eq!(blocked["severity"], "critical", "a task stuck in its exit: {blocked:#}");
-    // Each reset the proxy's port sent the client names the NFS port it was meant for; which hook
-    // saw them depends on the kernel (6.1 does not call tcp_send_reset for a reset without a
-    // socket: the fallback must). The client's own resets (an unexpected SYN-ACK) are not these.
+    // The redirect's resets are the kernel's answers to SYNs that found no socket on the proxy's
+    // port: each names the NFS port it was meant for. Which hook sees them depends on the kernel
+    // (6.1 does not call tcp_send_reset for a reset without a socket: the kfree_skb fallback must).
+    // The client's own resets (an unexpected SYN-ACK) are not these, nor the proxy's own: killed,
+    // it may reset its established connection from 15001 — a plain reset, with a socket.
+    let from_proxy_port = |e: &Value| {
+        e["kind"] == "tcp_reset"
+            && e["direction"] == "sent"
+            && e["local_port"] == 15001
+            && e["netns"] == pod.netns.inode()
+    };
     let resets = events.collect(
-        |e| {
-            e["kind"] == "tcp_reset"
-                && e["direction"] == "sent"
-                && e["local_port"] == 15001
-                && e["pod"] == pod.name.as_str()
-        },
+        |e| from_proxy_port(e) && e["has_socket"] == false,
         usize::MAX,
         Duration::from_secs(1),
     );
-    assert!(resets.len() >= 2, "resets from the proxy's port: {resets:#?}");
+    assert!(resets.len() >= 2, "resets without a socket from the proxy's port: {resets:#?}");
     for reset in &resets {
-        assert_eq!(reset["original_dst_port"], 2049, "{reset:#}");
+        assert_eq!(
+            (&reset["original_dst_port"], &reset["reason"]),
+            (&2049.into(), &"NO_SOCKET".into()),
+            "{reset:#}"
+        );
+        assert_eq!(reset["pod"], pod.name.as_str(), "{reset:#}");
     }
     let hooks: std::collections::BTreeSet<&str> = resets.iter().map(|r| text(&r["hook"])).collect();
+    let proxys_own =
+        events.collect(|e| from_proxy_port(e) && e["has_socket"] == true, usize::MAX, Duration::ZERO);
+    for reset in &proxys_own {
+        assert_eq!(
+            reset["original_dst_port"],
+            Value::Null,
+            "the proxy's own reset is no redirect: {reset:#}"
+        );
+    }
     // The refused reconnects are counted for the pod too.
     let refused = agent.metric_with(
         "kstall_nfs_connect_errors_total",
@@ -175,16 +192,29 @@ fn nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it() {
     let released = Instant::now();
     sh(delete);
     assert!(writer.exited(Duration::from_secs(90)), "the app exits once the rule is gone\n{}", kernel_log());
+    let mut resolved = Vec::new();
     for id in [&incident["id"], &blocked["id"]] {
-        let resolved =
+        let found =
             agent.wait_incident(|i| &i["id"] == id && i["state"] == "resolved", Duration::from_secs(60));
-        assert!(resolved.is_some(), "{}", no_incident(&format!("{id} not resolved"), &agent));
+        resolved
+            .push(found.unwrap_or_else(|| panic!("{}", no_incident(&format!("{id} not resolved"), &agent))));
     }
+    let resolved_after = released.elapsed();
+    // The incident counted the redirect's resets, every one, and none of the proxy's own.
+    let redirected =
+        events.collect(|e| from_proxy_port(e) && e["has_socket"] == false, usize::MAX, Duration::ZERO);
+    assert_eq!(
+        resolved[0]["evidence"]["resets_total"],
+        redirected.len(),
+        "the redirect's resets, not the proxy's own {} ({:#?})",
+        proxys_own.len(),
+        resolved[0]
+    );
     println!(
         "vm-scenario sidecar-redirect: nfs-sidecar-redirect fired for Terminating pod shop/{} (server {}:2049 -> \
          15001, {} resets seen by {}, {} refused reconnects, exiting {} pid {} stuck in {} <- do_exit) {:.0} s into \
          the scenario, pod-termination-blocked linked to it; the printed break-glass steps let the app exit and both \
-         resolved {:.0} s later",
+         resolved {:.0} s later; {} redirect resets in all, {} of the proxy's own not counted",
         pod.name,
         nfs::SERVER,
         evidence["resets_total"],
@@ -194,7 +224,9 @@ fn nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it() {
         writer.pid(),
         stack.iter().find(|f| f.starts_with("nfs")).unwrap_or(&""),
         fired_after.as_secs_f64(),
-        released.elapsed().as_secs_f64(),
+        resolved_after.as_secs_f64(),
+        redirected.len(),
+        proxys_own.len(),
     );
 }
 
@@ -395,7 +427,9 @@ fn the_global_oom_killer_taking_a_node_daemon_is_a_critical_system_oom() {
     let incident = agent
         .wait_incident(firing("system-oom"), Duration::from_secs(180))
         .unwrap_or_else(|| panic!("{}", no_incident("no system-oom", &agent)));
-    assert!(daemon.0.try_wait().unwrap().is_some(), "the daemon was killed");
+    // The victim is marked before it dies: its exit follows, as soon as it gets to run.
+    let killed = wait_for(Duration::from_secs(30), || daemon.0.try_wait().unwrap());
+    assert!(killed.is_some(), "the daemon was killed\n{}", kernel_log());
     assert_eq!(incident["severity"], "critical", "{incident:#}");
     let evidence = &incident["evidence"];
     let victim = &evidence["victims"][0];
@@ -407,12 +441,12 @@ fn the_global_oom_killer_taking_a_node_daemon_is_a_critical_system_oom() {
     // Every victim reported is one the kernel logged, and the 24 h count is theirs.
     let victims: Vec<u64> =
         evidence["victims"].as_array().into_iter().flatten().filter_map(|v| v["pid"].as_u64()).collect();
-    let logged = kernel_log();
     for pid in &victims {
-        assert!(
-            logged.contains(&format!("Killed process {pid} ")),
-            "victim {pid} in the kernel log:\n{logged}"
-        );
+        // The kernel logs the kill right after marking the victim, which kstall saw.
+        let logged = wait_for(Duration::from_secs(10), || {
+            kernel_log().contains(&format!("Killed process {pid} ")).then_some(())
+        });
+        assert!(logged.is_some(), "victim {pid} in the kernel log:\n{}", kernel_log());
     }
     assert_eq!(evidence["system_ooms_24h"], victims.len(), "{incident:#}");
     let ratio = evidence["memory_limit_overcommit_ratio"].as_f64().unwrap_or(0.0);
