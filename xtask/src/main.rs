@@ -6,6 +6,8 @@
 mod bench;
 mod bootstrap;
 mod build;
+mod libtest;
+mod repeat;
 mod run;
 mod test;
 mod vm;
@@ -32,8 +34,16 @@ enum Command {
         #[arg(last = true)]
         agent_args: Vec<String>,
     },
-    /// Bootstrap, build, then fmt/clippy checks, every unit test and every kernel integration test.
-    Test,
+    /// Bootstrap, build, then fmt/clippy checks, every unit test and every kernel integration test,
+    /// and as root the kernel matrix (vm-test).
+    Test {
+        /// Run the tests (not the checks) this many times back to back; a flake hunt.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        repeat: u32,
+        /// Leave the kernel matrix out: only the unit and host kernel tests.
+        #[arg(long)]
+        no_matrix: bool,
+    },
     /// Bootstrap, build, then the benchmarks (root): a reset storm through a real agent.
     Bench,
     /// The kernel matrix (root): boot Debian 6.1 and 6.12 in VMs; in each, load every probe and
@@ -42,6 +52,9 @@ enum Command {
         /// Only these kernels (6.1, 6.12) [default: all].
         #[arg(long = "kernel")]
         kernels: Vec<String>,
+        /// Run the matrix this many times back to back; a flake hunt.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        repeat: u32,
     },
 }
 
@@ -50,9 +63,9 @@ fn main() -> ExitCode {
         Command::Bootstrap => bootstrap::run().map(|_| ()),
         Command::Build => bootstrap::run().and_then(|env| build::release(&env)),
         Command::Run { agent_args } => run::run(&agent_args),
-        Command::Test => test::run(),
+        Command::Test { repeat, no_matrix } => test::run(repeat, !no_matrix),
         Command::Bench => bench::run(),
-        Command::VmTest { kernels } => vm::run(&kernels),
+        Command::VmTest { kernels, repeat } => vm::run(&kernels, repeat),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

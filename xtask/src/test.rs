@@ -1,17 +1,22 @@
 //! `cargo xtask test`: the second README command and what CI runs. Bootstrap, build, format and
 //! lint checks, every unit test, every kernel integration test, and (as root) the kernel matrix
-//! in VMs.
+//! in VMs. `--repeat N` runs the tests N times back to back (the checks once) and ends with the
+//! pass rate of every test that failed; `--no-matrix` leaves the VMs out.
 //!
 //! As root (always so in CI) the kernel tests are required: one that cannot run fails instead of
 //! skipping.
 
-use std::process::Command;
+use std::{
+    io::{BufRead as _, BufReader},
+    process::{Command, Stdio},
+    time::Instant,
+};
 
 use anyhow::{Context as _, bail};
 
-use crate::{bootstrap, build, vm};
+use crate::{bootstrap, build, libtest::Results, repeat::Tally, vm};
 
-pub fn run() -> anyhow::Result<()> {
+pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     let env = bootstrap::run()?;
     build::release(&env)?;
     let root = build::workspace_root();
@@ -28,20 +33,61 @@ pub fn run() -> anyhow::Result<()> {
         .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core", "--", "-D", "warnings"]);
     step("cargo clippy (eBPF programs)", &mut clippy_ebpf)?;
 
-    let mut test = Command::new("cargo");
-    test.args(["test", "--", "--test-threads=1"])
-        .env("KSTALL_BIN", build::release_binary())
-        .current_dir(&root);
-    if bootstrap::is_root() || std::env::var_os("CI").is_some() {
-        test.env("KSTALL_KERNEL_TESTS", "require");
+    let required = bootstrap::is_root() || std::env::var_os("CI").is_some();
+    let mut tally = Tally::default();
+    for run in 1..=repeat {
+        if repeat > 1 {
+            println!("==> tests, run {run} of {repeat}");
+        }
+        let started = Instant::now();
+        let mut test = Command::new("cargo");
+        // Every binary runs even after a failure: a run reports all its failures at once.
+        test.args(["test", "--no-fail-fast", "--", "--test-threads=1"])
+            .env("KSTALL_BIN", build::release_binary())
+            .current_dir(&root);
+        if required {
+            test.env("KSTALL_KERNEL_TESTS", "require");
+        }
+        env.apply(&mut test);
+        println!("==> cargo test (unit and kernel integration tests)");
+        let results = tests(&mut test)?;
+        for failure in &results.failed {
+            println!("cargo test: FAILED {}: {}", failure.test, failure.why);
+        }
+        tally.record(started.elapsed(), results.passed, results.failed);
     }
-    env.apply(&mut test);
-    step("cargo test (unit and kernel integration tests)", &mut test)?;
-    if bootstrap::is_root() || std::env::var_os("CI").is_some() {
+    if repeat > 1 {
+        print!("{}", tally.summary("cargo test"));
+    }
+    if !tally.all_passed() {
+        bail!("cargo test failed: see the FAILED lines above");
+    }
+    if required && with_matrix {
         println!("==> the kernel matrix in VMs (cargo xtask vm-test)");
-        vm::matrix(&env, &[])?;
+        vm::matrix(&env, &[], repeat)?;
     }
     Ok(())
+}
+
+/// Runs `cmd` (a `cargo test`), passing its output through, and reads the results from it. A
+/// failed build or a crashed test binary with no failed test to show is a failure too.
+fn tests(cmd: &mut Command) -> anyhow::Result<Results> {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().context("cannot run cargo test")?;
+    let mut log = String::new();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line.context("reading cargo test's output")?;
+        println!("{line}");
+        log.push_str(&line);
+        log.push('\n');
+    }
+    let status = child.wait().context("cargo test")?;
+    let mut results = Results::parse(&log);
+    if !status.success() && results.failed.is_empty() {
+        let test = results.unfinished.take().unwrap_or_else(|| "cargo test".into());
+        let why = format!("exited with {status} (a build error, or a test binary that crashed)");
+        results.failed.push(crate::libtest::Failure { test, why });
+    }
+    Ok(results)
 }
 
 fn step(what: &str, cmd: &mut Command) -> anyhow::Result<()> {

@@ -6,7 +6,9 @@
 //! - runs the incident scenarios of `tests/tests/vm_scenarios.rs` (real NFS server and client,
 //!   a real global OOM), which only a throw-away VM may run.
 //!
-//! Prints per kernel: boot seconds, each probe's hooks, each scenario's result, wall time. (The
+//! Prints per kernel: boot seconds, each probe's hooks, each scenario's result, wall time, and a
+//! line per failure naming the scenario and its assertion. `--repeat N` runs it N times back to
+//! back and ends with each run's wall time and the pass rate of every test that failed. (The
 //! host's 6.18 is the ordinary kernel tests'.)
 //!
 //! Installs what it needs first, idempotently: the bookworm-backports suite (a qemu matching the
@@ -24,6 +26,8 @@ use anyhow::{Context as _, bail};
 use crate::{
     bootstrap::{self, BuildEnv},
     build,
+    libtest::{Failure, Results},
+    repeat::Tally,
 };
 
 /// The matrix: a version prefix, the package that installs it when /boot has none.
@@ -37,38 +41,62 @@ const BOOT_TIMEOUT_SECS: u32 = SCENARIOS_TIMEOUT_SECS + 300;
 /// Small, so the system-OOM scenario fills it quickly.
 const VM_MEMORY: &str = "1G";
 
-pub fn run(kernels: &[String]) -> anyhow::Result<()> {
+pub fn run(kernels: &[String], repeat: u32) -> anyhow::Result<()> {
     let env = bootstrap::run()?;
     build::release(&env)?;
-    matrix(&env, kernels)
+    matrix(&env, kernels, repeat)
 }
 
-/// Boots each kernel with the release binary already built.
-pub fn matrix(env: &BuildEnv, kernels: &[String]) -> anyhow::Result<()> {
+/// Boots each kernel, `repeat` times over, with the release binary already built. A failure
+/// prints one line per failed scenario or probe, naming the kernel, the test and the assertion.
+pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32) -> anyhow::Result<()> {
     let vm_dir = build::workspace_root().join("target/vm");
     let vng = install(&vm_dir)?;
     let scenarios = scenarios_binary(env)?;
     let guest = vm_dir.join("guest.sh");
     std::fs::write(&guest, GUEST_SCRIPT).context("write the guest script")?;
-    let started = Instant::now();
-    let mut failures = Vec::new();
-    let mut booted = 0;
-    for (prefix, _) in KERNELS.iter().filter(|(p, _)| {
-        kernels.is_empty() || kernels.iter().any(|k| p.starts_with(&format!("{k}.")) || *p == k)
-    }) {
-        let version = boot_kernel(prefix).with_context(|| format!("no {prefix}x kernel in /boot"))?;
-        booted += 1;
-        match boot_and_check(&vng, &vm_dir, &guest, &scenarios, &version) {
-            Ok(report) => println!("{report}"),
-            Err(e) => {
-                println!("vm-test {version}: FAILED: {e:#}");
-                failures.push(version);
-            }
+    let versions = KERNELS
+        .iter()
+        .filter(|(p, _)| {
+            kernels.is_empty() || kernels.iter().any(|k| p.starts_with(&format!("{k}.")) || *p == k)
+        })
+        .map(|(prefix, _)| boot_kernel(prefix).with_context(|| format!("no {prefix}x kernel in /boot")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut tally = Tally::default();
+    for run in 1..=repeat {
+        if repeat > 1 {
+            println!("==> vm-test run {run} of {repeat}");
         }
+        let started = Instant::now();
+        let (mut passed, mut failed) = (Vec::new(), Vec::new());
+        for version in &versions {
+            let kernel = boot_and_check(&vng, &vm_dir, &guest, &scenarios, version)?;
+            print!("{}", kernel.report);
+            for failure in &kernel.failed {
+                println!("vm-test {version}: FAILED {}: {}", failure.test, failure.why);
+            }
+            if !kernel.failed.is_empty() && repeat > 1 {
+                // The next run overwrites the logs: keep this run's.
+                let out = vm_dir.join("out").join(version);
+                let kept = vm_dir.join("out").join(format!("{version}.failed-run{run}"));
+                let _ = std::fs::remove_dir_all(&kept);
+                if std::fs::rename(&out, &kept).is_ok() {
+                    println!("vm-test {version}: this run's logs kept in {}", kept.display());
+                }
+            }
+            passed.extend(kernel.passed.iter().map(|t| format!("{version} {t}")));
+            failed.extend(
+                kernel.failed.into_iter().map(|f| Failure { test: format!("{version} {}", f.test), ..f }),
+            );
+        }
+        println!("vm-test: {} kernel(s) in {:.0} s", versions.len(), started.elapsed().as_secs_f64());
+        tally.record(started.elapsed(), passed, failed);
     }
-    println!("vm-test: {booted} kernel(s) in {:.0} s", started.elapsed().as_secs_f64());
-    if !failures.is_empty() {
-        bail!("vm-test failed on {}", failures.join(", "));
+    if repeat > 1 {
+        print!("{}", tally.summary("vm-test"));
+    }
+    if !tally.all_passed() {
+        bail!("vm-test failed: see the FAILED lines above");
     }
     Ok(())
 }
@@ -205,13 +233,21 @@ fn scenarios_binary(env: &BuildEnv) -> anyhow::Result<PathBuf> {
         .context("cargo did not name the vm_scenarios test binary")
 }
 
+/// One boot of one kernel: what to print, the scenarios that passed, and what failed.
+struct KernelRun {
+    report: String,
+    passed: Vec<String>,
+    failed: Vec<Failure>,
+}
+
+/// Boots `version` and reads what the guest left. Errs only when the VM cannot be started at all.
 fn boot_and_check(
     vng: &Path,
     vm_dir: &Path,
     guest: &Path,
     scenarios: &Path,
     version: &str,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<KernelRun> {
     let out = vm_dir.join("out").join(version);
     let kstall = build::release_binary();
     let started = Instant::now();
@@ -251,7 +287,12 @@ fn boot_and_check(
             break;
         }
         if attempt >= ATTEMPTS {
-            bail!("the guest did not finish ({ran}); see {}", out.join("console.log").display());
+            let why = format!("the guest did not finish ({ran}); see {}", out.join("console.log").display());
+            return Ok(KernelRun {
+                report: format!("vm-test {version}: no result after {attempt} boots\n"),
+                passed: Vec::new(),
+                failed: vec![Failure { test: "boot".into(), why }],
+            });
         }
         println!("vm-test {version}: the VM did not finish ({ran}), booting again");
     }
@@ -259,14 +300,18 @@ fn boot_and_check(
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0.0);
-    let status = std::fs::read_to_string(out.join("status.json")).context("the guest's status.json")?;
-    let status: serde_json::Value = serde_json::from_str(&status).context("the guest's status.json")?;
+    let status = std::fs::read_to_string(out.join("status.json")).unwrap_or_default();
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
     let mut report = format!(
         "vm-test {version}: kernel {} · booted in {boot_secs:.0} s · wall {:.0} s · attempts {attempt}\n",
         status["kernel"].as_str().unwrap_or("?"),
         started.elapsed().as_secs_f64()
     );
     let mut failed = Vec::new();
+    if status["probes"].as_array().is_none() {
+        let why = format!("the agent gave no status; see {}", out.join("agent.log").display());
+        failed.push(Failure { test: "agent status".into(), why });
+    }
     for p in status["probes"].as_array().into_iter().flatten() {
         let name = p["name"].as_str().unwrap_or("?");
         if p["up"] == true {
@@ -277,16 +322,16 @@ fn boot_and_check(
         } else {
             let reason = p["reason"].as_str().unwrap_or("?");
             report.push_str(&format!("  {name:<10} DOWN  {reason}\n"));
-            failed.push(format!("probe {name}: {reason}"));
+            failed.push(Failure { test: format!("probe {name}"), why: reason.to_string() });
         }
     }
     let log_path = out.join("scenarios.log");
     let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-    let scenarios = Scenarios::parse(&log);
+    let results = Results::parse(&log);
     report.push_str(&format!(
         "  scenarios: {} passed, {} failed ({:.0} s; log {})\n",
-        scenarios.passed.len(),
-        scenarios.failed.len(),
+        results.passed.len(),
+        results.failed.len(),
         std::fs::read_to_string(out.join("scenarios_secs"))
             .unwrap_or_default()
             .trim()
@@ -294,63 +339,20 @@ fn boot_and_check(
             .unwrap_or(0.0),
         log_path.display()
     ));
-    for line in &scenarios.reports {
+    for line in &results.reports {
         report.push_str(&format!("    {line}\n"));
     }
-    for name in &scenarios.failed {
-        report.push_str(&format!("    FAILED {name}\n"));
-        failed.push(format!("scenario {name}"));
-    }
+    failed.extend(results.failed);
     let rc = std::fs::read_to_string(out.join("scenarios.rc")).unwrap_or_default();
-    if scenarios.passed.is_empty() || (failed.is_empty() && rc.trim() != "0") {
-        failed.push(format!(
-            "the scenarios did not run to the end (exit {}); see {}",
-            rc.trim(),
-            log_path.display()
-        ));
+    if let Some(test) = results.unfinished {
+        let why =
+            format!("did not finish within the scenarios' {SCENARIOS_TIMEOUT_SECS} s (exit {})", rc.trim());
+        failed.push(Failure { test, why });
+    } else if results.passed.is_empty() || (failed.is_empty() && rc.trim() != "0") {
+        let why = format!("did not run to the end (exit {}); see {}", rc.trim(), log_path.display());
+        failed.push(Failure { test: "scenarios".into(), why });
     }
-    if failed.is_empty() {
-        Ok(report)
-    } else {
-        if !scenarios.failures.is_empty() {
-            report.push_str(&scenarios.failures);
-        }
-        bail!("{report}{}", failed.join("; "))
-    }
-}
-
-/// What the scenario test binary printed: libtest's results and each scenario's `vm-scenario`
-/// report line.
-#[derive(Debug, Default, PartialEq)]
-struct Scenarios {
-    passed: Vec<String>,
-    failed: Vec<String>,
-    reports: Vec<String>,
-    /// libtest's failures section (panic messages), for the report.
-    failures: String,
-}
-
-impl Scenarios {
-    fn parse(log: &str) -> Self {
-        let mut scenarios = Scenarios::default();
-        for line in log.lines() {
-            if let Some(report) = line.strip_prefix("vm-scenario ") {
-                scenarios.reports.push(report.to_string());
-            } else if let Some((name, result)) =
-                line.strip_prefix("test ").and_then(|l| l.split_once(" ... "))
-            {
-                match result.trim() {
-                    "ok" => scenarios.passed.push(name.to_string()),
-                    "FAILED" => scenarios.failed.push(name.to_string()),
-                    _ => {}
-                }
-            }
-        }
-        if let Some(start) = log.find("\nfailures:\n") {
-            scenarios.failures = log[start + 1..].lines().take(80).collect::<Vec<_>>().join("\n") + "\n";
-        }
-        scenarios
-    }
+    Ok(KernelRun { report, passed: results.passed, failed })
 }
 
 /// Runs inside the VM as root: `guest.sh OUT KSTALL SCENARIOS TIMEOUT`. Loads the modules the NFS
@@ -366,13 +368,14 @@ modprobe sunrpc; modprobe nfsv4; modprobe nf_conntrack
 SOCK=/tmp/kstall.sock
 "$KSTALL" agent --listen 127.0.0.1:9700 --api-socket "$SOCK" --log-format json > "$OUT/agent.log" 2>&1 &
 AGENT=$!
+# Until every probe is up — the module watcher attaches what waited for sunrpc, nfsv4 and
+# nf_conntrack — or 3 minutes have passed, when status.json says what is down.
 for _ in $(seq 1 180); do
-    "$KSTALL" status --api-socket "$SOCK" --output json > "$OUT/status.json" 2>/dev/null && break
+    "$KSTALL" status --api-socket "$SOCK" --output json > "$OUT/status.json" 2>/dev/null &&
+        python3 -c 'import json, sys; sys.exit(not all(p["up"] for p in json.load(open(sys.argv[1]))["probes"]))' \
+            "$OUT/status.json" && break
     sleep 1
 done
-# The module watcher attaches what waited for sunrpc/nfsv4/nf_conntrack within 5 s.
-sleep 8
-"$KSTALL" status --api-socket "$SOCK" --output json > "$OUT/status.json"
 kill -TERM "$AGENT"; wait "$AGENT"
 echo "agent exit $?" >> "$OUT/guest.log"
 START=$(cut -d' ' -f1 /proc/uptime)
@@ -383,23 +386,3 @@ awk -v start="$START" '{ print $1 - start }' /proc/uptime > "$OUT/scenarios_secs
 dmesg > "$OUT/dmesg.log"
 touch "$OUT/done"
 "#;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scenario_results_and_reports_are_read_from_libtest_output() {
-        // libtest with --show-output: results first, then passing tests' output, then failures.
-        let log = "running 2 tests\n\
-                   test a_scenario ... ok\n\
-                   test b_scenario ... FAILED\n\
-                   \nsuccesses:\n\n---- a_scenario stdout ----\nvm-scenario a: fired\n\n\
-                   \nfailures:\n\n---- b_scenario stdout ----\nno incident\n\n\
-                   test result: FAILED. 1 passed; 1 failed\n";
-        let s = Scenarios::parse(log);
-        assert_eq!((s.passed, s.failed), (vec!["a_scenario".to_string()], vec!["b_scenario".to_string()]));
-        assert_eq!(s.reports, ["a: fired"]);
-        assert!(s.failures.starts_with("failures:") && s.failures.contains("no incident"), "{}", s.failures);
-    }
-}
