@@ -79,6 +79,9 @@ pub struct TcpResetConfig {
     pub sk_v6_daddr: u32,
     pub sk_net: u32,
     pub net_ns_inum: u32,
+    /// `inet_sock.inet_sport`: a full socket's source port, kept after `skc_num` is cleared (a
+    /// socket closed with unread data releases its port, then sends its reset from it).
+    pub inet_sport: u32,
 
     pub skb_head: u32,
     pub skb_network_header: u32,

@@ -2,7 +2,8 @@
 //! local port 15001, where nothing listens, answered with a RST — incident 1's signature.
 
 use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    io::{Read as _, Write as _},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream},
     time::Duration,
 };
 
@@ -102,6 +103,75 @@ fn ipv6_redirect_on_the_fallback_hook() {
         &["--tcp-reset-hook", "kfree-skb"],
         "kfree_skb",
         V6,
+    );
+}
+
+/// Incident 1's sidecar proxy listens on 15001 itself: a connection the redirect delivered to it,
+/// reset by the proxy (as when it is killed with data unread), is the proxy's own reset — sent
+/// with a socket, from 15001, with no original destination — not the redirect's, on either hook.
+fn proxys_own_reset_scenario(test: &str, agent_args: &[&str]) {
+    if !kernel_tests_can_run(test) {
+        return;
+    }
+    let agent = Agent::start(agent_args);
+    let events = agent.subscribe();
+    let ns = NetNs::new("proxy");
+    ns.redirect_tcp("iptables", 2049, 15001);
+    let netns = ns.inode();
+    let n = 3;
+    ns.run_inside(move || {
+        let proxy = TcpListener::bind((Ipv4Addr::LOCALHOST, 15001)).expect("the proxy listens");
+        for _ in 0..n {
+            let mut client =
+                TcpStream::connect((Ipv4Addr::LOCALHOST, 2049)).expect("redirected to the proxy");
+            let (conn, _) = proxy.accept().expect("accept");
+            client.write_all(b"COMPOUND").expect("send");
+            // Closed with the request unread: the kernel resets the connection.
+            conn.peek(&mut [0; 8]).expect("the request arrived");
+            drop(conn);
+            let reset = client.read(&mut [0; 8]).map_err(|e| e.kind());
+            assert_eq!(reset, Err(std::io::ErrorKind::ConnectionReset));
+        }
+    });
+    let sent = events.collect(
+        |e| {
+            e["kind"] == "tcp_reset"
+                && e["direction"] == "sent"
+                && e["netns"] == netns
+                && e["local_port"] == 15001
+        },
+        n,
+        WAIT,
+    );
+    assert_eq!(
+        sent.len(),
+        n,
+        "{sent:#?}\n{:#?}",
+        events.collect(|e| e["netns"] == netns, 100, Duration::ZERO)
+    );
+    for e in &sent {
+        assert_eq!((&e["has_socket"], &e["hook"]), (&true.into(), &"tcp_send_reset".into()), "{e}");
+        assert!(e["original_dst_port"].is_null() && e["redirect_port"].is_null(), "not a redirect: {e}");
+    }
+    let counted = agent.metric_with(
+        "kstall_tcp_resets_total",
+        &[("direction", "sent"), ("port", "15001"), ("original_port", "")],
+    );
+    assert_eq!(counted, Some(n as f64), "{}", agent.metrics());
+}
+
+#[test]
+fn a_proxys_own_reset_is_a_plain_reset() {
+    proxys_own_reset_scenario("a_proxys_own_reset_is_a_plain_reset", &[]);
+}
+
+/// As on 6.1, where the redirect's resets come from the fallback hook and the proxy's from
+/// tcp_send_reset.
+#[test]
+fn a_proxys_own_reset_is_a_plain_reset_on_the_fallback_hook() {
+    proxys_own_reset_scenario(
+        "a_proxys_own_reset_is_a_plain_reset_on_the_fallback_hook",
+        &["--tcp-reset-hook", "kfree-skb"],
     );
 }
 

@@ -162,6 +162,7 @@ fn resolve_offsets(btf: &KernelBtf) -> Result<TcpResetConfig, crate::kernel_btf:
         sk_v6_daddr: sk("skc_v6_daddr")?,
         sk_net: sk("skc_net")?,
         net_ns_inum: btf.offset_of("net", "ns.inum")?,
+        inet_sport: btf.offset_of("inet_sock", "inet_sport")?,
         skb_head: btf.offset_of("sk_buff", "head")?,
         skb_network_header: btf.offset_of("sk_buff", "network_header")?,
         skb_transport_header: btf.offset_of("sk_buff", "transport_header")?,
@@ -397,6 +398,7 @@ pub(crate) mod tests {
             };
             let ct = conntrack_offsets(&ct).unwrap();
             assert_eq!(cfg.sk_num, cfg.sk_dport + 2, "{k}");
+            assert!(cfg.inet_sport > cfg.sk_num, "inet_sock extends sock: {k}");
             assert!(ct.reply_src_port > ct.orig_dst_port, "{k}");
             seen.push((cfg, ct));
         }

@@ -46,6 +46,8 @@ const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 const IPPROTO_TCP: u8 = 6;
 const TCP_FLAG_RST: u8 = 0x04;
+const TCP_TIME_WAIT: u8 = 6;
+const TCP_NEW_SYN_RECV: u8 = 12;
 /// `skb->transport_header` when unset.
 const HEADER_UNSET: u16 = 0xffff;
 /// `IP_CT_IS_REPLY`: ctinfo values from here on are reply-direction packets.
@@ -180,6 +182,12 @@ fn fill_from_sock(
     }
     let family: u16 = at(sk, cfg.sk_family)?;
     ev.local_port = at(sk, cfg.sk_num)?;
+    // A full socket closed with unread data has released its port before it sends the reset
+    // (a proxy killed mid-connection): the port it sends from is still `inet_sport`. Request
+    // and timewait sockets have no `inet_sock`, and always their own `skc_num`.
+    if ev.local_port == 0 && ev.state != TCP_TIME_WAIT && ev.state != TCP_NEW_SYN_RECV {
+        ev.local_port = u16::from_be(at(sk, cfg.inet_sport).unwrap_or(0));
+    }
     ev.remote_port = u16::from_be(at(sk, cfg.sk_dport)?);
     if family == AF_INET {
         ev.family = FAMILY_INET;

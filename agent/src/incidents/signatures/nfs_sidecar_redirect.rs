@@ -370,6 +370,33 @@ mod tests {
         assert!(s.evaluate(701 * SEC).is_empty());
     }
 
+    /// The proxy listening on the redirect port resets its own connections when it is killed:
+    /// sent from 15001 with a socket and no original destination. Not the redirect's.
+    #[test]
+    fn the_proxys_own_resets_do_not_count() {
+        let who = pod(UID, "web-1");
+        let mut s = signature();
+        let proxys_own = |t: u64| {
+            let mut e = redirected_reset(t, 2049, &who);
+            if let Payload::TcpReset(r) = &mut e.payload {
+                (r.has_socket, r.original_dst_addr, r.original_dst_port, r.redirect_port) =
+                    (true, None, None, None);
+                (r.reason, r.tcp_state) = (Some("TCP_ABORT_ON_CLOSE".into()), Some("CLOSE"));
+            }
+            e
+        };
+        for t in 1..=5 {
+            s.observe(&proxys_own(t * SEC));
+        }
+        assert!(s.evaluate(6 * SEC).is_empty());
+        s.observe(&redirected_reset(7 * SEC, 2049, &who));
+        s.observe(&proxys_own(8 * SEC));
+        s.observe(&redirected_reset(9 * SEC, 2049, &who));
+        let f = s.evaluate(10 * SEC);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].evidence["resets_total"], 2, "{:#}", f[0].evidence);
+    }
+
     #[test]
     fn resolves_once_rpcs_complete_quiet_and_no_task_is_stuck() {
         let who = pod(UID, "web-1");
