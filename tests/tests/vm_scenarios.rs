@@ -129,40 +129,15 @@ fn nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it() {
     );
     assert_eq!(blocked["severity"], "critical", "a task stuck in its exit: {blocked:#}");
     // The redirect's resets are the kernel's answers to SYNs that found no socket on the proxy's
-    // port: each names the NFS port it was meant for. Which hook sees them depends on the kernel
-    // (6.1 does not call tcp_send_reset for a reset without a socket: the kfree_skb fallback must).
-    // The client's own resets (an unexpected SYN-ACK) are not these, nor the proxy's own: killed,
-    // it may reset its established connection from 15001 — a plain reset, with a socket.
+    // port. The client's own resets (an unexpected SYN-ACK) are not these, nor the proxy's own:
+    // killed, it may reset its established connection from 15001 — a plain reset, with a socket.
+    // Both are checked once the incident has resolved, when every one of them has been seen.
     let from_proxy_port = |e: &Value| {
         e["kind"] == "tcp_reset"
             && e["direction"] == "sent"
             && e["local_port"] == 15001
             && e["netns"] == pod.netns.inode()
     };
-    let resets = events.collect(
-        |e| from_proxy_port(e) && e["has_socket"] == false,
-        usize::MAX,
-        Duration::from_secs(1),
-    );
-    assert!(resets.len() >= 2, "resets without a socket from the proxy's port: {resets:#?}");
-    for reset in &resets {
-        assert_eq!(
-            (&reset["original_dst_port"], &reset["reason"]),
-            (&2049.into(), &"NO_SOCKET".into()),
-            "{reset:#}"
-        );
-        assert_eq!(reset["pod"], pod.name.as_str(), "{reset:#}");
-    }
-    let hooks: std::collections::BTreeSet<&str> = resets.iter().map(|r| text(&r["hook"])).collect();
-    let proxys_own =
-        events.collect(|e| from_proxy_port(e) && e["has_socket"] == true, usize::MAX, Duration::ZERO);
-    for reset in &proxys_own {
-        assert_eq!(
-            reset["original_dst_port"],
-            Value::Null,
-            "the proxy's own reset is no redirect: {reset:#}"
-        );
-    }
     // The refused reconnects are counted for the pod too.
     let refused = agent.metric_with(
         "kstall_nfs_connect_errors_total",
@@ -200,9 +175,31 @@ fn nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it() {
             .push(found.unwrap_or_else(|| panic!("{}", no_incident(&format!("{id} not resolved"), &agent))));
     }
     let resolved_after = released.elapsed();
-    // The incident counted the redirect's resets, every one, and none of the proxy's own.
+    // Each of the redirect's resets names the NFS port it was meant for. Which hook saw them
+    // depends on the kernel (6.1 does not call tcp_send_reset for a reset without a socket: the
+    // kfree_skb fallback must).
     let redirected =
         events.collect(|e| from_proxy_port(e) && e["has_socket"] == false, usize::MAX, Duration::ZERO);
+    assert!(redirected.len() >= 2, "resets without a socket from the proxy's port: {redirected:#?}");
+    for reset in &redirected {
+        assert_eq!(
+            (&reset["original_dst_port"], &reset["reason"]),
+            (&2049.into(), &"NO_SOCKET".into()),
+            "{reset:#}"
+        );
+        assert_eq!(reset["pod"], pod.name.as_str(), "{reset:#}");
+    }
+    let hooks: std::collections::BTreeSet<&str> = redirected.iter().map(|r| text(&r["hook"])).collect();
+    let proxys_own =
+        events.collect(|e| from_proxy_port(e) && e["has_socket"] == true, usize::MAX, Duration::ZERO);
+    for reset in &proxys_own {
+        assert_eq!(
+            reset["original_dst_port"],
+            Value::Null,
+            "the proxy's own reset is no redirect: {reset:#}"
+        );
+    }
+    // The incident counted the redirect's resets, every one, and none of the proxy's own.
     assert_eq!(
         resolved[0]["evidence"]["resets_total"],
         redirected.len(),

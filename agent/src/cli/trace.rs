@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use serde::Deserialize as _;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 
@@ -178,7 +179,7 @@ async fn capture(
                 if let Some(error) = event.get("error").and_then(Value::as_str) {
                     return Err(format!("the agent refused the capture: {error}"));
                 }
-                if serde_json::from_value::<StreamStarted>(event.clone()).is_ok() {
+                if StreamStarted::deserialize(&event).is_ok() {
                     // As tcpdump's "listening on": from here on nothing is missed.
                     eprintln!("kstall: capturing {}", describe(&filter, duration, args.count));
                     continue;
