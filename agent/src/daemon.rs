@@ -70,7 +70,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot serve the API on {}", config.api_socket.display()))?;
 
-    kernel::ensure_tracefs();
     let kernel_release = kernel::release();
     let metrics = Arc::new(Metrics::new(crate::export::metrics::ephemeral_port_range()));
     let hung_task_timeout = match config.hung_task_timeout_secs {
@@ -79,6 +78,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         None => None,
     };
+    for missing in kernel::missing_capabilities() {
+        tracing::warn!(capability = missing.name, "missing capability: {}", missing.without);
+    }
     let mut loaded = probes::load(&config);
     describe_hung_task_detector(&mut loaded.statuses, hung_task_timeout.as_ref());
     // Loading parsed the kernel's BTF several times (tens of MB, now freed): hand it back to the
@@ -87,7 +89,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     unsafe { libc::malloc_trim(0) };
     metrics.set_probe_statuses(&loaded.statuses);
     for s in loaded.statuses.iter().filter(|s| !s.up) {
-        tracing::warn!(probe = %s.name, reason = s.reason.as_deref().unwrap_or(""), "probe unavailable");
+        let reason = s.reason.as_deref().unwrap_or("");
+        // NFS waiting for its modules is how a node without NFS mounts looks, not a fault.
+        if s.name == probes::nfs::NAME && loaded.nfs.pending {
+            tracing::info!(probe = %s.name, reason, "probe waiting");
+        } else {
+            tracing::warn!(probe = %s.name, reason, "probe unavailable");
+        }
     }
     let up = loaded.statuses.iter().filter(|s| s.up).count();
     tracing::info!(kernel = %kernel_release, probes_up = up, probes = loaded.statuses.len(), listen = %config.listen,
@@ -129,13 +137,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut decoder = loaded.decoder.clone();
     decoder.symbols = symbols;
     decoder.oom.critical_comms = config.critical_comms.clone();
-    decoder.clock =
-        hung_task::Clock { hz: tokio::task::spawn_blocking(kernel::tick_rate).await.unwrap_or(None) };
-    if decoder.clock.hz.is_none() {
-        tracing::warn!(
-            "cannot measure the kernel tick rate (/proc/timer_list): hung-task blocked times unknown"
-        );
-    }
     let sweeper = tokio::spawn(sweep_hung_tasks(
         hung.clone(),
         metrics.clone(),
@@ -603,7 +604,9 @@ async fn refresh_symbols(symbols: Arc<Symbols>, stop: CancellationToken) {
             .await
         {
             Ok(Ok((true, 0))) => {
-                tracing::warn!("/proc/kallsyms shows no addresses (kptr_restrict?): stacks stay unsymbolized")
+                tracing::warn!(
+                    "/proc/kallsyms shows no addresses (kernel.kptr_restrict, or no CAP_SYSLOG): stacks stay unsymbolized"
+                )
             }
             Ok(Ok((true, n))) => tracing::info!(symbols = n, "loaded kernel symbols"),
             Ok(Ok((false, _))) => {}

@@ -1,8 +1,8 @@
 //! Facts about the running kernel the agent needs outside the probes.
 
-use std::path::Path;
+use std::time::{Duration, Instant};
 
-const TRACEFS: &str = "/sys/kernel/tracing";
+use aya::programs::{RawTracePoint, RawTracePointRunOptions, TestRun as _};
 
 pub fn release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
@@ -10,44 +10,136 @@ pub fn release() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// Classic tracepoints are attached through tracefs, which is not always mounted (checked on this
-/// kind of machine). Mounting it is harmless; failing to is only a warning, since tp_btf programs
-/// do not need it.
-pub fn ensure_tracefs() {
-    if Path::new(TRACEFS).join("events").exists() {
-        return;
-    }
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tracefs", "tracefs", TRACEFS])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if mounted {
-        tracing::info!(path = TRACEFS, "mounted tracefs");
-    } else {
-        tracing::warn!(
-            path = TRACEFS,
-            "tracefs is not mounted and mounting it failed; tracepoint probes may not attach"
-        );
-    }
-}
-
-/// The kernel's tick rate (CONFIG_HZ), measured from `/proc/timer_list` (root only), which prints
-/// `jiffies` beside a nanosecond clock: two readings 200 ms apart, snapped to the rates kernels
-/// are built with. `None` when it cannot be read.
-pub fn tick_rate() -> Option<u64> {
-    let sample = || -> Option<(u64, u64)> {
-        let text = std::fs::read_to_string("/proc/timer_list").ok()?;
-        let now_ns =
-            text.lines().find_map(|l| l.strip_prefix("now at ")?.split_whitespace().next()?.parse().ok())?;
-        let jiffies = text.lines().find_map(|l| l.trim().strip_prefix("jiffies: ")?.trim().parse().ok())?;
-        Some((now_ns, jiffies))
+/// The kernel's tick rate (CONFIG_HZ), measured with `jiffies` (the kernel program
+/// `kstall_jiffies`, run twice 200 ms apart with `BPF_PROG_TEST_RUN`) against the monotonic clock,
+/// snapped to the rates kernels are built with. A program rather than `/proc/timer_list`, which
+/// container runtimes mask (bind-mounted from /dev/null) in every unprivileged pod.
+pub fn tick_rate(jiffies: &RawTracePoint) -> Result<u64, String> {
+    let sample = || {
+        jiffies
+            .test_run(RawTracePointRunOptions::new())
+            .map(|run| (Instant::now(), run.return_value))
+            .map_err(|e| match std::error::Error::source(&e) {
+                Some(cause) => format!("running kstall_jiffies: {e}: {cause}"),
+                None => format!("running kstall_jiffies: {e}"),
+            })
     };
     let (t0, j0) = sample()?;
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    std::thread::sleep(Duration::from_millis(200));
     let (t1, j1) = sample()?;
-    let hz = (j1.checked_sub(j0)? as f64) / ((t1.checked_sub(t0)? as f64) / 1e9);
-    [100u64, 250, 300, 1000].into_iter().min_by_key(|&c| (c as f64 - hz).abs() as u64)
+    Ok(snap_tick_rate(f64::from(j1.wrapping_sub(j0)) / (t1 - t0).as_secs_f64()))
+}
+
+fn snap_tick_rate(measured: f64) -> u64 {
+    [100u64, 250, 300, 1000].into_iter().min_by_key(|&c| (c as f64 - measured).abs() as u64).expect("rates")
+}
+
+/// A capability the agent uses, and what goes without it. In a container the agent gets exactly
+/// the capabilities its manifest adds (deploy/base/daemonset.yaml), so a missing one is named at
+/// start instead of surfacing as an unexplained EPERM.
+pub struct Capability {
+    pub name: &'static str,
+    bit: u32,
+    pub without: &'static str,
+    /// Kernels before this (major, minor) need it; `None`: all do.
+    needed_before: Option<(u32, u32)>,
+}
+
+const CAP_DAC_READ_SEARCH: u32 = 2;
+const CAP_SYS_PTRACE: u32 = 19;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_SYS_RESOURCE: u32 = 24;
+const CAP_SYSLOG: u32 = 34;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+pub const CAPABILITIES: &[Capability] = &[
+    Capability {
+        name: "CAP_BPF",
+        bit: CAP_BPF,
+        without: "no BPF map or program can be created: every probe is down",
+        needed_before: None,
+    },
+    Capability {
+        name: "CAP_PERFMON",
+        bit: CAP_PERFMON,
+        without: "no tracing program can be loaded: every probe is down",
+        needed_before: None,
+    },
+    Capability {
+        name: "CAP_SYSLOG",
+        bit: CAP_SYSLOG,
+        without: "/proc/kallsyms shows no addresses: kernel stacks stay unsymbolized and hung tasks have no wait class",
+        needed_before: None,
+    },
+    Capability {
+        name: "CAP_SYS_PTRACE",
+        bit: CAP_SYS_PTRACE,
+        without: "other processes' /proc/<pid>/ns/net cannot be read: resets and RPCs are not tied to pods",
+        needed_before: None,
+    },
+    Capability {
+        name: "CAP_DAC_READ_SEARCH",
+        bit: CAP_DAC_READ_SEARCH,
+        without: "a new cgroup cannot be opened by its id (open_by_handle_at): events of containers started since the last walk (5 s) go out unattributed",
+        needed_before: None,
+    },
+    Capability {
+        name: "CAP_SYS_RESOURCE",
+        bit: CAP_SYS_RESOURCE,
+        without: "RLIMIT_MEMLOCK cannot be raised, and before 5.11 BPF maps are charged to it: probes may fail to load",
+        needed_before: Some((5, 11)),
+    },
+];
+
+/// The capabilities of [`CAPABILITIES`] this process lacks on this kernel. CAP_SYS_ADMIN stands in
+/// for CAP_BPF and CAP_PERFMON, as the kernel's `bpf_capable()`/`perfmon_capable()` allow.
+pub fn missing_capabilities() -> Vec<&'static Capability> {
+    let Some(effective) = effective_capabilities() else { return Vec::new() };
+    missing_from(effective, kernel_version(&release()))
+}
+
+fn missing_from(effective: u64, kernel: Option<(u32, u32)>) -> Vec<&'static Capability> {
+    let has = |bit: u32| effective & (1 << bit) != 0;
+    CAPABILITIES
+        .iter()
+        .filter(|c| !has(c.bit))
+        .filter(|c| !(matches!(c.bit, CAP_BPF | CAP_PERFMON) && has(CAP_SYS_ADMIN)))
+        .filter(|c| match (c.needed_before, kernel) {
+            (Some(before), Some(running)) => running < before,
+            _ => true,
+        })
+        .collect()
+}
+
+fn effective_capabilities() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?.trim();
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// (major, minor) of a release string such as `6.1.0-57-amd64`.
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// What to add to an `Operation not permitted` from bpf(): the capability that is missing, or,
+/// when none is, that something else (a seccomp profile, an LSM) refused the call.
+pub fn bpf_permission_hint(error: &str) -> String {
+    if !error.contains("Operation not permitted") {
+        return String::new();
+    }
+    let missing: Vec<&str> = missing_capabilities()
+        .iter()
+        .filter(|c| matches!(c.bit, CAP_BPF | CAP_PERFMON))
+        .map(|c| c.name)
+        .collect();
+    if missing.is_empty() {
+        " (CAP_BPF and CAP_PERFMON are present: a seccomp profile or LSM refused bpf(); older runtime default profiles allow it only with CAP_SYS_ADMIN, see deploy/README.md)".into()
+    } else {
+        format!(" (missing {})", missing.join(" and "))
+    }
 }
 
 const HUNG_TASK_TIMEOUT: &str = "/proc/sys/kernel/hung_task_timeout_secs";
@@ -86,5 +178,38 @@ impl Drop for HungTaskTimeout {
                 tracing::error!(error = %e, value = self.previous, "cannot restore kernel.hung_task_timeout_secs")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_capabilities_are_named_for_this_kernel() {
+        let names = |effective: u64, kernel| -> Vec<&str> {
+            missing_from(effective, kernel).iter().map(|c| c.name).collect()
+        };
+        let all = CAPABILITIES.iter().fold(0u64, |set, c| set | 1 << c.bit);
+        assert!(names(all, Some((6, 18))).is_empty());
+        assert_eq!(names(all & !(1 << CAP_SYSLOG), Some((6, 18))), ["CAP_SYSLOG"]);
+        // SYS_ADMIN covers BPF and PERFMON, not SYSLOG.
+        let admin_only = 1 << CAP_SYS_ADMIN | 1 << CAP_SYS_PTRACE | 1 << CAP_DAC_READ_SEARCH;
+        assert_eq!(names(admin_only, Some((6, 18))), ["CAP_SYSLOG"]);
+        // RLIMIT_MEMLOCK matters before 5.11 only.
+        let no_resource = all & !(1 << CAP_SYS_RESOURCE);
+        assert!(names(no_resource, Some((6, 1))).is_empty());
+        assert_eq!(names(no_resource, Some((5, 10))), ["CAP_SYS_RESOURCE"]);
+        assert_eq!(kernel_version("6.18.44-fc-v1045"), Some((6, 18)));
+        assert_eq!(kernel_version("5.10.0-46-amd64"), Some((5, 10)));
+    }
+
+    #[test]
+    fn a_measured_rate_snaps_to_the_nearest_config_hz() {
+        // 200 ms at ±1 jiffy: the candidates stay apart at every rate.
+        assert_eq!(snap_tick_rate(19.0 / 0.2), 100);
+        assert_eq!(snap_tick_rate(51.0 / 0.2), 250);
+        assert_eq!(snap_tick_rate(59.0 / 0.2), 300);
+        assert_eq!(snap_tick_rate(201.0 / 0.2), 1000);
     }
 }

@@ -3,6 +3,7 @@
 #![no_std]
 #![no_main]
 
+mod clock;
 mod maps;
 mod probes;
 mod read;

@@ -11,12 +11,12 @@ pub mod tcp_reset;
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{Array, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, FEntry, Program},
+    programs::{BtfTracePoint, FEntry, Program, ProgramError},
 };
 use kstall_common::{kind, tcp_reset::ConntrackOffsets};
 use serde::{Deserialize, Serialize};
 
-use crate::{config::Config, events::Decoder, kernel_btf::KernelBtf};
+use crate::{config::Config, events::Decoder, kernel, kernel_btf::KernelBtf};
 
 /// The kernel programs, built by build.rs (empty when built with `AYA_BUILD_SKIP=1`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/kstall"));
@@ -192,13 +192,18 @@ pub fn load(config: &Config) -> Loaded {
     let mut ebpf = match loader.load(OBJECT) {
         Ok(ebpf) => ebpf,
         Err(e) => {
-            let reason = format!("loading the eBPF object failed: {}", error_chain(&e));
+            let full = error_chain(&e);
+            let reason =
+                format!("loading the eBPF object failed: {full}{}", kernel::bpf_permission_hint(&full));
             for (idx, _) in &plans {
                 statuses[*idx].reason = Some(reason.clone());
             }
             return loaded(statuses);
         }
     };
+    if enabled(hung_task::NAME) || enabled(nfs::NAME) {
+        decoder.clock = hung_task::Clock { hz: measure_tick_rate(&mut ebpf) };
+    }
     let mut attached: Vec<&'static str> = Vec::new();
     for (idx, plan) in plans {
         let mut notes = plan.notes;
@@ -292,7 +297,8 @@ fn attach_one(ebpf: &mut Ebpf, spec: &ProgramSpec, btf: &Btf) -> Result<(), Stri
     let context = |what: &str, e: &dyn std::error::Error| {
         let full = error_chain(e);
         tracing::debug!(program = spec.program, error = %full, "{what} failed");
-        format!("{} ({}): {what}: {}", spec.target, spec.program, summarize(&full))
+        let hint = if spec.fentry { String::new() } else { kernel::bpf_permission_hint(&full) };
+        format!("{} ({}): {what}: {}{hint}", spec.target, spec.program, summarize(&full))
     };
     let program = ebpf
         .program_mut(spec.program)
@@ -316,6 +322,32 @@ fn set_conntrack_offsets(ebpf: &mut Ebpf, offsets: ConntrackOffsets) -> Result<(
     map.set(0, offsets, 0).map_err(|e| e.to_string())
 }
 
+/// HZ, for the jiffies in hung-task and NFS records; `None` (with a warning saying what is lost)
+/// when it cannot be measured.
+fn measure_tick_rate(ebpf: &mut Ebpf) -> Option<u64> {
+    let measured = match ebpf.program_mut("kstall_jiffies") {
+        Some(Program::RawTracePoint(program)) => program
+            .load()
+            .map_err(|e| {
+                let full = error_chain(&e);
+                format!("loading kstall_jiffies: {}{}", summarize(&full), kernel::bpf_permission_hint(&full))
+            })
+            .and_then(|()| crate::kernel::tick_rate(program)),
+        _ => Err("program kstall_jiffies missing from the eBPF object".into()),
+    };
+    unload(ebpf, "kstall_jiffies");
+    match measured {
+        Ok(hz) => {
+            tracing::debug!(hz, "measured the kernel tick rate");
+            Some(hz)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot measure the kernel tick rate: hung-task blocked times and RPC timeouts unknown");
+            None
+        }
+    }
+}
+
 /// Detaches (drops the links) and unloads one program.
 fn unload(ebpf: &mut Ebpf, name: &str) {
     let result = match ebpf.program_mut(name) {
@@ -324,7 +356,8 @@ fn unload(ebpf: &mut Ebpf, name: &str) {
         Some(Program::RawTracePoint(p)) => p.unload(),
         _ => Ok(()),
     };
-    if let Err(e) = result {
+    // A program the kernel refused (fentry where trampolines are off) was never loaded.
+    if let Err(e) = result.or_else(|e| if matches!(e, ProgramError::NotLoaded) { Ok(()) } else { Err(e) }) {
         tracing::warn!(program = name, error = %e, "unload failed");
     }
 }

@@ -44,7 +44,14 @@ pub fn load_programs(ebpf: &mut Ebpf) -> Result<(), String> {
             .ok_or_else(|| format!("program {program} missing from the eBPF object"))?
             .try_into()
             .map_err(|e| format!("{program}: {e}"))?;
-        p.load().map_err(|e| format!("{program}: load: {}", super::summarize(&super::error_chain(&e))))?;
+        p.load().map_err(|e| {
+            let full = super::error_chain(&e);
+            format!(
+                "{program}: load: {}{}",
+                super::summarize(&full),
+                crate::kernel::bpf_permission_hint(&full)
+            )
+        })?;
     }
     Ok(())
 }
