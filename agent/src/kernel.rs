@@ -92,6 +92,16 @@ pub const CAPABILITIES: &[Capability] = &[
     },
 ];
 
+/// Makes the permitted capabilities effective. A non-root agent gets its capabilities from the
+/// binary's file capabilities (`cargo xtask image` sets them permitted, not effective: a file
+/// whose effective bit is set fails to exec as soon as the runtime's bounding set lacks one of
+/// them, where this way the agent starts and names what is missing). Root's are effective
+/// already. Call before any thread starts: capabilities are per thread, inherited by new ones.
+pub fn raise_permitted_capabilities() -> Result<(), String> {
+    let permitted = caps::read(None, caps::CapSet::Permitted).map_err(|e| e.to_string())?;
+    caps::set(None, caps::CapSet::Effective, &permitted).map_err(|e| e.to_string())
+}
+
 /// The capabilities of [`CAPABILITIES`] this process lacks on this kernel. CAP_SYS_ADMIN stands in
 /// for CAP_BPF and CAP_PERFMON, as the kernel's `bpf_capable()`/`perfmon_capable()` allow.
 pub fn missing_capabilities() -> Vec<&'static Capability> {

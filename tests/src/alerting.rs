@@ -85,23 +85,24 @@ pub fn alertmanager() -> Service {
 /// and sending alerts to `alertmanager`.
 pub fn prometheus(target: SocketAddr, rules: &Path, alertmanager: SocketAddr) -> Service {
     let rules = rules.canonicalize().expect("rules file");
+    prometheus_with_config(format!(
+        "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+         rule_files: ['{}']\n\
+         alerting: {{alertmanagers: [{{static_configs: [{{targets: ['{alertmanager}']}}]}}]}}\n\
+         scrape_configs: [{{job_name: kstall, static_configs: [{{targets: ['{target}']}}]}}]\n",
+        rules.display()
+    ))
+}
+
+/// A Prometheus running `config` (its prometheus.yml).
+pub fn prometheus_with_config(config: String) -> Service {
     Service::start(
         "prometheus",
         move |dir, addr| {
-            let config = dir.join("prometheus.yml");
-            std::fs::write(
-                &config,
-                format!(
-                    "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
-                     rule_files: ['{}']\n\
-                     alerting: {{alertmanagers: [{{static_configs: [{{targets: ['{alertmanager}']}}]}}]}}\n\
-                     scrape_configs: [{{job_name: kstall, static_configs: [{{targets: ['{target}']}}]}}]\n",
-                    rules.display()
-                ),
-            )
-            .expect("prometheus config");
+            let path = dir.join("prometheus.yml");
+            std::fs::write(&path, config).expect("prometheus config");
             vec![
-                format!("--config.file={}", config.display()),
+                format!("--config.file={}", path.display()),
                 format!("--storage.tsdb.path={}", dir.join("data").display()),
                 format!("--web.listen-address={addr}"),
             ]

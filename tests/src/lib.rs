@@ -17,6 +17,9 @@ use std::{
 use serde_json::Value;
 
 pub mod alerting;
+pub mod container;
+pub mod dashboards;
+pub mod deploy;
 pub mod nfs;
 pub mod writeback;
 
@@ -253,26 +256,7 @@ impl Agent {
     /// Subscribes to the agent's event stream; events are collected in the background. Returns
     /// once the agent says it has subscribed: every event after that is in the stream.
     pub fn subscribe(&self) -> EventStream {
-        let mut stream = UnixStream::connect(&self.socket).expect("API socket");
-        stream.write_all(b"{\"request\":\"events\"}\n").expect("subscribe");
-        let events = Arc::new(Mutex::new(Vec::new()));
-        let sink = events.clone();
-        let reader = stream.try_clone().expect("clone stream");
-        let (started_tx, started) = std::sync::mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(reader).lines().map_while(Result::ok) {
-                let Ok(v) = serde_json::from_str::<Value>(&line) else { continue };
-                if v["subscribed"] == true {
-                    let _ = started_tx.send(());
-                } else {
-                    sink.lock().unwrap().push(v);
-                }
-            }
-        });
-        started
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| panic!("the agent did not start the event stream\n{}", self.log()));
-        EventStream { events, _stream: stream }
+        subscribe(&self.socket, || self.log())
     }
 
     /// Body of an HTTP GET on the agent's metrics address.
@@ -295,15 +279,7 @@ impl Agent {
 
     /// Value of the first sample of `name` whose labels include every one of `labels`.
     pub fn metric_with(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        self.metrics().lines().find_map(|line| {
-            let rest = line.strip_prefix(name)?.strip_prefix('{')?;
-            let (set, value) = rest.split_once("} ")?;
-            let set = format!(",{set}");
-            labels
-                .iter()
-                .all(|(k, v)| set.contains(&format!(",{k}=\"{v}\"")))
-                .then(|| value.trim().parse().ok())?
-        })
+        sample_with(&self.metrics(), name, labels)
     }
 
     /// SIGTERM and wait; returns the exit status code. The whole log is readable afterwards.
@@ -337,6 +313,46 @@ impl Drop for Agent {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Value of the first sample of `name` in a `/metrics` text whose labels include every one of
+/// `labels`.
+pub fn sample_with(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+        let (set, value) = rest.split_once("} ")?;
+        let set = format!(",{set}");
+        labels
+            .iter()
+            .all(|(k, v)| set.contains(&format!(",{k}=\"{v}\"")))
+            .then(|| value.trim().parse().ok())?
+    })
+}
+
+/// Subscribes to the event stream of the agent serving `socket`; events are collected in the
+/// background. Returns once the agent says it has subscribed: every event after that is in the
+/// stream. `log` tells what the agent said, should it never start the stream.
+pub fn subscribe(socket: &Path, log: impl Fn() -> String) -> EventStream {
+    let mut stream = UnixStream::connect(socket).expect("API socket");
+    stream.write_all(b"{\"request\":\"events\"}\n").expect("subscribe");
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    let reader = stream.try_clone().expect("clone stream");
+    let (started_tx, started) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(reader).lines().map_while(Result::ok) {
+            let Ok(v) = serde_json::from_str::<Value>(&line) else { continue };
+            if v["subscribed"] == true {
+                let _ = started_tx.send(());
+            } else {
+                sink.lock().unwrap().push(v);
+            }
+        }
+    });
+    started
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("the agent did not start the event stream\n{}", log()));
+    EventStream { events, _stream: stream }
 }
 
 pub struct EventStream {
@@ -610,9 +626,18 @@ pub const OOM_LIMIT: u64 = 64 << 20;
 /// agent has learnt the process), then allocates until the memcg OOM killer kills it; returns its
 /// pid.
 pub fn oom_kill(procs: &[&Path], ready: impl FnOnce(u32)) -> u32 {
+    oom_kill_as(procs, None, ready)
+}
+
+/// [`oom_kill`] of a victim that first renames itself `comm` (the name the kernel reports: a node
+/// daemon's makes the kill node-critical to kstall).
+pub fn oom_kill_as(procs: &[&Path], comm: Option<&str>, ready: impl FnOnce(u32)) -> u32 {
     let joins: String = procs.iter().map(|p| format!("echo $$ > {} && ", p.display())).collect();
+    let rename = comm
+        .map(|c| format!("import ctypes; ctypes.CDLL(None).prctl(15, b\"{c}\", 0, 0, 0); "))
+        .unwrap_or_default();
     let script = format!(
-        "{joins}exec python3 -c 'import sys; sys.stdin.readline(); x = [bytearray(8 << 20) for _ in range(64)]'"
+        "{joins}exec python3 -c '{rename}import sys; sys.stdin.readline(); x = [bytearray(8 << 20) for _ in range(64)]'"
     );
     let mut victim =
         Command::new("sh").args(["-c", &script]).stdin(Stdio::piped()).spawn().expect("start the allocator");

@@ -2,7 +2,8 @@
 //! client, in the kernel-matrix VMs (`cargo xtask vm-test` boots Debian 6.1 and 6.12 and runs
 //! these there with `--ignored`): they load nfsd, cut the server off and run the whole machine
 //! out of memory, which only a throw-away VM may do. Each prints one `vm-scenario` line for the
-//! runner's report.
+//! runner's report; three also show that the dashboards' panels only they can feed show data
+//! (tests/src/dashboards.rs), and print the panels.
 
 use std::{
     process::{Child, Command, Stdio},
@@ -10,7 +11,9 @@ use std::{
 };
 
 use kstall_tests::{
-    Agent, Cgroup, EventStream, kernel_tests_can_run,
+    Agent, Cgroup, EventStream,
+    dashboards::{self, Key, Panels, Selection},
+    kernel_tests_can_run,
     nfs::{self, NfsPod, Sidecar, Writer, block_server},
     wait_for, write_pods_file,
 };
@@ -47,6 +50,28 @@ fn kernel_log() -> String {
         .filter(|l| ["nfs", "rpc", "blocked for", "oom", "Killed process"].iter().any(|k| l.contains(k)))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The dashboards' queries `keys`, as Grafana runs them for this node and `pod` ("All" when
+/// `None`), must show data now (tests/tests/dashboards.rs proves the others on the host); returns
+/// their names.
+fn dashboards_show(panels: &Panels, keys: &[Key], pod: Option<&NfsPod>) -> Vec<String> {
+    let queries = dashboards::queries(&dashboards::dashboards());
+    let selection = Selection {
+        node: hostname(),
+        namespace: pod.map(|_| "shop".into()),
+        pod: pod.map(|p| p.name.clone()),
+    };
+    let (shown, failures) =
+        panels.await_data(&dashboards::select(&queries, keys), &selection, Duration::from_secs(60));
+    assert!(failures.is_empty(), "dashboards:\n{}", failures.join("\n"));
+    shown.into_iter().map(|(name, _)| name).collect()
+}
+
+/// `keys` split into the "Alerts firing now" queries, which only show data while the incident
+/// fires, and the others, which show the whole time range.
+fn alerts_and_the_rest(keys: &[Key]) -> (Vec<Key>, Vec<Key>) {
+    keys.iter().partition(|(_, panel, _)| *panel == "Alerts firing now")
 }
 
 fn text(v: &Value) -> &str {
@@ -237,6 +262,7 @@ fn nfs_flushes_of_two_pods_stuck_on_one_server_are_a_node_wide_stall() {
     let mut orders = NfsPod::new(2, "orders-7f9c6d5b8-x2k4p");
     let mut billing = NfsPod::new(3, "billing-6b8d9f7c5-m3n8q");
     let (agent, _dir) = agent_for(&[&orders, &billing], &["--quiet-window", "5s"]);
+    let panels = Panels::scrape(agent.listen, &hostname());
     let mut writers = Vec::new();
     for pod in [&mut orders, &mut billing] {
         pod.mount();
@@ -266,6 +292,7 @@ fn nfs_flushes_of_two_pods_stuck_on_one_server_are_a_node_wide_stall() {
         assert!(stuck.contains(&u64::from(writer.pid())), "writer {} among {stuck:?}", writer.pid());
     }
     assert!(stall["summary"].as_str().is_some_and(|s| s.contains("drain the node")), "{stall:#}");
+    let shown = dashboards_show(&panels, dashboards::NODE_WIDE_STALL, Some(&orders));
 
     let released = Instant::now();
     drop(blocked);
@@ -288,6 +315,7 @@ fn nfs_flushes_of_two_pods_stuck_on_one_server_are_a_node_wide_stall() {
         fired_after.as_secs_f64(),
         released.elapsed().as_secs_f64(),
     );
+    println!("vm-scenario dashboards (node-wide-stall): data in {}", shown.join(", "));
 }
 
 /// The NFS probe's view of an unreachable server, counted for the server and the pod whose
@@ -301,6 +329,7 @@ fn nfs_server_cut_off_is_counted_per_pod_and_is_an_unreachable_server() {
     in_vm("nfs_server_cut_off_is_counted_per_pod_and_is_an_unreachable_server");
     let mut pod = NfsPod::new(4, "catalog-0");
     let (agent, _dir) = agent_for(&[&pod], &["--quiet-window", "5s"]);
+    let panels = Panels::scrape(agent.listen, &hostname());
     let events = agent.subscribe();
     pod.mount();
     let mut writer = Writer::start(&pod, "items.json");
@@ -339,6 +368,8 @@ fn nfs_server_cut_off_is_counted_per_pod_and_is_an_unreachable_server() {
     assert_eq!(unreachable["evidence"]["server"], nfs::SERVER, "{unreachable:#}");
     let errors = &unreachable["evidence"]["errors_by_pod"][format!("shop/{}", pod.name)];
     assert!(errors.as_u64().is_some_and(|n| n >= 1), "the pod's errors: {unreachable:#}");
+    let (alerts, rest) = alerts_and_the_rest(dashboards::NFS_PROBES);
+    let mut shown = dashboards_show(&panels, &alerts, Some(&pod));
     drop(blocked);
     assert!(
         writer.synced(Duration::from_secs(120)),
@@ -360,6 +391,7 @@ fn nfs_server_cut_off_is_counted_per_pod_and_is_an_unreachable_server() {
     let nfs_events = pod_nfs_events(&events, &pod);
     let wrong: Vec<&Value> = nfs_events.iter().filter(|e| e["netns"] != pod.netns.inode()).collect();
     assert!(wrong.is_empty(), "events of the pod in another namespace: {wrong:#?}");
+    shown.extend(dashboards_show(&panels, &rest, Some(&pod)));
     println!(
         "vm-scenario nfs-probes: server {} cut off from shop/{} (netns {}): {timeouts} major timeouts, \
          {reconnects} failed reconnects (ETIMEDOUT), kstall_nfs_server_responding 1 -> 0 -> 1, then \
@@ -371,6 +403,7 @@ fn nfs_server_cut_off_is_counted_per_pod_and_is_an_unreachable_server() {
         nfs_events.len(),
         errors,
     );
+    println!("vm-scenario dashboards (nfs-probes): data in {}", shown.join(", "));
 }
 
 fn pod_nfs_events(events: &EventStream, pod: &NfsPod) -> Vec<Value> {
@@ -453,6 +486,11 @@ fn the_global_oom_killer_taking_a_node_daemon_is_a_critical_system_oom() {
         &[("scope", "global"), ("comm", "node_exporter"), ("critical", "true"), ("host", "true")],
     );
     assert_eq!(counted, Some(1.0), "{}", agent.metrics());
+    // Prometheus only now: during the OOM it would add to the memory the hog takes, and what these
+    // panels show lasts (a kill counted, system-oom firing for --system-oom-hold). The victim is a
+    // node process: the dashboards show it with every pod selected.
+    let panels = Panels::scrape(agent.listen, &hostname());
+    let shown = dashboards_show(&panels, dashboards::SYSTEM_OOM, None);
     assert_eq!(agent.stop(), Some(0), "the agent survived the OOM");
     println!(
         "vm-scenario system-oom: system-oom fired, critical; victims as reported: {}; {} system OOM(s) in 24 h; \
@@ -473,6 +511,7 @@ fn the_global_oom_killer_taking_a_node_daemon_is_a_critical_system_oom() {
         victims.len(),
         ratio * 100.0,
     );
+    println!("vm-scenario dashboards (system-oom): data in {}", shown.join(", "));
 }
 
 /// Allocates 16 MiB at a time, touching every page, until the process `argv[1]` is gone.
@@ -522,6 +561,11 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The VM's name: the agent's node name (no NODE_NAME here), and the scrape's `node` label.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname").trim().to_string()
 }
 
 fn mem_total_bytes() -> u64 {

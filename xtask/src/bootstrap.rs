@@ -59,7 +59,12 @@ pub fn is_root() -> bool {
 }
 
 fn apt_packages() -> anyhow::Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES.iter().copied().filter(|p| !dpkg_installed(p)).collect();
+    apt_install(APT_PACKAGES)
+}
+
+/// Installs those of `packages` that are missing.
+pub fn apt_install(packages: &[&str]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !dpkg_installed(p)).collect();
     if missing.is_empty() {
         return Ok(());
     }

@@ -6,6 +6,9 @@
 mod bench;
 mod bootstrap;
 mod build;
+mod dashboards;
+mod deploy;
+mod image;
 mod libtest;
 mod repeat;
 mod run;
@@ -44,8 +47,16 @@ enum Command {
         #[arg(long)]
         no_matrix: bool,
     },
+    /// Bootstrap, build, then the agent's container image (podman build of deploy/image/Containerfile
+    /// from a staged context; saved as an OCI archive under target/image/).
+    Image,
+    /// Regenerate deploy/'s generated files: the PrometheusRule (from the alerting rules) and the
+    /// Grafana dashboards' kustomization (from deploy/grafana/*.json).
+    Deploy,
     /// Bootstrap, build, then the benchmarks (root): a reset storm through a real agent.
     Bench,
+    /// Write the Grafana dashboards, deploy/grafana/*.json, from their generator.
+    Dashboards,
     /// The kernel matrix (root): boot Debian 6.1 and 6.12 in VMs; in each, load every probe and
     /// run the incident scenarios (real NFS, a real global OOM).
     VmTest {
@@ -64,7 +75,10 @@ fn main() -> ExitCode {
         Command::Build => bootstrap::run().and_then(|env| build::release(&env)),
         Command::Run { agent_args } => run::run(&agent_args),
         Command::Test { repeat, no_matrix } => test::run(repeat, !no_matrix),
+        Command::Image => image::run(),
+        Command::Deploy => deploy::run(),
         Command::Bench => bench::run(),
+        Command::Dashboards => dashboards::run(),
         Command::VmTest { kernels, repeat } => vm::run(&kernels, repeat),
     };
     match result {

@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{bootstrap, build, libtest::Results, repeat::Tally, vm};
+use crate::{bootstrap, build, image, libtest::Results, repeat::Tally, vm};
 
 pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     let env = bootstrap::run()?;
@@ -34,6 +34,16 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     step("cargo clippy (eBPF programs)", &mut clippy_ebpf)?;
 
     let required = bootstrap::is_root() || std::env::var_os("CI").is_some();
+    // The container tests run the image the README's install builds, from this build's binary.
+    let image = if bootstrap::is_root() {
+        bootstrap::apt_install(image::IMAGE_PACKAGES)?;
+        println!("==> the agent's image (cargo xtask image)");
+        let image = image::build_image()?;
+        println!("image: {} ({})", image.tag, image::human_bytes(image.size_bytes));
+        Some(image.tag)
+    } else {
+        None
+    };
     let mut tally = Tally::default();
     for run in 1..=repeat {
         if repeat > 1 {
@@ -47,6 +57,9 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
             .current_dir(&root);
         if required {
             test.env("KSTALL_KERNEL_TESTS", "require");
+        }
+        if let Some(image) = &image {
+            test.env("KSTALL_IMAGE", image);
         }
         env.apply(&mut test);
         println!("==> cargo test (unit and kernel integration tests)");

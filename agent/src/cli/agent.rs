@@ -14,6 +14,9 @@ pub fn run(args: AgentArgs) -> ExitCode {
         }
     };
     init_logging(&config);
+    if let Err(e) = crate::kernel::raise_permitted_capabilities() {
+        tracing::warn!(error = %e, "cannot raise the permitted capabilities");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

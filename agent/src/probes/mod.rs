@@ -195,15 +195,13 @@ pub fn load(config: &Config) -> Loaded {
             let full = error_chain(&e);
             let reason =
                 format!("loading the eBPF object failed: {full}{}", kernel::bpf_permission_hint(&full));
-            for (idx, _) in &plans {
-                statuses[*idx].reason = Some(reason.clone());
-            }
+            // NFS too: its programs are in the same object.
+            mark_enabled_down(&mut statuses, &reason);
             return loaded(statuses);
         }
     };
-    if enabled(hung_task::NAME) || enabled(nfs::NAME) {
-        decoder.clock = hung_task::Clock { hz: measure_tick_rate(&mut ebpf) };
-    }
+    let tick_rate = (enabled(hung_task::NAME) || enabled(nfs::NAME)).then(|| measure_tick_rate(&mut ebpf));
+    decoder.clock = hung_task::Clock { hz: tick_rate.clone().and_then(Result::ok) };
     let mut attached: Vec<&'static str> = Vec::new();
     for (idx, plan) in plans {
         let mut notes = plan.notes;
@@ -230,6 +228,15 @@ pub fn load(config: &Config) -> Loaded {
                 statuses[idx].notes = notes;
             }
         }
+    }
+    let hung = &mut statuses[index_of(hung_task::NAME)];
+    if let Some(rate) = &tick_rate
+        && hung.up
+    {
+        hung.notes.push(match rate {
+            Ok(hz) => format!("blocked times: jiffies at {hz} Hz (measured with BPF_PROG_TEST_RUN)"),
+            Err(e) => format!("blocked times unknown: {e}"),
+        });
     }
     let mut nfs_attachment = nfs::Attachment::default();
     if enabled(nfs::NAME) {
@@ -322,9 +329,9 @@ fn set_conntrack_offsets(ebpf: &mut Ebpf, offsets: ConntrackOffsets) -> Result<(
     map.set(0, offsets, 0).map_err(|e| e.to_string())
 }
 
-/// HZ, for the jiffies in hung-task and NFS records; `None` (with a warning saying what is lost)
-/// when it cannot be measured.
-fn measure_tick_rate(ebpf: &mut Ebpf) -> Option<u64> {
+/// HZ, for the jiffies in hung-task and NFS records; why not (also warned: what is lost) when it
+/// cannot be measured.
+fn measure_tick_rate(ebpf: &mut Ebpf) -> Result<u64, String> {
     let measured = match ebpf.program_mut("kstall_jiffies") {
         Some(Program::RawTracePoint(program)) => program
             .load()
@@ -336,16 +343,13 @@ fn measure_tick_rate(ebpf: &mut Ebpf) -> Option<u64> {
         _ => Err("program kstall_jiffies missing from the eBPF object".into()),
     };
     unload(ebpf, "kstall_jiffies");
-    match measured {
-        Ok(hz) => {
-            tracing::debug!(hz, "measured the kernel tick rate");
-            Some(hz)
-        }
+    match &measured {
+        Ok(hz) => tracing::debug!(hz, "measured the kernel tick rate"),
         Err(e) => {
-            tracing::warn!(error = %e, "cannot measure the kernel tick rate: hung-task blocked times and RPC timeouts unknown");
-            None
+            tracing::warn!(error = %e, "cannot measure the kernel tick rate: hung-task blocked times and RPC timeouts unknown")
         }
     }
+    measured
 }
 
 /// Detaches (drops the links) and unloads one program.

@@ -1,0 +1,58 @@
+"""The part of a Kubernetes API server that kstall's pod source uses, over TLS as in a cluster:
+the list of pods (read from a JSON file on each request) and a watch that stays open and quiet.
+Usage: apiserver.py PODS_JSON CERT KEY PORT_FILE -- writes the port it bound to PORT_FILE."""
+import http.server
+import json
+import os
+import ssl
+import sys
+import threading
+
+pods_path, cert, key, port_file = sys.argv[1:5]
+stop = threading.Event()
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        path, _, query = self.path.partition("?")
+        params = dict(kv.split("=", 1) for kv in query.split("&") if "=" in kv)
+        if path != "/api/v1/pods":
+            return self.answer(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                     "reason": "NotFound", "code": 404, "metadata": {}})
+        if params.get("watch") in ("true", "1"):
+            # Nothing changes during a test: hold the watch open until the server stops.
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            self.wfile.flush()
+            stop.wait()
+            return
+        with open(pods_path) as f:
+            items = json.load(f)["items"]
+        self.answer(200, {"kind": "PodList", "apiVersion": "v1",
+                          "metadata": {"resourceVersion": "1"}, "items": items})
+
+    def answer(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+server.daemon_threads = True
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(cert, key)
+server.socket = context.wrap_socket(server.socket, server_side=True)
+with open(port_file + ".tmp", "w") as f:
+    f.write(str(server.server_address[1]))
+os.rename(port_file + ".tmp", port_file)
+server.serve_forever()
