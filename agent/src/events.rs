@@ -33,6 +33,10 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
+    /// Every value [`label`](Self::label) gives: the series exist at 0 from the start, so a rate
+    /// or an alert on them has a value before the first error.
+    pub const LABELS: [&'static str; 4] = ["too_short", "unknown_kind", "unsupported_version", "bad_field"];
+
     /// Short, bounded label for `kstall_event_decode_errors_total{error}`.
     pub fn label(&self) -> &'static str {
         match self {
@@ -194,6 +198,18 @@ fn boot_to_unix_offset_ns() -> i128 {
 mod tests {
     use super::*;
     use crate::probes::{bytes_of, tcp_reset::tests::redirected_syn_reset};
+
+    #[test]
+    fn every_decode_error_label_is_listed() {
+        let errors = [
+            DecodeError::TooShort { what: "header", need: 8, got: 0 },
+            DecodeError::UnknownKind(99),
+            DecodeError::UnsupportedVersion { kind: 1, version: 9 },
+            DecodeError::BadField { field: "direction", value: 7 },
+        ];
+        let labels: Vec<&str> = errors.iter().map(DecodeError::label).collect();
+        assert_eq!(labels, DecodeError::LABELS);
+    }
 
     #[test]
     fn round_trip() {

@@ -41,10 +41,10 @@ const NODE: &str = "node-a";
 /// Queries no scenario feeds, and why: what they count happens only when something is broken in
 /// a way no test reproduces (their panels show 0 when empty). The ones only the VMs can feed are
 /// `dashboards::fed_by_the_vm_scenarios()`, and vm_scenarios.rs shows they do.
-const FED_BY_NO_SCENARIO: &[(Key, &str)] = &[
-    (("kstall-agent", "Decode errors", "A"), "a record the agent cannot decode: a kernel/agent mismatch"),
-    (("kstall-nfs", "NFSv4 state recovery failures", "A"), "a failed NFSv4 state recovery: not reproduced"),
-];
+const FED_BY_NO_SCENARIO: &[(Key, &str)] = &[(
+    ("kstall-nfs", "NFSv4 state recovery failures", "A"),
+    "a failed NFSv4 state recovery: not reproduced",
+)];
 
 /// This test's node, namespace and pod, selected on the dashboards.
 fn selection() -> Selection {

@@ -8,7 +8,7 @@ use prometheus::{Encoder as _, IntCounterVec, IntGauge, IntGaugeVec, Opts, Regis
 
 use crate::{
     attribution::{Attribution, Index, pods::SourceHealth},
-    events::{Event, Payload},
+    events::{DecodeError, Event, Payload},
     hung_tasks::HungTaskTracker,
     incidents::Incident,
     probes::{
@@ -147,7 +147,7 @@ impl Metrics {
         )
         .expect("valid metric");
         registry.register(Box::new(overcommit.clone())).expect("unique metric");
-        Self {
+        let metrics = Self {
             alertmanager_posts_total: counter(
                 &registry,
                 "kstall_alertmanager_posts_total",
@@ -252,7 +252,13 @@ impl Metrics {
             ),
             registry,
             ephemeral_ports,
+        };
+        // Present from the start at 0, as events_total is: an alert or a dashboard's rate() on
+        // them has a value before the first error.
+        for label in DecodeError::LABELS {
+            metrics.decode_errors_total.with_label_values(&[label]);
         }
+        metrics
     }
 
     pub fn set_probe_statuses(&self, statuses: &[ProbeStatus]) {
