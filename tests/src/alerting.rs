@@ -30,9 +30,12 @@ impl Service {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("start {program} (Debian package installed by the bootstrap): {e}"));
-        let service = Service { child, addr, dir };
+        let mut service = Service { child, addr, dir };
         let deadline = Instant::now() + Duration::from_secs(30);
         while http_get(addr, ready_path).is_none() {
+            if let Ok(Some(status)) = service.child.try_wait() {
+                panic!("{program} exited ({status}) before it was ready:\n{}", service.log());
+            }
             assert!(Instant::now() < deadline, "{program} not ready after 30 s:\n{}", service.log());
             std::thread::sleep(Duration::from_millis(200));
         }

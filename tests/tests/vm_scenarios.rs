@@ -453,7 +453,7 @@ fn the_global_oom_killer_taking_a_node_daemon_is_a_critical_system_oom() {
         .stdout(Stdio::null())
         .spawn()
         .expect("start the hog");
-    let _hog = Killed(hog);
+    let hog = Killed(hog);
     let incident = agent
         .wait_incident(firing("system-oom"), Duration::from_secs(180))
         .unwrap_or_else(|| panic!("{}", no_incident("no system-oom", &agent)));
@@ -486,9 +486,11 @@ fn the_global_oom_killer_taking_a_node_daemon_is_a_critical_system_oom() {
         &[("scope", "global"), ("comm", "node_exporter"), ("critical", "true"), ("host", "true")],
     );
     assert_eq!(counted, Some(1.0), "{}", agent.metrics());
-    // Prometheus only now: during the OOM it would add to the memory the hog takes, and what these
-    // panels show lasts (a kill counted, system-oom firing for --system-oom-hold). The victim is a
-    // node process: the dashboards show it with every pod selected.
+    // Prometheus only now, with the hog gone: next to the hog's memory it cannot start (the VM is
+    // full until the hog is reaped). What these panels show lasts (a kill counted, system-oom
+    // firing for --system-oom-hold). The victim is a node process: the dashboards show it with
+    // every pod selected.
+    drop(hog);
     let panels = Panels::scrape(agent.listen, &hostname());
     let shown = dashboards_show(&panels, dashboards::SYSTEM_OOM, None);
     assert_eq!(agent.stop(), Some(0), "the agent survived the OOM");
