@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use kstall_tests::{Agent, NetNs, Sysctl, bpf_programs, kernel_tests_can_run};
+use kstall_tests::{agent::Agent, bpf::bpf_programs, host::Sysctl, kernel_tests_can_run, netns::NetNs};
 
 const THREADS: usize = 2;
 

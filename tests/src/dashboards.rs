@@ -11,7 +11,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{alerting, wait_for};
+use crate::{alerting, host::wait_for};
 
 /// A query of a dashboard: (dashboard file stem, panel title, refId).
 pub type Key = (&'static str, &'static str, &'static str);

@@ -16,7 +16,12 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{Cgroup, NetNs, PodProcess, pod_json, run};
+use crate::{
+    agent::pod_json,
+    cgroup::{Cgroup, PodProcess},
+    host::{run, wait_for},
+    netns::NetNs,
+};
 
 pub const SERVER: &str = "10.55.0.1";
 const WORK: &str = "/tmp/kstall-nfs";
@@ -184,7 +189,7 @@ impl Sidecar {
             .expect("start socat");
         std::fs::write(pod.container.procs(), child.id().to_string()).expect("sidecar joins the pod");
         let sidecar = Sidecar { child };
-        let listening = crate::wait_for(Duration::from_secs(10), || {
+        let listening = wait_for(Duration::from_secs(10), || {
             (!pod.netns.exec("ss", &["-Hltn", "sport = :15001"]).trim().is_empty()).then_some(())
         });
         assert!(listening.is_some(), "the sidecar does not listen on 15001");
@@ -301,7 +306,7 @@ impl Writer {
 
     /// Waits up to `timeout` for the process to be gone.
     pub fn exited(&mut self, timeout: Duration) -> bool {
-        crate::wait_for(timeout, || self.child.try_wait().ok().flatten()).is_some()
+        wait_for(timeout, || self.child.try_wait().ok().flatten()).is_some()
     }
 }
 

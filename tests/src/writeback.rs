@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::run;
+use crate::host::run;
 
 pub struct FreezableDisk {
     dir: PathBuf,

@@ -1,6 +1,10 @@
 //! The agent's lifecycle against the real kernel.
 
-use kstall_tests::{Agent, agent_program_ids, kernel_tests_can_run, still_loaded_after_grace};
+use kstall_tests::{
+    agent::Agent,
+    bpf::{agent_program_ids, still_loaded_after_grace},
+    kernel_tests_can_run,
+};
 
 /// SIGTERM detaches every program: the programs the agent loaded are gone after it exits.
 #[test]

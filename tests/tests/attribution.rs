@@ -9,8 +9,12 @@ use std::{
 };
 
 use kstall_tests::{
-    Agent, Cgroup, EventStream, NetNs, OOM_LIMIT, PodProcess, closed_low_port, kernel_tests_can_run,
-    oom_kill, own_netns_inode, pod_json, refused_connects, v1_memory_limit, wait_for, write_pods_file,
+    agent::{Agent, EventStream, pod_json, write_pods_file},
+    cgroup::{Cgroup, PodProcess, v1_memory_limit},
+    host::wait_for,
+    kernel_tests_can_run,
+    netns::{NetNs, closed_low_port, own_netns_inode, refused_connects},
+    oom::{OOM_LIMIT, oom_kill},
 };
 use serde_json::Value;
 

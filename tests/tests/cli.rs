@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use kstall_tests::agent_binary;
+use kstall_tests::agent::agent_binary;
 
 fn kstall(args: &[&str]) -> (i32, String) {
     kstall_with_env(args, &[])

@@ -12,10 +12,13 @@ use std::{
 };
 
 use kstall_tests::{
-    Cgroup, NetNs, PodProcess, Sysctl,
+    agent::{pod_json, sample_with, subscribe},
+    cgroup::{Cgroup, PodProcess},
     container::{AgentContainer, ApiServer, NODE, Overrides, image, image_missing},
     deploy::rendered_daemonset,
-    kernel_tests_can_run, pod_json, refused_connects, sample_with, subscribe, wait_for,
+    host::{Sysctl, wait_for},
+    kernel_tests_can_run,
+    netns::{NetNs, refused_connects},
     writeback::FreezableDisk,
 };
 use serde_json::Value;

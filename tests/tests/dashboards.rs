@@ -22,12 +22,16 @@ use std::{
 };
 
 use kstall_tests::{
-    Agent, Cgroup, MemoryLimit, NetNs, OOM_LIMIT, PodProcess, Sysctl, closed_low_port,
+    agent::{Agent, pod_json, write_pods_file},
+    cgroup::{Cgroup, MemoryLimit, PodProcess},
     dashboards::{
         Key, Panels, Query, Selection, Variables, dashboards, described, fed_by_the_vm_scenarios, queries,
         root, select, variable_queries,
     },
-    kernel_tests_can_run, oom_kill_as, pod_json, refused_connects, wait_for, write_pods_file,
+    host::{Sysctl, wait_for},
+    kernel_tests_can_run,
+    netns::{NetNs, closed_low_port, refused_connects},
+    oom::{OOM_LIMIT, oom_kill_as},
     writeback::FreezableDisk,
 };
 use serde_json::Value;

@@ -5,7 +5,12 @@
 use std::time::Duration;
 
 use kstall_tests::{
-    Agent, Cgroup, Sysctl, kernel_tests_can_run, own_netns_inode, wait_for, writeback::FreezableDisk,
+    agent::Agent,
+    cgroup::Cgroup,
+    host::{Sysctl, wait_for},
+    kernel_tests_can_run,
+    netns::own_netns_inode,
+    writeback::FreezableDisk,
 };
 
 const TIMEOUT_SYSCTL: &str = "kernel.hung_task_timeout_secs";

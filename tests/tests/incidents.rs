@@ -16,8 +16,14 @@ use std::{
 };
 
 use kstall_tests::{
-    Agent, Cgroup, NetNs, PodProcess, Sysctl, alerting, kernel_tests_can_run, oom_kill, pod_json,
-    v1_memory_limit, wait_for, write_pods_file, writeback::FreezableDisk,
+    agent::{Agent, pod_json, write_pods_file},
+    alerting,
+    cgroup::{Cgroup, PodProcess, v1_memory_limit},
+    host::{Sysctl, wait_for},
+    kernel_tests_can_run,
+    netns::NetNs,
+    oom::oom_kill,
+    writeback::FreezableDisk,
 };
 use serde_json::Value;
 

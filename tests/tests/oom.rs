@@ -7,7 +7,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use kstall_tests::{Agent, Cgroup, MemoryLimit, kernel_tests_can_run};
+use kstall_tests::{
+    agent::Agent,
+    cgroup::{Cgroup, MemoryLimit},
+    kernel_tests_can_run,
+};
 
 const LIMIT: u64 = 64 << 20;
 

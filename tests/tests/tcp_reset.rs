@@ -8,8 +8,10 @@ use std::{
 };
 
 use kstall_tests::{
-    Agent, NetNs, closed_low_port, kernel_tests_can_run, nat_rule_packets, own_netns_inode, refused_connects,
-    run,
+    agent::Agent,
+    host::run,
+    kernel_tests_can_run,
+    netns::{NetNs, closed_low_port, nat_rule_packets, own_netns_inode, refused_connects},
 };
 use serde_json::Value;
 
@@ -210,7 +212,7 @@ fn status_lists_the_probe_and_its_hook() {
     }
     let agent = Agent::start(&[]);
     let out = run(
-        kstall_tests::agent_binary().to_str().unwrap(),
+        kstall_tests::agent::agent_binary().to_str().unwrap(),
         &["status", "--api-socket", agent.socket.to_str().unwrap()],
     );
     let line = out.lines().find(|l| l.starts_with("tcp-reset")).unwrap_or_else(|| panic!("{out}"));

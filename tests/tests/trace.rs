@@ -13,8 +13,12 @@ use std::{
 };
 
 use kstall_tests::{
-    Agent, Cgroup, NetNs, PodProcess, agent_binary, agent_program_ids, kernel_tests_can_run, pod_json,
-    refused_connects, still_loaded_after_grace, wait_for, write_pods_file,
+    agent::{Agent, agent_binary, pod_json, write_pods_file},
+    bpf::{agent_program_ids, still_loaded_after_grace},
+    cgroup::{Cgroup, PodProcess},
+    host::wait_for,
+    kernel_tests_can_run,
+    netns::{NetNs, refused_connects},
 };
 use serde_json::Value;
 
@@ -210,8 +214,7 @@ fn concurrent_captures_get_everything_while_a_stalled_client_is_cut_off() {
         }
         refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2051)), 20);
     });
-    let current =
-        kstall_tests::wait_for(Duration::from_secs(30), || (events_total() - before >= 4040.0).then_some(()));
+    let current = wait_for(Duration::from_secs(30), || (events_total() - before >= 4040.0).then_some(()));
     assert!(current.is_some(), "metrics stay current: {before} -> {}", events_total());
     for capture in captures {
         let (code, events, stderr) = capture.lines();

@@ -11,11 +11,12 @@ use std::{
 };
 
 use kstall_tests::{
-    Agent, Cgroup, EventStream,
+    agent::{Agent, EventStream, write_pods_file},
+    cgroup::Cgroup,
     dashboards::{self, Key, Panels, Selection},
+    host::wait_for,
     kernel_tests_can_run,
     nfs::{self, NfsPod, Sidecar, Writer, block_server},
-    wait_for, write_pods_file,
 };
 use serde_json::Value;
 
@@ -424,7 +425,7 @@ fn the_global_oom_killer_taking_a_node_daemon_is_a_critical_system_oom() {
     let node_bytes = mem_total_bytes();
     // A pod whose limit is twice the node: its usage is only bounded by the node's memory.
     let (uid, container_id) = ("3c1d9e2f-5a4b-4c6d-8e7f-0a1b2c3d4e5f", "ab".repeat(32));
-    let pod = kstall_tests::pod_json(uid, "batch-report-0", &container_id);
+    let pod = kstall_tests::agent::pod_json(uid, "batch-report-0", &container_id);
     let container = Cgroup::kubepods_container("burstable", uid, &container_id);
     let pod_dir = container.path.parent().unwrap().to_path_buf();
     // The memory controller, enabled from the root down to the pod, gives the pod a memory.max.

@@ -13,7 +13,7 @@ use std::{
 
 use serde_json::{Value, json};
 
-use crate::{alerting::http_get, wait_for};
+use crate::{alerting::http_get, host::wait_for};
 
 /// Where the kubelet mounts a pod's service account.
 const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";

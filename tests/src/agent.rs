@@ -1,0 +1,275 @@
+//! A real `kstall agent` run by a test, and what it answers: status, incidents, metrics, events;
+//! the pods file it reads pod names from.
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::host::wait_for;
+
+/// The release agent: `KSTALL_BIN`, or target/release/kstall of this workspace.
+pub fn agent_binary() -> PathBuf {
+    std::env::var_os("KSTALL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/kstall"))
+}
+
+/// A running `kstall agent` with its own metrics port and API socket; SIGTERM (then SIGKILL) on
+/// drop. Its log is kept for failure messages.
+pub struct Agent {
+    child: Child,
+    pub socket: PathBuf,
+    pub listen: SocketAddr,
+    dir: PathBuf,
+    log: Arc<Mutex<String>>,
+    log_reader: Option<thread::JoinHandle<()>>,
+}
+
+impl Agent {
+    pub fn start(extra_args: &[&str]) -> Self {
+        let dir = std::env::temp_dir().join(format!("kstall-test-{}-{}", std::process::id(), unique()));
+        std::fs::create_dir_all(&dir).expect("agent dir");
+        let socket = dir.join("kstall.sock");
+        let listen: SocketAddr = {
+            let l = TcpListener::bind("127.0.0.1:0").expect("free port");
+            l.local_addr().unwrap()
+        };
+        let mut child = Command::new(agent_binary())
+            .arg("agent")
+            .args(["--listen", &listen.to_string(), "--api-socket", socket.to_str().unwrap()])
+            .args(["--log-format", "json"])
+            .args(extra_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start kstall agent");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        let log_reader = thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let mut agent = Agent { child, socket, listen, dir, log, log_reader: Some(log_reader) };
+        agent.wait_ready();
+        agent
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("agent exited early ({status}):\n{}", self.log());
+            }
+            if self.request(r#"{"request":"status"}"#).is_ok() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        panic!("agent not ready after 30 s:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn request(&self, line: &str) -> std::io::Result<Value> {
+        let mut stream = UnixStream::connect(&self.socket)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        stream.write_all(line.as_bytes())?;
+        stream.write_all(b"\n")?;
+        let mut answer = String::new();
+        BufReader::new(stream).read_line(&mut answer)?;
+        serde_json::from_str(&answer).map_err(std::io::Error::other)
+    }
+
+    pub fn status(&self) -> Value {
+        self.request(r#"{"request":"status"}"#).expect("status")
+    }
+
+    /// The agent's incidents (firing first, then resolved).
+    pub fn incidents(&self) -> Vec<Value> {
+        let report = self
+            .request(r#"{"request":"incidents"}"#)
+            .unwrap_or_else(|e| panic!("incidents: {e}\n{}", self.log()));
+        report["incidents"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Polls the incidents until one matches `pred` (or `timeout`).
+    pub fn wait_incident(&self, pred: impl Fn(&Value) -> bool, timeout: Duration) -> Option<Value> {
+        wait_for(timeout, || self.incidents().into_iter().find(|i| pred(i)))
+    }
+
+    /// Subscribes to the agent's event stream; events are collected in the background. Returns
+    /// once the agent says it has subscribed: every event after that is in the stream.
+    pub fn subscribe(&self) -> EventStream {
+        subscribe(&self.socket, || self.log())
+    }
+
+    /// Body of an HTTP GET on the agent's metrics address.
+    pub fn get(&self, path: &str) -> String {
+        let mut stream = TcpStream::connect(self.listen).expect("metrics port");
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+    }
+
+    pub fn metrics(&self) -> String {
+        self.get("/metrics")
+    }
+
+    /// Value of the sample whose name and labels are exactly `series` (as Prometheus prints it).
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        self.metrics().lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+    }
+
+    /// Value of the first sample of `name` whose labels include every one of `labels`.
+    pub fn metric_with(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        sample_with(&self.metrics(), name, labels)
+    }
+
+    /// SIGTERM and wait; returns the exit status code. The whole log is readable afterwards.
+    pub fn stop(&mut self) -> Option<i32> {
+        let code = self.terminate();
+        if let Some(reader) = self.log_reader.take() {
+            let _ = reader.join();
+        }
+        code
+    }
+
+    fn terminate(&mut self) -> Option<i32> {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        None
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.terminate();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Value of the first sample of `name` in a `/metrics` text whose labels include every one of
+/// `labels`.
+pub fn sample_with(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+        let (set, value) = rest.split_once("} ")?;
+        let set = format!(",{set}");
+        labels
+            .iter()
+            .all(|(k, v)| set.contains(&format!(",{k}=\"{v}\"")))
+            .then(|| value.trim().parse().ok())?
+    })
+}
+
+/// Subscribes to the event stream of the agent serving `socket`; events are collected in the
+/// background. Returns once the agent says it has subscribed: every event after that is in the
+/// stream. `log` tells what the agent said, should it never start the stream.
+pub fn subscribe(socket: &Path, log: impl Fn() -> String) -> EventStream {
+    let mut stream = UnixStream::connect(socket).expect("API socket");
+    stream.write_all(b"{\"request\":\"events\"}\n").expect("subscribe");
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    let reader = stream.try_clone().expect("clone stream");
+    let (started_tx, started) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(reader).lines().map_while(Result::ok) {
+            let Ok(v) = serde_json::from_str::<Value>(&line) else { continue };
+            if v["subscribed"] == true {
+                let _ = started_tx.send(());
+            } else {
+                sink.lock().unwrap().push(v);
+            }
+        }
+    });
+    started
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("the agent did not start the event stream\n{}", log()));
+    EventStream { events, _stream: stream }
+}
+
+/// The events of a [`subscribe`]d stream, collected in the background.
+pub struct EventStream {
+    events: Arc<Mutex<Vec<Value>>>,
+    _stream: UnixStream,
+}
+
+impl EventStream {
+    /// Waits until `count` events match `pred` (or `timeout`), then a little longer to catch any
+    /// extra ones, and returns every matching event.
+    pub fn collect(&self, pred: impl Fn(&Value) -> bool, count: usize, timeout: Duration) -> Vec<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let n = self.events.lock().unwrap().iter().filter(|e| pred(e)).count();
+            if n >= count || Instant::now() >= deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        thread::sleep(Duration::from_millis(500));
+        self.events.lock().unwrap().iter().filter(|e| pred(e)).cloned().collect()
+    }
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A pod as `kubectl get pods -o json` prints it: a Deployment's, in namespace `shop`, on
+/// `node-a`, whose container `app` has runtime id `container_id`.
+pub fn pod_json(uid: &str, name: &str, container_id: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": "shop", "uid": uid,
+            "labels": {"app": "web", "pod-template-hash": "5d8c7b9f4"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d8c7b9f4",
+                                 "uid": "11111111-2222-3333-4444-555555555555", "controller": true}]
+        },
+        "spec": {"nodeName": "node-a", "containers": [{"name": "app", "image": "app"}]},
+        "status": {"containerStatuses": [{"name": "app", "containerID": format!("containerd://{container_id}"),
+                   "image": "app", "imageID": "", "ready": true, "restartCount": 0}]}
+    })
+}
+
+/// Writes `pods` as a `kubectl get pods -o json` list to `path`, atomically (as a ConfigMap
+/// update or `kubectl ... > tmp && mv` does).
+pub fn write_pods_file(path: &Path, pods: &[Value]) {
+    let tmp = path.with_extension("tmp");
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": pods});
+    std::fs::write(&tmp, list.to_string()).expect("write pods file");
+    std::fs::rename(&tmp, path).expect("replace pods file");
+}

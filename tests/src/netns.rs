@@ -1,0 +1,125 @@
+//! Network namespaces (with the sidecar's iptables redirect) and the TCP connects tests make.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+    process::Command,
+    thread,
+    time::Duration,
+};
+
+use crate::host::run;
+
+/// A named network namespace (`ip netns add`), deleted on drop with everything in it (its
+/// iptables rules and loopback).
+pub struct NetNs {
+    pub name: String,
+}
+
+impl NetNs {
+    pub fn new(tag: &str) -> Self {
+        let name = format!("kstall-{tag}-{}", std::process::id());
+        run("ip", &["netns", "add", &name]);
+        let ns = NetNs { name };
+        ns.exec("ip", &["link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn exec(&self, cmd: &str, args: &[&str]) -> String {
+        let mut full = vec!["netns", "exec", &self.name, cmd];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    /// The sidecar's rule: nat OUTPUT REDIRECT of tcp/`from` to local port `to` (`iptables` or
+    /// `ip6tables`).
+    pub fn redirect_tcp(&self, iptables: &str, from: u16, to: u16) {
+        let (from, to) = (from.to_string(), to.to_string());
+        self.exec(
+            iptables,
+            &[
+                "-t",
+                "nat",
+                "-A",
+                "OUTPUT",
+                "-p",
+                "tcp",
+                "--dport",
+                &from,
+                "-j",
+                "REDIRECT",
+                "--to-ports",
+                &to,
+            ],
+        );
+    }
+
+    pub fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.name)
+    }
+
+    /// The namespace's inode: what kstall reports as `netns`.
+    pub fn inode(&self) -> u64 {
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(self.path()).expect("netns file"))
+    }
+
+    /// Runs `f` on a thread that has entered this namespace (setns is per thread).
+    pub fn run_inside<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        self.spawn_inside(f).join().expect("netns thread")
+    }
+
+    /// Starts `f` on a thread that has entered this namespace, in the background.
+    pub fn spawn_inside<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> thread::JoinHandle<T> {
+        let file = std::fs::File::open(self.path()).expect("open netns");
+        thread::spawn(move || {
+            // SAFETY: valid fd; CLONE_NEWNET only affects this thread.
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            f()
+        })
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// Inode of the root network namespace (the test process's own).
+pub fn own_netns_inode() -> u64 {
+    std::os::unix::fs::MetadataExt::ino(&std::fs::metadata("/proc/self/ns/net").expect("own netns"))
+}
+
+/// `n` TCP connects to `addr`, each of which must be refused (answered with a RST).
+pub fn refused_connects(addr: SocketAddr, n: usize) {
+    for i in 0..n {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+            other => panic!("connect #{i} to {addr}: expected a refusal (RST), got {other:?}"),
+        }
+    }
+}
+
+/// A local TCP port nothing listens on, outside the ephemeral range (so kstall labels it).
+pub fn closed_low_port() -> u16 {
+    (20000..30000)
+        .find(|&p| TcpListener::bind((Ipv4Addr::LOCALHOST, p)).is_ok())
+        .expect("a free port between 20000 and 30000")
+}
+
+/// Packets that matched the nat OUTPUT rule for `--dport port` in `ns`: the kernel's own count of
+/// redirected connections (only a connection's first packet traverses the nat table).
+pub fn nat_rule_packets(ns: &NetNs, iptables: &str, port: u16) -> u64 {
+    let listing = ns.exec(iptables, &["-t", "nat", "-L", "OUTPUT", "-v", "-x", "-n"]);
+    listing
+        .lines()
+        .find(|l| l.contains("REDIRECT") && l.contains(&format!("dpt:{port}")))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no REDIRECT rule for port {port} in:\n{listing}"))
+}
