@@ -1,7 +1,8 @@
-//! A real `kstall agent` run by a test, and what it answers: status, incidents, metrics, events;
-//! the pods file it reads pod names from.
+//! A real `kstall agent` run by a test, and what it answers: status, incidents, metrics, events,
+//! the programs it holds; the pods file it reads pod names from.
 
 use std::{
+    collections::BTreeSet,
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
     os::unix::net::UnixStream,
@@ -14,7 +15,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::host::wait_for;
+use crate::{bpf, host::wait_for};
 
 /// The release agent: `KSTALL_BIN`, or target/release/kstall of this workspace.
 pub fn agent_binary() -> PathBuf {
@@ -87,6 +88,11 @@ impl Agent {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Ids of the BPF programs the agent holds (see [`bpf::program_ids_of`]).
+    pub fn program_ids(&self) -> BTreeSet<u64> {
+        bpf::program_ids_of(self.pid())
     }
 
     fn request(&self, line: &str) -> std::io::Result<Value> {

@@ -1,6 +1,9 @@
-//! The kernel's BPF programs: the agent's, by name, and whether released ones are gone.
+//! The kernel's BPF programs: which ones a process holds, which are loaded (as bpftool lists
+//! them), and whether released ones are gone.
 
 use std::{
+    collections::BTreeSet,
+    io::ErrorKind,
     thread,
     time::{Duration, Instant},
 };
@@ -9,32 +12,38 @@ use serde_json::Value;
 
 use crate::host::run;
 
-/// The agent's programs, by the 15 characters of their names the kernel keeps.
-pub const AGENT_PROGRAMS: [&str; 11] = [
-    "tcp_send_reset",
-    "tcp_receive_res",
-    "sched_process_h",
-    "mark_victim",
-    "nfs_xprt_retran",
-    "nfs_rpc_timeout",
-    "nfs_rpc_socket_",
-    "nfs_rpc_socket_",
-    "nfs_rpc_socket_",
-    "nfs_xprt_lookup",
-    "nfs4_state_mgr_",
-];
+/// Ids of the BPF programs process `pid` holds, in the kernel's own view of it: each program fd
+/// and link fd has a `prog_id:` line in `/proc/<pid>/fdinfo/<fd>`. An fd closed while they are
+/// read is skipped; no such process is an empty set.
+pub fn program_ids_of(pid: u32) -> BTreeSet<u64> {
+    let dir = format!("/proc/{pid}/fdinfo");
+    let fds = match std::fs::read_dir(&dir) {
+        Ok(fds) => fds,
+        Err(e) if e.kind() == ErrorKind::NotFound => return BTreeSet::new(),
+        Err(e) => panic!("{dir}: {e}"),
+    };
+    fds.filter_map(Result::ok)
+        .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
+        .filter_map(|fdinfo| prog_id(&fdinfo))
+        .collect()
+}
 
-/// Ids of the kernel's programs that carry the agent's program names.
-pub fn agent_program_ids() -> std::collections::BTreeSet<u64> {
-    bpf_programs(&AGENT_PROGRAMS).iter().filter_map(|p| p["id"].as_u64()).collect()
+/// The `prog_id` of an fdinfo: a BPF program's or link's.
+fn prog_id(fdinfo: &str) -> Option<u64> {
+    fdinfo.lines().find_map(|line| line.strip_prefix("prog_id:")?.trim().parse().ok())
+}
+
+/// Ids of every BPF program loaded in the kernel.
+pub fn loaded_program_ids() -> BTreeSet<u64> {
+    bpftool_programs().iter().filter_map(|p| p["id"].as_u64()).collect()
 }
 
 /// Which of `ids` are still loaded 5 s on (the kernel frees a released program after an RCU
 /// grace period).
-pub fn still_loaded_after_grace(ids: &std::collections::BTreeSet<u64>) -> Vec<u64> {
+pub fn still_loaded_after_grace(ids: &BTreeSet<u64>) -> Vec<u64> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let left: Vec<u64> = agent_program_ids().intersection(ids).copied().collect();
+        let left: Vec<u64> = loaded_program_ids().intersection(ids).copied().collect();
         if left.is_empty() || Instant::now() > deadline {
             return left;
         }
@@ -44,13 +53,45 @@ pub fn still_loaded_after_grace(ids: &std::collections::BTreeSet<u64>) -> Vec<u6
 
 /// BPF programs whose (15-character) kernel name starts with one of `names`, as bpftool's JSON.
 pub fn bpf_programs(names: &[&str]) -> Vec<Value> {
+    bpftool_programs()
+        .into_iter()
+        .filter(|p| names.iter().any(|n| p["name"].as_str().is_some_and(|s| s.starts_with(n))))
+        .collect()
+}
+
+/// `bpftool prog show --json`: every loaded program.
+fn bpftool_programs() -> Vec<Value> {
     let progs: Value =
         serde_json::from_str(&run("bpftool", &["prog", "show", "--json"])).expect("bpftool json");
-    progs
-        .as_array()
-        .expect("bpftool prints an array")
-        .iter()
-        .filter(|p| names.iter().any(|n| p["name"].as_str().is_some_and(|s| s.starts_with(n))))
-        .cloned()
-        .collect()
+    progs.as_array().expect("bpftool prints an array").clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_or_link_fdinfo_names_its_program() {
+        let prog = "pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1057\nprog_type:\t26\nprog_jited:\t1\n\
+                    prog_tag:\t4ee3c3ff8fe5f6d2\nmemlock:\t4096\nprog_id:\t412\nrun_time_ns:\t0\nrun_cnt:\t0\n";
+        let link = "pos:\t0\nflags:\t02000000\nmnt_id:\t15\nino:\t1057\nlink_type:\ttracing\nlink_id:\t37\n\
+                    prog_tag:\t4ee3c3ff8fe5f6d2\nprog_id:\t412\nattach_type:\t24\n";
+        assert_eq!(prog_id(prog), Some(412));
+        assert_eq!(prog_id(link), Some(412));
+    }
+
+    #[test]
+    fn other_fds_name_no_program() {
+        let map = "pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1057\nmap_type:\t27\nkey_size:\t0\n\
+                   value_size:\t0\nmax_entries:\t262144\nmap_flags:\t0x0\nmap_extra:\t0x0\nmemlock:\t266240\n\
+                   map_id:\t88\nfrozen:\t0\n";
+        assert_eq!(prog_id(map), None);
+        assert_eq!(prog_id("pos:\t0\nflags:\t0100002\nmnt_id:\t25\nino:\t3\n"), None);
+    }
+
+    #[test]
+    fn a_process_without_programs_or_without_a_process_holds_none() {
+        assert_eq!(program_ids_of(std::process::id()), BTreeSet::new());
+        assert_eq!(program_ids_of(u32::MAX), BTreeSet::new());
+    }
 }

@@ -1,4 +1,4 @@
-//! The host the tests run on: commands, polling and sysctls.
+//! The host the tests run on: commands, polling, sysctls and processes.
 
 use std::{
     path::{Path, PathBuf},
@@ -46,5 +46,36 @@ impl Sysctl {
 impl Drop for Sysctl {
     fn drop(&mut self) {
         let _ = std::fs::write(&self.path, &self.previous);
+    }
+}
+
+/// Pids of the running children of process `pid` (their parent pid in `/proc/<child>/stat`).
+pub fn child_pids(pid: u32) -> Vec<u32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
+    procs
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&child| {
+            // The parent pid is the second field after the command name, which may hold spaces
+            // and parentheses: it ends at the last ')'.
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else { return false };
+            let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1));
+            ppid.and_then(|p| p.parse::<u32>().ok()) == Some(pid)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_is_found_by_its_parent() {
+        let mut child = Command::new("sleep").arg("30").spawn().expect("sleep");
+        let children = child_pids(std::process::id());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(children.contains(&child.id()), "{} not among {children:?}", child.id());
+        assert_eq!(child_pids(u32::MAX), Vec::<u32>::new());
     }
 }

@@ -3,6 +3,7 @@
 //! concurrent captures get everything while a client that never reads is cut off.
 
 use std::{
+    collections::BTreeSet,
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{Ipv4Addr, SocketAddr},
     os::unix::net::UnixStream,
@@ -14,9 +15,9 @@ use std::{
 
 use kstall_tests::{
     agent::{Agent, agent_binary, pod_json, write_pods_file},
-    bpf::{agent_program_ids, still_loaded_after_grace},
+    bpf::{loaded_program_ids, program_ids_of, still_loaded_after_grace},
     cgroup::{Cgroup, PodProcess},
-    host::wait_for,
+    host::{child_pids, wait_for},
     kernel_tests_can_run,
     netns::{NetNs, refused_connects},
 };
@@ -251,7 +252,6 @@ fn a_standalone_capture_leaves_nothing_attached() {
     if !kernel_tests_can_run("a_standalone_capture_leaves_nothing_attached") {
         return;
     }
-    let before = agent_program_ids();
     let netns = NetNs::new("trace-alone");
     netns.redirect_tcp("iptables", 2049, 15001);
     // It ends at its count: 16 redirected NFS connects, a sent and a received reset each.
@@ -305,6 +305,14 @@ fn a_standalone_capture_leaves_nothing_attached() {
         .collect();
     assert_eq!(up, ["tcp-reset"], "{status:#}");
     assert_eq!(received(&status), 30, "kernel-filtered: only 2049's of 62 resets reached the agent");
+    // The capture's programs, taken while it runs: `kstall trace` holds them in the standalone
+    // agent it started, its child.
+    let trace = capture.child.id();
+    let held: BTreeSet<u64> =
+        std::iter::once(trace).chain(child_pids(trace)).flat_map(program_ids_of).collect();
+    assert!(held.len() >= up.len(), "the capture holds programs {held:?} for probes {up:?}");
+    let unlisted: Vec<u64> = held.difference(&loaded_program_ids()).copied().collect();
+    assert!(unlisted.is_empty(), "programs the capture holds that bpftool does not list: {unlisted:?}");
     netns.run_inside(|| refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)), 1));
     let (code, events, stderr) = capture.lines();
     assert_eq!(code, Some(0), "{stderr}");
@@ -322,9 +330,6 @@ fn a_standalone_capture_leaves_nothing_attached() {
             "{e}"
         );
     }
-    let loaded: std::collections::BTreeSet<u64> = agent_program_ids().difference(&before).copied().collect();
-    assert!(
-        still_loaded_after_grace(&loaded).is_empty(),
-        "programs left attached after the capture: {loaded:?}"
-    );
+    let left = still_loaded_after_grace(&held);
+    assert!(left.is_empty(), "programs left attached after the capture: {left:?}");
 }
