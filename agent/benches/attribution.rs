@@ -155,7 +155,7 @@ fn attribution(c: &mut Criterion) {
         bytes as f64 / (1024.0 * 1024.0)
     );
 
-    let decoder = Decoder::new();
+    let decoder = Decoder::default();
     let resets: Vec<_> = (0..PODS).map(|p| decoder.decode(&reset_record(NETNS_BASE + p)).unwrap()).collect();
     // SAFETY: a plain-integer record; all zeroes is valid.
     let mut hung: kstall_common::hung_task::HungTaskEvent = unsafe { std::mem::zeroed() };

@@ -7,7 +7,7 @@ use std::{hint::black_box, sync::Arc};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kstall::{
     events::Decoder,
-    probes::hung_task::Clock,
+    probes::{Decoding, hung_task::Clock},
     symbols::{SymbolTable, Symbols},
 };
 use kstall_common::{
@@ -174,9 +174,11 @@ fn reset_event() -> Vec<u8> {
 }
 
 fn event_path(c: &mut Criterion) {
-    let mut decoder = Decoder::new();
-    decoder.symbols = Arc::new(symbols());
-    decoder.clock = Clock { hz: Some(250) };
+    let decoder = Decoder::new(Decoding {
+        symbols: Arc::new(symbols()),
+        clock: Clock { hz: Some(250) },
+        ..Default::default()
+    });
 
     let mut group = c.benchmark_group("decode+symbolize+classify");
     group.throughput(Throughput::Elements(1));

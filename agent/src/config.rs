@@ -154,13 +154,6 @@ pub enum LogFormat {
     Json,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TcpResetHook {
-    Auto,
-    TcpSendReset,
-    KfreeSkb,
-}
-
 /// The source of pod names, namespaces and workloads.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PodMetadata {
@@ -177,13 +170,10 @@ pub enum PodMetadata {
 pub struct Config {
     pub listen: SocketAddr,
     pub api_socket: PathBuf,
-    pub probes: Vec<String>,
-    pub ring_buffer_bytes: u32,
+    pub probes: probes::Settings,
     pub log_format: LogFormat,
     pub log_level: String,
-    pub tcp_reset_hook: TcpResetHook,
     pub hung_task_timeout_secs: Option<u64>,
-    pub critical_comms: Vec<String>,
     pub record_raw: Option<PathBuf>,
     pub pod_metadata: PodMetadata,
     pub node_name: String,
@@ -191,7 +181,6 @@ pub struct Config {
     pub pod_retention: Duration,
     pub incidents: crate::incidents::Settings,
     pub alertmanager_urls: Vec<String>,
-    pub capture: kstall_common::capture::CaptureFilter,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -260,9 +249,9 @@ impl Config {
             .map_err(|e| invalid("log_level", format!("{log_level:?}: {e}")))?;
 
         let tcp_reset_hook = match args.tcp_reset_hook.or(file.tcp_reset_hook).as_deref() {
-            None | Some("auto") => TcpResetHook::Auto,
-            Some("tcp-send-reset") => TcpResetHook::TcpSendReset,
-            Some("kfree-skb") => TcpResetHook::KfreeSkb,
+            None | Some("auto") => probes::tcp_reset::Hook::Auto,
+            Some("tcp-send-reset") => probes::tcp_reset::Hook::TcpSendReset,
+            Some("kfree-skb") => probes::tcp_reset::Hook::KfreeSkb,
             Some(other) => {
                 return Err(invalid(
                     "tcp_reset_hook",
@@ -363,22 +352,24 @@ impl Config {
         };
 
         Ok(Config {
-            capture,
+            probes: probes::Settings {
+                enabled: probes,
+                ring_buffer_bytes,
+                tcp_reset_hook,
+                critical_comms,
+                capture,
+            },
             alertmanager_urls,
             incidents,
             pod_metadata,
             node_name,
             pod_labels,
             pod_retention,
-            critical_comms,
             record_raw: args.record_raw.or(file.record_raw),
             listen,
             api_socket,
-            probes,
-            ring_buffer_bytes,
             log_format,
             log_level,
-            tcp_reset_hook,
             hung_task_timeout_secs,
         })
     }
@@ -565,11 +556,11 @@ mod tests {
         let c = resolve(AgentArgs::default()).unwrap();
         assert_eq!(c.listen, "127.0.0.1:9700".parse().unwrap());
         assert_eq!(c.api_socket, PathBuf::from("/run/kstall/kstall.sock"));
-        assert_eq!(c.probes, vec!["tcp-reset", "hung-task", "oom", "nfs"]);
-        assert!(c.critical_comms.iter().any(|c| c == "kubelet"));
+        assert_eq!(c.probes.enabled, vec!["tcp-reset", "hung-task", "oom", "nfs"]);
+        assert!(c.probes.critical_comms.iter().any(|c| c == "kubelet"));
         assert_eq!(c.hung_task_timeout_secs, None, "the sysctl is left alone unless asked");
-        assert_eq!(c.ring_buffer_bytes, 1 << 20);
-        assert_eq!(c.tcp_reset_hook, TcpResetHook::Auto);
+        assert_eq!(c.probes.ring_buffer_bytes, 1 << 20);
+        assert_eq!(c.probes.tcp_reset_hook, probes::tcp_reset::Hook::Auto);
     }
 
     #[test]
@@ -707,7 +698,7 @@ mod tests {
         let f = file("listen = \"127.0.0.1:9800\"\nring_buffer_bytes = 262144\nprobes = [\"tcp-reset\"]\n");
         let c = resolve(AgentArgs { config: Some(f.path().into()), ..Default::default() }).unwrap();
         assert_eq!(c.listen.port(), 9800);
-        assert_eq!(c.ring_buffer_bytes, 262144);
+        assert_eq!(c.probes.ring_buffer_bytes, 262144);
         let c = resolve(AgentArgs {
             config: Some(f.path().into()),
             listen: Some("127.0.0.1:9900".into()),

@@ -1,6 +1,11 @@
-//! Facts about the running kernel the agent needs outside the probes.
+//! Facts about the running kernel and node the agent needs outside the probes: release, tick
+//! rate, capabilities, the hung-task detector's setting, clocks, memory, the ephemeral port range.
+//! A leaf: it knows nothing else of the agent.
 
-use std::time::{Duration, Instant};
+use std::{
+    ops::RangeInclusive,
+    time::{Duration, Instant},
+};
 
 use aya::programs::{RawTracePoint, RawTracePointRunOptions, TestRun as _};
 
@@ -191,6 +196,50 @@ impl Drop for HungTaskTimeout {
     }
 }
 
+/// Wall-clock now, in the unit of `Header::time_unix_ns`.
+pub fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64
+}
+
+/// `CLOCK_REALTIME - CLOCK_BOOTTIME`: turns `bpf_ktime_get_boot_ns` stamps into wall time.
+pub fn boot_to_unix_offset_ns() -> i128 {
+    fn now(clock: libc::clockid_t) -> i128 {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: valid clock id and out pointer.
+        unsafe { libc::clock_gettime(clock, &mut ts) };
+        i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
+    }
+    now(libc::CLOCK_REALTIME) - now(libc::CLOCK_BOOTTIME)
+}
+
+/// The node's ephemeral port range (`net.ipv4.ip_local_port_range`), Linux's default if unreadable.
+pub fn ephemeral_port_range() -> RangeInclusive<u16> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| parse_port_range(&s))
+        .unwrap_or(32768..=60999)
+}
+
+fn parse_port_range(text: &str) -> Option<RangeInclusive<u16>> {
+    let mut it = text.split_whitespace().map(str::parse::<u16>);
+    let (lo, hi) = (it.next()?.ok()?, it.next()?.ok()?);
+    (lo <= hi).then_some(lo..=hi)
+}
+
+/// `MemTotal` from `<proc>/meminfo`, in bytes (`proc` is `/proc` but for tests).
+pub fn mem_total_bytes(proc: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read_to_string(proc.join("meminfo")).ok()?;
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,5 +270,12 @@ mod tests {
         assert_eq!(snap_tick_rate(51.0 / 0.2), 250);
         assert_eq!(snap_tick_rate(59.0 / 0.2), 300);
         assert_eq!(snap_tick_rate(201.0 / 0.2), 1000);
+    }
+
+    #[test]
+    fn port_range_parsing() {
+        assert_eq!(parse_port_range("32768\t60999\n"), Some(32768..=60999));
+        assert_eq!(parse_port_range("x"), None);
+        assert_eq!(parse_port_range("5 4"), None);
     }
 }

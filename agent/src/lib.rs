@@ -1,16 +1,21 @@
-//! kstall's agent: probes, decoding, hung-task state, metrics, the API and the CLI commands.
-//! `main.rs` is only the command line; `benches/` measure the event path through this library.
+//! kstall's agent: probes, decoding, attribution, the stuck-task set, incidents, metrics, the API
+//! and the CLI commands. `main.rs` is only the command line; `benches/` measure the event path
+//! through this library. docs/architecture.md has the map; imports point one way (from `daemon`
+//! down to `decode`/`kernel`), checked by `cargo xtask imports`.
 
 pub mod api;
 pub mod attribution;
 pub mod cli;
 pub mod config;
 mod daemon;
+pub mod decode;
 pub mod events;
 pub mod export;
-pub mod hung_tasks;
 pub mod incidents;
 mod kernel;
 pub mod kernel_btf;
+pub mod pipeline;
 pub mod probes;
+pub mod state;
+pub mod stuck;
 pub mod symbols;

@@ -9,6 +9,7 @@ mod build;
 mod dashboards;
 mod deploy;
 mod image;
+mod imports;
 mod libtest;
 mod repeat;
 mod run;
@@ -53,6 +54,8 @@ enum Command {
     /// Regenerate deploy/'s generated files: the PrometheusRule (from the alerting rules) and the
     /// Grafana dashboards' kustomization (from deploy/grafana/*.json).
     Deploy,
+    /// The agent's module graph from its source: its layers, or the import circles and why.
+    Imports,
     /// Bootstrap, build, then the benchmarks (root): a reset storm through a real agent.
     Bench,
     /// Write the Grafana dashboards, deploy/grafana/*.json, from their generator.
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         Command::Test { repeat, no_matrix } => test::run(repeat, !no_matrix),
         Command::Image => image::run(),
         Command::Deploy => deploy::run(),
+        Command::Imports => imports::run(),
         Command::Bench => bench::run(),
         Command::Dashboards => dashboards::run(),
         Command::VmTest { kernels, repeat } => vm::run(&kernels, repeat),

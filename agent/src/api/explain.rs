@@ -1,5 +1,5 @@
 //! `kstall explain pod`: everything the agent knows about one pod now, gathered from what it
-//! already keeps — the attribution index (cgroups, containers, network namespaces), the hung
+//! already keeps — the attribution index (cgroups, containers, network namespaces), the stuck
 //! tasks, the pod's metric series (resets, RPC errors, OOM kills), the incidents — plus the next
 //! step. Nothing is read from the kernel or /proc to answer.
 
@@ -9,8 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     attribution::{Attribution, Index},
-    hung_tasks::HungTaskTracker,
     incidents::{Incident, State},
+    kernel,
+    state::{AgentState, lock},
+    stuck::StuckTask,
 };
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -42,6 +44,27 @@ pub struct StuckTaskNow {
     pub wait: String,
     pub blocked_secs: Option<u64>,
     pub stack: Vec<String>,
+}
+
+/// What the agent knows of pod `query` (name or UID, in `namespace` when given), or the error
+/// naming close matches.
+pub fn pod(state: &AgentState, query: &str, namespace: Option<&str>) -> Result<PodExplanation, String> {
+    let index = state.attribution.borrow().clone();
+    let pod = find(&index, query, namespace)?;
+    let incidents: Vec<_> = lock(&state.incidents)
+        .incidents()
+        .into_iter()
+        .filter(|i| {
+            i.pod_uid == pod.pod_uid
+                || (!pod.pod.is_empty() && i.pod == pod.pod && i.namespace == pod.namespace)
+        })
+        .collect();
+    let activity = state.metrics.pod_activity(&pod.namespace, &pod.pod);
+    let stuck = match pod.pod_uid.as_deref() {
+        Some(uid) => lock(&state.stuck).of_pod(uid, kernel::unix_now_ns()),
+        None => Vec::new(),
+    };
+    Ok(explain(&index, pod, stuck, activity, incidents))
 }
 
 /// The pod `query` (name or UID, in `namespace` when given), or the error naming close matches.
@@ -81,7 +104,7 @@ pub fn find<'a>(index: &'a Index, query: &str, namespace: Option<&str>) -> Resul
 pub fn explain(
     index: &Index,
     pod: &Attribution,
-    hung: &HungTaskTracker,
+    stuck: Vec<StuckTask>,
     activity: Vec<String>,
     incidents: Vec<Incident>,
 ) -> PodExplanation {
@@ -105,16 +128,15 @@ pub fn explain(
         .collect();
     netns.sort_unstable();
     netns.dedup();
-    let stuck_tasks: Vec<StuckTaskNow> = hung
-        .of_pod(&uid)
+    let stuck_tasks: Vec<StuckTaskNow> = stuck
         .into_iter()
-        .map(|(header, task)| StuckTaskNow {
-            pid: header.tgid,
-            tid: header.pid,
-            comm: header.comm.clone(),
+        .map(|task| StuckTaskNow {
+            pid: task.pid,
+            tid: task.tid,
+            comm: task.comm,
             wait: task.wait.as_str().to_string(),
-            blocked_secs: task.blocked_secs,
-            stack: task.stack.texts().take(12).collect(),
+            blocked_secs: Some(task.blocked_secs),
+            stack: task.stack,
         })
         .collect();
     let firing: Vec<&Incident> = incidents.iter().filter(|i| i.state == State::Firing).collect();
@@ -202,13 +224,7 @@ mod tests {
     fn gathers_what_is_known() {
         let index = index();
         let pod = find(&index, "web-1", None).unwrap();
-        let x = explain(
-            &index,
-            pod,
-            &HungTaskTracker::default(),
-            vec!["kstall_tcp_resets_total{...} 3".into()],
-            vec![],
-        );
+        let x = explain(&index, pod, vec![], vec!["kstall_tcp_resets_total{...} 3".into()], vec![]);
         assert_eq!(x.containers, [("app".to_string(), "c1".to_string())]);
         assert_eq!((x.cgroup_ids.as_slice(), x.netns.as_slice()), (&[10, 11][..], &[4026532999][..]));
         assert_eq!(x.next_step, "Nothing kstall sees is holding this pod.");

@@ -3,7 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::events::{Event, Payload};
+use crate::{
+    attribution::{Attributed, Attribution},
+    events::Payload,
+};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -24,15 +27,14 @@ pub struct TraceFilter {
 }
 
 impl TraceFilter {
-    pub fn matches(&self, event: &Event) -> bool {
+    pub fn matches(&self, attributed: &Attributed) -> bool {
+        let (event, who) = (&attributed.event, &*attributed.who);
         if !self.probes.is_empty() && !self.probes.iter().any(|p| p == event.header.probe) {
             return false;
         }
-        let who = event.attribution.as_deref();
-        let field = |get: fn(&crate::attribution::Attribution) -> Vec<&str>, want: &Option<String>| match want
-        {
+        let field = |get: fn(&Attribution) -> Vec<&str>, want: &Option<String>| match want {
             None => true,
-            Some(want) => who.is_some_and(|a| get(a).iter().any(|v| !v.is_empty() && v == want)),
+            Some(want) => get(who).iter().any(|v| !v.is_empty() && v == want),
         };
         if !field(|a| vec![&a.namespace], &self.namespace)
             || !field(|a| vec![&a.pod, a.pod_uid.as_deref().unwrap_or("")], &self.pod)
@@ -78,21 +80,17 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::{
-        attribution::Attribution,
-        events::Decoder,
-        probes::{bytes_of, tcp_reset::tests::redirected_syn_reset},
-    };
+    use crate::{decode::bytes_of, events::Decoder, probes::tcp_reset::tests::redirected_syn_reset};
 
-    fn reset() -> Event {
-        let mut e = Decoder::new().decode(&bytes_of(&redirected_syn_reset())).unwrap();
-        e.attribution = Some(Arc::new(Attribution {
+    fn reset() -> Attributed {
+        let event = Decoder::default().decode(&bytes_of(&redirected_syn_reset())).unwrap();
+        let who = Arc::new(Attribution {
             namespace: "shop".into(),
             pod: "web-1".into(),
             pod_uid: Some("u-1".into()),
             ..Default::default()
-        }));
-        e
+        });
+        Attributed { event, who }
     }
 
     fn filter(json: &str) -> TraceFilter {

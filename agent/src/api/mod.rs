@@ -5,11 +5,12 @@
 
 pub mod explain;
 pub mod filter;
+pub mod http;
 pub mod server;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{attribution::pods::SourceHealth, incidents::Incident, probes::ProbeStatus};
+use crate::{attribution::pods::SourceHealth, incidents::Incident, probes::plan::ProbeStatus};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "request", rename_all = "snake_case")]

@@ -6,101 +6,55 @@ use std::{
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
     sync::Arc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use tokio::{
     io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader},
     net::{UnixListener, UnixStream},
-    sync::{broadcast, watch},
+    sync::broadcast,
 };
 use tokio_util::sync::CancellationToken;
 
 use super::{
     AttributionReport, ErrorReply, IncidentsReport, ProbeReport, Request, StatusReport, StreamStarted,
-    explain::{self, PodExplanation},
-    filter::TraceFilter,
+    explain, filter::TraceFilter,
 };
+use crate::state::{AgentState, lock};
 
 /// A client whose event stream cannot be written for this long is disconnected.
 const STALLED_CLIENT: Duration = Duration::from_secs(5);
-use crate::{
-    attribution::{Index, pods::Health},
-    events::Event,
-    export::metrics::Metrics,
-    hung_tasks::HungTaskTracker,
-    incidents::engine::Engine,
-    probes::ProbeStatus,
-};
 
-/// What the API reads from the running agent.
-pub struct AgentState {
-    pub started: Instant,
-    pub kernel: String,
-    /// Shared with the task that attaches probes late (NFS).
-    pub probes: std::sync::Arc<std::sync::Mutex<Vec<ProbeStatus>>>,
-    pub metrics: Arc<Metrics>,
-    pub events: broadcast::Sender<Arc<Event>>,
-    pub attribution: watch::Receiver<Arc<Index>>,
-    pub pod_source: Health,
-    pub retention: Duration,
-    pub incidents: Arc<std::sync::Mutex<Engine>>,
-    pub hung: Arc<std::sync::Mutex<HungTaskTracker>>,
+pub fn status(state: &AgentState) -> StatusReport {
+    StatusReport {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        kernel: state.kernel.clone(),
+        uptime_secs: state.started.elapsed().as_secs(),
+        probes: lock(&state.probes)
+            .iter()
+            .map(|s| {
+                let (events, lost) = state.counts.of(&s.name);
+                ProbeReport { status: s.clone(), events, lost }
+            })
+            .collect(),
+        attribution: {
+            let index = state.attribution.borrow();
+            AttributionReport {
+                source: state.pod_source.get(),
+                pods: index.pods,
+                deleted_pods: index.deleted_pods,
+                retention_secs: state.retention.as_secs(),
+                cgroups: index.by_cgroup.len(),
+                pod_namespaces: index.by_netns.values().filter(|a| a.pod_uid.is_some()).count(),
+                v1_pod_processes: index.by_process.len(),
+            }
+        },
+    }
 }
 
-impl AgentState {
-    pub fn explain_pod(&self, query: &str, namespace: Option<&str>) -> Result<PodExplanation, String> {
-        let index = self.attribution.borrow().clone();
-        let pod = explain::find(&index, query, namespace)?;
-        let incidents: Vec<_> = self
-            .incidents()
-            .incidents
-            .into_iter()
-            .filter(|i| {
-                i.pod_uid == pod.pod_uid
-                    || (!pod.pod.is_empty() && i.pod == pod.pod && i.namespace == pod.namespace)
-            })
-            .collect();
-        let activity = self.metrics.pod_activity(&pod.namespace, &pod.pod);
-        let hung = self.hung.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        Ok(explain::explain(&index, pod, &hung, activity, incidents))
-    }
-
-    pub fn incidents(&self) -> IncidentsReport {
-        let engine = self.incidents.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        IncidentsReport { incidents: engine.incidents() }
-    }
-
-    pub fn status(&self) -> StatusReport {
-        StatusReport {
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            kernel: self.kernel.clone(),
-            uptime_secs: self.started.elapsed().as_secs(),
-            probes: self
-                .probes
-                .lock()
-                .expect("probe statuses")
-                .iter()
-                .map(|s| ProbeReport {
-                    status: s.clone(),
-                    events: self.metrics.events(&s.name),
-                    lost: self.metrics.lost(&s.name),
-                })
-                .collect(),
-            attribution: {
-                let index = self.attribution.borrow();
-                AttributionReport {
-                    source: self.pod_source.get(),
-                    pods: index.pods,
-                    deleted_pods: index.deleted_pods,
-                    retention_secs: self.retention.as_secs(),
-                    cgroups: index.by_cgroup.len(),
-                    pod_namespaces: index.by_netns.values().filter(|a| a.pod_uid.is_some()).count(),
-                    v1_pod_processes: index.by_process.len(),
-                }
-            },
-        }
-    }
+/// Firing incidents, then recently resolved ones.
+pub fn incidents(state: &AgentState) -> IncidentsReport {
+    IncidentsReport { incidents: lock(&state.incidents).incidents() }
 }
 
 /// Binds the socket: creates its directory, replaces a stale socket, refuses to steal a live one.
@@ -154,14 +108,16 @@ async fn handle(stream: UnixStream, state: Arc<AgentState>, shutdown: Cancellati
         _ => return,
     };
     let result = match request {
-        Ok(Request::Status) => write_json(&mut write, &state.status()).await,
+        Ok(Request::Status) => write_json(&mut write, &status(&state)).await,
         Ok(Request::Events) => stream_events(&mut write, &state, &TraceFilter::default(), &shutdown).await,
         Ok(Request::Trace { filter }) => stream_events(&mut write, &state, &filter, &shutdown).await,
-        Ok(Request::Incidents) => write_json(&mut write, &state.incidents()).await,
-        Ok(Request::ExplainPod { pod, namespace }) => match state.explain_pod(&pod, namespace.as_deref()) {
-            Ok(explanation) => write_json(&mut write, &explanation).await,
-            Err(error) => write_json(&mut write, &ErrorReply { error }).await,
-        },
+        Ok(Request::Incidents) => write_json(&mut write, &incidents(&state)).await,
+        Ok(Request::ExplainPod { pod, namespace }) => {
+            match explain::pod(&state, &pod, namespace.as_deref()) {
+                Ok(explanation) => write_json(&mut write, &explanation).await,
+                Err(error) => write_json(&mut write, &ErrorReply { error }).await,
+            }
+        }
         Err(e) => write_json(&mut write, &ErrorReply { error: format!("bad request: {e}") }).await,
     };
     if let Err(e) = result {

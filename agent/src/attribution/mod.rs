@@ -8,7 +8,8 @@
 //! - [`resolver`]: the background task that keeps all of that current and publishes an [`Index`].
 //!
 //! The event path only reads the published [`Index`]: a hash-map hit. A miss is answered by the
-//! resolver off the event path while the event waits a bounded time (see `daemon.rs`).
+//! resolver off the event path while the event waits a bounded time (`pipeline.rs`). What leaves
+//! the pipeline is [`Attributed`]: an event and who it is about, always both.
 
 pub mod cgroup;
 pub mod netns;
@@ -24,6 +25,40 @@ use serde::Serialize;
 
 use self::cgroup::{Qos, Workload};
 use crate::events::{Event, Payload};
+
+/// An event and who it is about: what everything after the pipeline sees. `who` is the host or
+/// nobody (all empty) when kstall could not tell, never missing.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Attributed {
+    #[serde(flatten)]
+    pub event: Event,
+    #[serde(flatten)]
+    pub who: Arc<Attribution>,
+}
+
+impl Attributed {
+    /// Neither a pod nor the host: the resolver had no answer.
+    pub fn unattributed(&self) -> bool {
+        self.who.pod_uid.is_none() && !self.who.host
+    }
+}
+
+/// The node's memory against what its pods may use (incident 2's overcommit), after each walk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeMemory {
+    /// Sum of the pods' memory limits (pod cgroups; pods without a limit add nothing).
+    pub pod_limits_bytes: u64,
+    /// `MemTotal`.
+    pub node_bytes: u64,
+}
+
+impl NodeMemory {
+    /// Pod limits over node memory; `None` while either is unknown.
+    pub fn overcommit(&self) -> Option<f64> {
+        (self.pod_limits_bytes > 0 && self.node_bytes > 0)
+            .then(|| self.pod_limits_bytes as f64 / self.node_bytes as f64)
+    }
+}
 
 /// The labels an event carries. Every field is always present in JSON and metrics, empty when
 /// unknown, so a dashboard can tell apart a host process (`host: true`, pod empty) from an event
@@ -125,9 +160,7 @@ pub struct Index {
     pub deleted_pods: usize,
     /// (namespace, name) of every pod kstall can still name: the metrics of any other are removed.
     pub named_pods: HashSet<(String, String)>,
-    /// Sum of the pods' memory limits and the node's memory: incident 2's overcommit.
-    pub pod_memory_limit_bytes: u64,
-    pub node_memory_bytes: u64,
+    pub memory: NodeMemory,
 }
 
 impl Index {
@@ -218,15 +251,12 @@ pub fn attribute(workload: &Workload, meta: Option<&pods::PodMeta>, deleted: boo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        events::Decoder,
-        probes::{bytes_of, tcp_reset::tests::redirected_syn_reset},
-    };
+    use crate::{decode::bytes_of, events::Decoder, probes::tcp_reset::tests::redirected_syn_reset};
 
     fn reset_in(netns: u32) -> Event {
         let mut raw = redirected_syn_reset();
         raw.header.netns_ino = netns;
-        Decoder::new().decode(&bytes_of(&raw)).unwrap()
+        Decoder::default().decode(&bytes_of(&raw)).unwrap()
     }
 
     fn pod(uid: &str, name: &str) -> Arc<Attribution> {

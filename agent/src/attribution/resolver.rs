@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Attribution, Index, Key, Via, attribute,
+    Attribution, Index, Key, NodeMemory, Via, attribute,
     cgroup::{self, Hierarchies, Workload},
     netns,
     pods::{PodStore, PodUpdate},
@@ -88,7 +88,7 @@ impl Resolver {
         let pods = PodStore::new(settings.retention);
         Self {
             host_netns: netns::host(&settings.proc),
-            node_memory: node_memory(&settings.proc).unwrap_or(0),
+            node_memory: crate::kernel::mem_total_bytes(&settings.proc).unwrap_or(0),
             settings,
             cgroups: HashMap::new(),
             netns: HashMap::new(),
@@ -253,8 +253,7 @@ impl Resolver {
             pods: self.pods.len(),
             deleted_pods: self.pods.deleted(),
             named_pods: self.pods.names(),
-            pod_memory_limit_bytes: self.pod_memory_limits,
-            node_memory_bytes: self.node_memory,
+            memory: NodeMemory { pod_limits_bytes: self.pod_memory_limits, node_bytes: self.node_memory },
             ..Index::default()
         };
         for (id, c) in &self.cgroups {
@@ -305,20 +304,6 @@ fn attribution_of<'a>(
             Arc::new(attribute(workload, meta.map(|m| &**m), deleted, via))
         })
         .clone()
-}
-
-/// `MemTotal` from `/proc/meminfo`, in bytes.
-fn node_memory(proc: &std::path::Path) -> Option<u64> {
-    let text = std::fs::read_to_string(proc.join("meminfo")).ok()?;
-    let kib: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
 }
 
 fn has_kubepods(root: &std::path::Path) -> bool {
@@ -473,8 +458,9 @@ mod tests {
     use super::*;
     use crate::{
         attribution::{PodPhase, Resolution, pods::PodMeta},
+        decode::bytes_of,
         events::{Decoder, Event},
-        probes::{bytes_of, tcp_reset::tests::redirected_syn_reset},
+        probes::tcp_reset::tests::redirected_syn_reset,
     };
 
     const HOST_NETNS: u32 = 4026531840;
@@ -531,7 +517,7 @@ mod tests {
     fn reset_in(netns: u32) -> Event {
         let mut raw = redirected_syn_reset();
         raw.header.netns_ino = netns;
-        Decoder::new().decode(&bytes_of(&raw)).unwrap()
+        Decoder::default().decode(&bytes_of(&raw)).unwrap()
     }
 
     fn found(index: &Index, event: &Event) -> Arc<Attribution> {
@@ -603,12 +589,12 @@ mod tests {
         let mut oom = crate::probes::oom::tests::victim_event();
         oom.header.cgroup_id = host_cgroup;
         oom.header.tgid = 400;
-        let event = Decoder::new().decode(&bytes_of(&oom)).unwrap();
+        let event = Decoder::default().decode(&bytes_of(&oom)).unwrap();
         let a = found(&index, &event);
         assert_eq!((a.container_id.as_deref(), a.via), (Some(CID), Via::Process));
         // A process of a host unit on a v1 node: asked about (it may be a pod's not walked yet).
         oom.header.tgid = 401;
-        let event = Decoder::new().decode(&bytes_of(&oom)).unwrap();
+        let event = Decoder::default().decode(&bytes_of(&oom)).unwrap();
         let Resolution::Missing { key: Key::Process(401), fallback: Some(host) } = index.resolve(&event)
         else {
             panic!()
@@ -659,7 +645,7 @@ mod tests {
         r.full_walk(t0 + Duration::from_secs(60));
         let mut hung = crate::probes::oom::tests::victim_event();
         hung.header.cgroup_id = container;
-        let late = found(&r.index(), &Decoder::new().decode(&bytes_of(&hung)).unwrap());
+        let late = found(&r.index(), &Decoder::default().decode(&bytes_of(&hung)).unwrap());
         assert_eq!((late.pod.as_str(), late.pod_phase), ("web-1", Some(PodPhase::Deleted)));
         // (its namespace only once a walk has found no live pod in it: inode numbers are reused)
         let Resolution::Missing { key, fallback: Some(departed) } = r.index().resolve(&reset_in(POD_NETNS))
@@ -735,7 +721,7 @@ mod tests {
         let mut r = node.resolver(false);
         r.full_walk(Instant::now());
         let index = r.index();
-        assert_eq!((index.pod_memory_limit_bytes, index.node_memory_bytes), (2369781760, 4 << 30));
+        assert_eq!((index.memory.pod_limits_bytes, index.memory.node_bytes), (2369781760, 4 << 30));
     }
 
     #[test]

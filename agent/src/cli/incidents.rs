@@ -31,7 +31,7 @@ pub fn run(args: IncidentsArgs) -> ExitCode {
             return ExitCode::from(EXIT_RUNTIME);
         }
     };
-    let now = crate::events::unix_now_ns();
+    let now = crate::kernel::unix_now_ns();
     let shown: Vec<&Incident> =
         report.incidents.iter().filter(|i| args.all || i.state == State::Firing).collect();
     if args.output == "json" {

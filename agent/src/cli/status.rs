@@ -112,7 +112,7 @@ fn render(report: &StatusReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{api::ProbeReport, probes::ProbeStatus};
+    use crate::{api::ProbeReport, probes::plan::ProbeStatus};
 
     #[test]
     fn lists_up_and_down_probes_with_hook_or_reason() {

@@ -158,7 +158,7 @@ pub async fn run(
             }
         }
         let now = Instant::now();
-        let now_ns = crate::events::unix_now_ns();
+        let now_ns = crate::kernel::unix_now_ns();
         for t in &mut targets {
             let mut ids: Vec<String> = firing.iter().map(|i| i.id.clone()).collect();
             ids.sort();
@@ -316,7 +316,7 @@ mod tests {
     #[tokio::test]
     async fn fires_then_resolves_with_a_retry_after_a_failure() {
         let (url, posts) = fake_alertmanager(1).await;
-        let metrics = Arc::new(Metrics::new(32768..=60999));
+        let metrics = Arc::new(Metrics::new(32768..=60999, Default::default()));
         let (tx, rx) = mpsc::channel(4);
         let stop = CancellationToken::new();
         let task = tokio::spawn(run(vec![url.clone()], rx, metrics.clone(), stop.clone()));

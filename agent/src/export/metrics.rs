@@ -7,15 +7,16 @@ use std::ops::RangeInclusive;
 use prometheus::{Encoder as _, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use crate::{
-    attribution::{Attribution, Index, pods::SourceHealth},
-    events::{DecodeError, Event, Payload},
-    hung_tasks::HungTaskTracker,
+    attribution::{Attributed, Attribution, Index, pods::SourceHealth},
+    decode::DecodeError,
+    events::{Counts, Payload},
     incidents::Incident,
     probes::{
-        ProbeStatus,
         nfs::{Nfs, What},
+        plan::ProbeStatus,
         tcp_reset::Direction,
     },
+    stuck::StuckSet,
 };
 
 pub struct Metrics {
@@ -38,6 +39,8 @@ pub struct Metrics {
     hung_tasks: IntGaugeVec,
     hung_tasks_total: IntCounterVec,
     hung_task_longest_blocked: IntGauge,
+    stuck_untracked_total: prometheus::IntCounter,
+    attribution_queue_full_total: IntCounterVec,
     oom_kills_total: IntCounterVec,
     nfs_retransmits_total: IntCounterVec,
     nfs_timeouts_total: IntCounterVec,
@@ -45,21 +48,20 @@ pub struct Metrics {
     nfs_state_manager_failures_total: IntCounterVec,
     nfs_server_responding: IntGaugeVec,
     ephemeral_ports: RangeInclusive<u16>,
+    /// Read into `events_total` and `events_lost_total` when scraped.
+    counts: std::sync::Arc<Counts>,
 }
 
 /// The labels that say who an event is about. `host` is "true" for node processes and
 /// host-network events, "false" otherwise (an empty pod with host="false": not attributed).
 pub const POD_LABELS: [&str; 5] = ["namespace", "pod", "container", "workload", "host"];
 
-fn pod_label_values(a: Option<&Attribution>) -> [&str; 5] {
-    match a {
-        Some(a) => [&a.namespace, &a.pod, &a.container, &a.workload, if a.host { "true" } else { "false" }],
-        None => ["", "", "", "", "false"],
-    }
+fn pod_label_values(a: &Attribution) -> [&str; 5] {
+    [&a.namespace, &a.pod, &a.container, &a.workload, if a.host { "true" } else { "false" }]
 }
 
 /// `labels` followed by the pod labels.
-fn with_pod_labels<'a>(labels: &[&'a str], a: Option<&'a Attribution>) -> Vec<&'a str> {
+fn with_pod_labels<'a>(labels: &[&'a str], a: &'a Attribution) -> Vec<&'a str> {
     let mut all = labels.to_vec();
     all.extend(pod_label_values(a));
     all
@@ -77,7 +79,7 @@ fn event_counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -
 }
 
 impl Metrics {
-    pub fn new(ephemeral_ports: RangeInclusive<u16>) -> Self {
+    pub fn new(ephemeral_ports: RangeInclusive<u16>, counts: std::sync::Arc<Counts>) -> Self {
         let registry = Registry::new();
         let probe_up = IntGaugeVec::new(
             Opts::new(
@@ -108,6 +110,13 @@ impl Metrics {
         )
         .expect("valid metric");
         registry.register(Box::new(hung_task_longest_blocked.clone())).expect("unique metric");
+        let stuck_untracked_total = prometheus::IntCounter::new(
+            "kstall_stuck_tasks_untracked_total",
+            "Hung-task reports of tasks not kept because 10,000 tasks were stuck already (the node is \
+             on fire; the first 10,000 are reported).",
+        )
+        .expect("valid metric");
+        registry.register(Box::new(stuck_untracked_total.clone())).expect("unique metric");
         let nfs_server_responding = IntGaugeVec::new(
             Opts::new(
                 "kstall_nfs_server_responding",
@@ -205,6 +214,14 @@ impl Metrics {
             ),
             hung_tasks,
             hung_task_longest_blocked,
+            stuck_untracked_total,
+            attribution_queue_full_total: counter(
+                &registry,
+                "kstall_attribution_queue_full_total",
+                "Events that went out without waiting for the resolver because a queue was full: \
+                 misses (the resolver's queue of keys to look up), held (events waiting for it).",
+                &["queue"],
+            ),
             hung_tasks_total: event_counter(
                 &registry,
                 "kstall_hung_tasks_total",
@@ -252,33 +269,28 @@ impl Metrics {
             ),
             registry,
             ephemeral_ports,
+            counts,
         };
         // Present from the start at 0, as events_total is: an alert or a dashboard's rate() on
         // them has a value before the first error.
         for label in DecodeError::LABELS {
             metrics.decode_errors_total.with_label_values(&[label]);
         }
+        for queue in ["misses", "held"] {
+            metrics.attribution_queue_full_total.with_label_values(&[queue]);
+        }
         metrics
     }
 
     pub fn set_probe_statuses(&self, statuses: &[ProbeStatus]) {
         for s in statuses {
-            let probe = [s.name.as_str()];
-            self.probe_up.with_label_values(&probe).set(i64::from(s.up));
-            // Present from the start, so a dashboard's rate() has a zero to begin from.
-            self.events_total.with_label_values(&probe);
-            self.events_lost_total.with_label_values(&probe);
+            self.probe_up.with_label_values(&[s.name.as_str()]).set(i64::from(s.up));
         }
     }
 
-    /// Every record received from the kernel, news or repeat.
-    pub fn received(&self, probe: &str) {
-        self.events_total.with_label_values(&[probe]).inc();
-    }
-
     /// An event that is news (repeated hung-task reports are not).
-    pub fn observe(&self, event: &Event) {
-        let who = event.attribution.as_deref();
+    pub fn observe(&self, attributed: &Attributed) {
+        let (event, who) = (&attributed.event, &*attributed.who);
         match &event.payload {
             Payload::TcpReset(reset) => {
                 let port = match reset.direction {
@@ -304,7 +316,7 @@ impl Metrics {
         }
     }
 
-    fn observe_nfs(&self, nfs: &Nfs, who: Option<&Attribution>) {
+    fn observe_nfs(&self, nfs: &Nfs, who: &Attribution) {
         // Transports without an IP address are local ones (rpcbind over a unix socket).
         let server = nfs.server_addr.map(|a| a.to_string()).unwrap_or_else(|| "local".into());
         let server = with_pod_labels(&[server.as_str()], who);
@@ -333,9 +345,10 @@ impl Metrics {
         }
     }
 
-    pub fn set_hung_tasks(&self, tracker: &HungTaskTracker) {
+    /// The stuck set as gauges, at `now`; and what it could not keep.
+    pub fn set_stuck_tasks(&self, stuck: &StuckSet, now_unix_ns: u64) {
         let mut counts: std::collections::HashMap<Vec<&str>, i64> = std::collections::HashMap::new();
-        for (wait, who) in tracker.hung() {
+        for (wait, who) in stuck.waits() {
             *counts.entry(with_pod_labels(&[wait.as_str()], who)).or_default() += 1;
         }
         // Series of pods no longer hung disappear rather than stay at 0 forever.
@@ -343,17 +356,24 @@ impl Metrics {
         for (labels, n) in counts {
             self.hung_tasks.with_label_values(&labels).set(n);
         }
-        self.hung_task_longest_blocked.set(tracker.longest_blocked_secs() as i64);
+        self.hung_task_longest_blocked.set(stuck.longest_blocked_secs(now_unix_ns) as i64);
+        self.stuck_untracked_total.inc_by(stuck.untracked().saturating_sub(self.stuck_untracked_total.get()));
     }
 
-    fn inc(&self, family: Family, labels: &[&str], who: Option<&Attribution>) {
+    /// An event that did not wait for the resolver's answer because a queue was full: `misses`
+    /// (the resolver's), `held` (events waiting for it).
+    pub fn attribution_queue_full(&self, queue: &str) {
+        self.attribution_queue_full_total.with_label_values(&[queue]).inc();
+    }
+
+    fn inc(&self, family: Family, labels: &[&str], who: &Attribution) {
         if let Some(counter) = self.counter(family) {
             counter.with_label_values(labels).inc();
             self.track(family, labels, who);
         }
     }
 
-    fn set(&self, family: Family, labels: &[&str], who: Option<&Attribution>, value: i64) {
+    fn set(&self, family: Family, labels: &[&str], who: &Attribution, value: i64) {
         if let Family::NfsResponding = family {
             self.nfs_server_responding.with_label_values(labels).set(value);
         }
@@ -374,8 +394,10 @@ impl Metrics {
     }
 
     /// Remembers a named pod's series, once, so they can go when the pod is forgotten.
-    fn track(&self, family: Family, labels: &[&str], who: Option<&Attribution>) {
-        let Some(who) = who.filter(|a| !a.pod.is_empty()) else { return };
+    fn track(&self, family: Family, labels: &[&str], who: &Attribution) {
+        if who.pod.is_empty() {
+            return;
+        }
         self.pod_series.lock().expect("pod series").record(family, labels, who);
     }
 
@@ -421,11 +443,7 @@ impl Metrics {
         self.pod_metadata_up.set(i64::from(source.up));
         self.attribution_pods.with_label_values(&["running"]).set((index.pods - index.deleted_pods) as i64);
         self.attribution_pods.with_label_values(&["deleted"]).set(index.deleted_pods as i64);
-        let ratio = crate::incidents::signatures::system_oom::overcommit(
-            index.pod_memory_limit_bytes,
-            index.node_memory_bytes,
-        );
-        self.overcommit.set(ratio.unwrap_or(0.0));
+        self.overcommit.set(index.memory.overcommit().unwrap_or(0.0));
     }
 
     /// After an evaluation: the firing set as gauges, new incidents counted.
@@ -462,20 +480,8 @@ impl Metrics {
         self.decode_errors_total.with_label_values(&[label]).inc();
     }
 
-    pub fn add_lost(&self, probe: &str, n: u64) {
-        self.events_lost_total.with_label_values(&[probe]).inc_by(n);
-    }
-
     pub fn subscriber_dropped(&self, stream: &str, n: u64) {
         self.subscriber_drops_total.with_label_values(&[stream]).inc_by(n);
-    }
-
-    pub fn events(&self, probe: &str) -> u64 {
-        self.events_total.with_label_values(&[probe]).get()
-    }
-
-    pub fn lost(&self, probe: &str) -> u64 {
-        self.events_lost_total.with_label_values(&[probe]).get()
     }
 
     fn port_label(&self, port: u16) -> String {
@@ -483,6 +489,14 @@ impl Metrics {
     }
 
     pub fn render(&self) -> String {
+        // Every probe's, from the start: a dashboard's rate() has a zero to begin from.
+        for probe in crate::probes::names() {
+            let (received, lost) = self.counts.of(probe);
+            for (counter, now) in [(&self.events_total, received), (&self.events_lost_total, lost)] {
+                let series = counter.with_label_values(&[probe]);
+                series.inc_by(now.saturating_sub(series.get()));
+            }
+        }
         let mut out = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding");
         String::from_utf8(out).expect("prometheus text is UTF-8")
@@ -552,48 +566,32 @@ impl PodSeries {
     }
 }
 
-/// The node's ephemeral port range (`net.ipv4.ip_local_port_range`), Linux's default if unreadable.
-pub fn ephemeral_port_range() -> RangeInclusive<u16> {
-    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| parse_port_range(&s))
-        .unwrap_or(32768..=60999)
-}
-
-fn parse_port_range(text: &str) -> Option<RangeInclusive<u16>> {
-    let mut it = text.split_whitespace().map(str::parse::<u16>);
-    let (lo, hi) = (it.next()?.ok()?, it.next()?.ok()?);
-    (lo <= hi).then_some(lo..=hi)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        events::Decoder,
-        probes::{bytes_of, tcp_reset::tests::redirected_syn_reset},
-    };
+    use crate::{decode::bytes_of, events::Decoder, probes::tcp_reset::tests::redirected_syn_reset};
 
-    fn event(mutate: impl Fn(&mut kstall_common::tcp_reset::TcpResetEvent)) -> Event {
+    fn event(mutate: impl Fn(&mut kstall_common::tcp_reset::TcpResetEvent)) -> Attributed {
         let mut raw = redirected_syn_reset();
         mutate(&mut raw);
-        Decoder::new().decode(&bytes_of(&raw)).unwrap()
+        Attributed { event: Decoder::default().decode(&bytes_of(&raw)).unwrap(), who: Default::default() }
     }
 
     #[test]
     fn reset_labels() {
-        let m = Metrics::new(32768..=60999);
-        let observe = |e: &Event| {
-            m.received(e.header.probe);
+        let counts = std::sync::Arc::new(Counts::default());
+        let m = Metrics::new(32768..=60999, counts.clone());
+        let observe = |e: &Attributed| {
+            counts.received(e.event.header.probe);
             m.observe(e);
         };
         let mut in_pod = event(|_| {});
-        in_pod.attribution = Some(std::sync::Arc::new(Attribution {
+        in_pod.who = std::sync::Arc::new(Attribution {
             namespace: "shop".into(),
             pod: "web-1".into(),
             workload: "Deployment/web".into(),
             ..Default::default()
-        }));
+        });
         observe(&in_pod);
         observe(&event(|e| {
             e.direction = kstall_common::tcp_reset::DIRECTION_RECEIVED;
@@ -640,10 +638,11 @@ mod tests {
         };
 
         use crate::probes::nfs::tests::event as nfs_event;
-        let m = Metrics::new(32768..=60999);
+        let m = Metrics::new(32768..=60999, Default::default());
         let observe = |what, error| {
             let raw = nfs_event(what, error);
-            m.observe(&Decoder::new().decode(&bytes_of(&raw)).unwrap());
+            let event = Decoder::default().decode(&bytes_of(&raw)).unwrap();
+            m.observe(&Attributed { event, who: Default::default() });
         };
         observe(WHAT_TIMEOUT, -110);
         let responding = nfs("kstall_nfs_server_responding", "");
@@ -667,14 +666,14 @@ mod tests {
 
     #[test]
     fn a_forgotten_pods_series_are_removed() {
-        let m = Metrics::new(32768..=60999);
+        let m = Metrics::new(32768..=60999, Default::default());
         let named = |pod: &str| {
             let mut e = event(|_| {});
-            e.attribution = Some(std::sync::Arc::new(Attribution {
+            e.who = std::sync::Arc::new(Attribution {
                 namespace: "shop".into(),
                 pod: pod.into(),
                 ..Default::default()
-            }));
+            });
             e
         };
         m.observe(&named("web-1"));
@@ -694,7 +693,7 @@ mod tests {
 
     #[test]
     fn incident_metrics() {
-        let m = Metrics::new(32768..=60999);
+        let m = Metrics::new(32768..=60999, Default::default());
         let incident = crate::incidents::tests::incident(None);
         m.set_incidents(
             [&incident].into_iter(),
@@ -715,12 +714,5 @@ mod tests {
         );
         m.set_incidents(std::iter::empty(), &[], &[]);
         assert!(!m.render().contains("kstall_incident_active{"), "resolved: the series goes");
-    }
-
-    #[test]
-    fn port_range_parsing() {
-        assert_eq!(parse_port_range("32768\t60999\n"), Some(32768..=60999));
-        assert_eq!(parse_port_range("x"), None);
-        assert_eq!(parse_port_range("5 4"), None);
     }
 }

@@ -1,3 +1,2 @@
 pub mod alertmanager;
-pub mod http;
 pub mod metrics;

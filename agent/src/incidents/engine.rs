@@ -4,8 +4,18 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::{Finding, Incident, Settings, Signature, State, signatures};
-use crate::events::Event;
+use super::{
+    Finding, Incident, NodeView, Settings, Signature, State,
+    signatures::{
+        container_oom_loop::ContainerOomLoop,
+        nfs_node_wide_stall::NfsNodeWideStall,
+        nfs_server_unreachable::NfsServerUnreachable,
+        nfs_sidecar_redirect::NfsSidecarRedirect,
+        pod_termination_blocked::{self, PodTerminationBlocked},
+        system_oom::SystemOom,
+    },
+};
+use crate::attribution::Attributed;
 
 /// Resolved incidents kept for the API.
 const HISTORY: usize = 1000;
@@ -25,8 +35,19 @@ pub struct Changes {
 }
 
 impl Engine {
+    /// Every signature, configured.
     pub fn new(node: String, settings: &Settings) -> Self {
-        Self::with(node, signatures::all(settings))
+        Self::with(
+            node,
+            vec![
+                Box::new(NfsSidecarRedirect::new(settings)),
+                Box::new(NfsServerUnreachable::new(settings)),
+                Box::new(NfsNodeWideStall::new(settings)),
+                Box::new(PodTerminationBlocked::new(settings)),
+                Box::new(SystemOom::new(settings)),
+                Box::new(ContainerOomLoop::new(settings)),
+            ],
+        )
     }
 
     pub fn with(node: String, signatures: Vec<Box<dyn Signature>>) -> Self {
@@ -34,22 +55,16 @@ impl Engine {
     }
 
     /// Takes one attributed event (on the event path: each signature's work is a map update).
-    pub fn observe(&mut self, event: &Event) {
+    pub fn observe(&mut self, event: &Attributed) {
         for s in &mut self.signatures {
             s.observe(event);
         }
     }
 
-    pub fn set_node_memory(&mut self, pod_limits_bytes: u64, node_bytes: u64) {
-        for s in &mut self.signatures {
-            s.node_memory(pod_limits_bytes, node_bytes);
-        }
-    }
-
-    pub fn evaluate(&mut self, now_unix_ns: u64) -> Changes {
+    pub fn evaluate(&mut self, now_unix_ns: u64, node: &NodeView) -> Changes {
         let mut current: HashMap<String, Incident> = HashMap::new();
         for s in &mut self.signatures {
-            for finding in s.evaluate(now_unix_ns) {
+            for finding in s.evaluate(now_unix_ns, node) {
                 let incident = incident(&self.node, s.name(), finding);
                 current.insert(incident.id.clone(), incident);
             }
@@ -127,12 +142,10 @@ fn incident(node: &str, signature: &str, f: Finding) -> Incident {
 fn link_related(incidents: &mut HashMap<String, Incident>) {
     let explaining: Vec<(String, Option<String>)> = incidents
         .values()
-        .filter(|i| i.signature != signatures::pod_termination_blocked::NAME)
+        .filter(|i| i.signature != pod_termination_blocked::NAME)
         .map(|i| (i.id.clone(), i.pod_uid.clone()))
         .collect();
-    for incident in
-        incidents.values_mut().filter(|i| i.signature == signatures::pod_termination_blocked::NAME)
-    {
+    for incident in incidents.values_mut().filter(|i| i.signature == pod_termination_blocked::NAME) {
         incident.related = explaining
             .iter()
             .filter(|(_, uid)| uid.is_some() && *uid == incident.pod_uid)
@@ -151,16 +164,17 @@ mod tests {
             signatures::{nfs_sidecar_redirect, pod_termination_blocked, tests::*},
         },
         probes::hung_task::WaitClass,
+        stuck::TaskState,
     };
 
     #[test]
     fn an_incident_fires_once_links_its_cause_and_resolves() {
         let mut engine = Engine::new("node-a".into(), &Settings::default());
         let who = pod("u1", "web-1");
-        engine.observe(&hung(100 * SEC, 4243, WaitClass::Nfs, 120, &who));
+        let mut stuck = stuck(&[hung(100 * SEC, 4243, WaitClass::Nfs, 120, &who)]);
         engine.observe(&redirected_reset(101 * SEC, 2049, &who));
         engine.observe(&redirected_reset(102 * SEC, 2049, &who));
-        let changes = engine.evaluate(103 * SEC);
+        let changes = engine.evaluate(103 * SEC, &node(&stuck));
         let mut fired: Vec<&str> = changes.fired.iter().map(|i| i.signature.as_str()).collect();
         fired.sort();
         assert_eq!(fired, [nfs_sidecar_redirect::NAME, pod_termination_blocked::NAME]);
@@ -171,14 +185,14 @@ mod tests {
         assert_eq!(redirect.severity, Severity::Critical);
 
         // Still firing: nothing new, nothing resolved.
-        let again = engine.evaluate(104 * SEC);
+        let again = engine.evaluate(104 * SEC, &node(&stuck));
         assert!(again.fired.is_empty() && again.resolved.is_empty(), "{again:?}");
         assert_eq!(engine.firing().count(), 2);
 
         // The writer finishes, the server answers, resets stop: both resolve.
         engine.observe(&nfs(110 * SEC, crate::probes::nfs::What::ServerResponding, &who));
-        engine.observe(&cleared(111 * SEC, 4243, &who));
-        let done = engine.evaluate(200 * SEC);
+        stuck.clear(&[((4243, 4243), TaskState::Other)], 111 * SEC);
+        let done = engine.evaluate(200 * SEC, &node(&stuck));
         assert_eq!(done.resolved.len(), 2, "{done:?}");
         assert!(
             done.resolved.iter().all(|i| i.state == State::Resolved && i.resolved_unix_ns == Some(200 * SEC))

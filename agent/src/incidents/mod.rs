@@ -13,7 +13,10 @@ use std::{sync::Arc, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{attribution::Attribution, events::Event};
+use crate::{
+    attribution::{Attributed, Attribution, NodeMemory},
+    stuck::StuckSet,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -103,17 +106,23 @@ pub struct Incident {
     pub related: Vec<String>,
 }
 
+/// What the signatures read of the node when asked what fires, owned elsewhere: the stuck tasks
+/// and the node's memory.
+pub struct NodeView<'a> {
+    pub stuck: &'a StuckSet,
+    pub memory: NodeMemory,
+}
+
 /// What a signature does with the event stream.
 pub trait Signature: Send {
     fn name(&self) -> &'static str;
-    /// Takes one attributed event; cheap, called on the event path.
-    fn observe(&mut self, event: &Event);
+    /// Takes one attributed event; cheap, called on the event path. Signatures that only read
+    /// the node ([`NodeView`]) take none.
+    fn observe(&mut self, _event: &Attributed) {}
     /// What fires at `now`; forgets state older than its windows. Called once a second.
-    fn evaluate(&mut self, now_unix_ns: u64) -> Vec<Finding>;
+    fn evaluate(&mut self, now_unix_ns: u64, node: &NodeView) -> Vec<Finding>;
     /// Per-key states dropped because the signature's cap was reached.
     fn evicted(&self) -> u64;
-    /// The sum of the pods' memory limits and the node's memory, after each cgroup walk.
-    fn node_memory(&mut self, _pod_limits_bytes: u64, _node_bytes: u64) {}
 }
 
 /// Thresholds and windows, one set for all signatures; defaults from the incidents.

@@ -11,9 +11,9 @@ use std::sync::LazyLock;
 
 use serde::Serialize;
 
-use super::{Plan, ProgramSpec};
+use super::plan::{Plan, ProgramSpec};
 use crate::{
-    events::DecodeError,
+    decode::DecodeError,
     kernel_btf::KernelBtf,
     symbols::{Stack, Symbols},
 };
@@ -55,7 +55,7 @@ pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, String> {
     cfg.valid = 1;
     Ok(Plan {
         global: GLOBAL,
-        global_value: super::bytes_of(&cfg),
+        global_value: crate::decode::bytes_of(&cfg),
         programs: vec![PROG],
         hook: "tp_btf/sched_process_hang".into(),
         notes,

@@ -5,6 +5,7 @@
 pub mod hung_task;
 pub mod nfs;
 pub mod oom;
+pub mod plan;
 mod task;
 pub mod tcp_reset;
 
@@ -13,10 +14,12 @@ use aya::{
     maps::{Array, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, FEntry, Program, ProgramError},
 };
-use kstall_common::{kind, tcp_reset::ConntrackOffsets};
-use serde::{Deserialize, Serialize};
+use kstall_common::{capture::CaptureFilter, kind, tcp_reset::ConntrackOffsets};
 
-use crate::{config::Config, events::Decoder, kernel, kernel_btf::KernelBtf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use self::plan::{Plan, ProbeStatus, ProgramSpec, error_chain, summarize};
+use crate::{kernel, kernel_btf::KernelBtf, symbols::Symbols};
 
 /// The kernel programs, built by build.rs (empty when built with `AYA_BUILD_SKIP=1`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/kstall"));
@@ -39,47 +42,33 @@ pub fn names() -> impl Iterator<Item = &'static str> {
     ALL.iter().map(|p| p.name)
 }
 
-/// One program of a probe and where it attaches: a tracepoint (tp_btf) or, with `fentry`, a
-/// kernel function.
-#[derive(Debug, Clone, Copy)]
-pub struct ProgramSpec {
-    pub program: &'static str,
-    pub target: &'static str,
-    pub fentry: bool,
+/// Where probe `name` is in [`ALL`].
+pub fn position(name: &str) -> Option<usize> {
+    ALL.iter().position(|p| p.name == name)
 }
 
-impl ProgramSpec {
-    pub const fn tp_btf(program: &'static str, target: &'static str) -> Self {
-        Self { program, target, fentry: false }
-    }
+/// What the agent asks of its probes (part of the agent's configuration, validated there).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Probes to load, by name; the others are reported "disabled by --probes".
+    pub enabled: Vec<String>,
+    pub ring_buffer_bytes: u32,
+    pub tcp_reset_hook: tcp_reset::Hook,
+    /// Process names whose OOM kill makes the victim node-critical.
+    pub critical_comms: Vec<String>,
+    /// The in-kernel capture filter of a standalone `kstall trace`; all zero (everything) for the
+    /// agent.
+    pub capture: CaptureFilter,
 }
 
-/// What a probe needs loaded: its resolved-offsets global and its programs.
-pub struct Plan {
-    pub global: &'static str,
-    pub global_value: Vec<u8>,
-    pub programs: Vec<ProgramSpec>,
-    /// Human description of the hooks in use, for `kstall status`.
-    pub hook: String,
-    pub notes: Vec<String>,
-    /// Programs and hook description to use when `programs` cannot attach (e.g. fentry refused).
-    pub fallback: Option<(Vec<ProgramSpec>, String)>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ProbeStatus {
-    pub name: String,
-    pub up: bool,
-    pub hook: Option<String>,
-    /// Why the probe is down.
-    pub reason: Option<String>,
-    pub notes: Vec<String>,
-}
-
-impl ProbeStatus {
-    fn down(name: &str, reason: impl Into<String>) -> Self {
-        Self { name: name.to_string(), up: false, hook: None, reason: Some(reason.into()), notes: Vec::new() }
-    }
+/// What decoding a probe's records needs from loading it: enum names read from BTF, the tick
+/// rate, the OOM context, and the kernel symbols (kept current by the agent).
+#[derive(Clone, Default)]
+pub struct Decoding {
+    pub tcp_reset: tcp_reset::Names,
+    pub clock: hung_task::Clock,
+    pub oom: oom::Context,
+    pub symbols: std::sync::Arc<Symbols>,
 }
 
 /// The loaded kernel side: programs, the event ring buffer and the loss counters.
@@ -91,33 +80,38 @@ pub struct Loaded {
     pub nfs: nfs::Attachment,
     /// tcp-reset runs without original destinations until nf_conntrack (a module) loads.
     pub conntrack_pending: bool,
-    pub statuses: Vec<ProbeStatus>,
-    pub decoder: Decoder,
+    pub decoding: Decoding,
     pub events: Option<RingBuf<MapData>>,
     pub lost: Option<PerCpuArray<MapData, u64>>,
 }
 
-pub fn load(config: &Config) -> Loaded {
+/// Plans, loads and attaches every enabled probe; the loaded side and each probe's status.
+pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
     raise_memlock_limit();
     let mut statuses: Vec<ProbeStatus> = ALL
         .iter()
         .map(|p| {
-            let reason =
-                if config.probes.iter().any(|n| n == p.name) { "not loaded" } else { "disabled by --probes" };
+            let reason = if settings.enabled.iter().any(|n| n == p.name) {
+                "not loaded"
+            } else {
+                "disabled by --probes"
+            };
             ProbeStatus::down(p.name, reason)
         })
         .collect();
-    let loaded = |statuses| Loaded {
-        ebpf: None,
-        attached: Vec::new(),
-        nfs: nfs::Attachment::default(),
-        conntrack_pending: false,
-        statuses,
-        decoder: Decoder::new(),
-        events: None,
-        lost: None,
+    let loaded = |statuses| {
+        let nothing = Loaded {
+            ebpf: None,
+            attached: Vec::new(),
+            nfs: nfs::Attachment::default(),
+            conntrack_pending: false,
+            decoding: Decoding::default(),
+            events: None,
+            lost: None,
+        };
+        (nothing, statuses)
     };
-    let enabled = |name: &str| config.probes.iter().any(|n| n == name);
+    let enabled = |name: &str| settings.enabled.iter().any(|n| n == name);
     let mark_enabled_down = |statuses: &mut Vec<ProbeStatus>, reason: &str| {
         for s in statuses.iter_mut().filter(|s| enabled(&s.name)) {
             s.reason = Some(reason.to_string());
@@ -139,14 +133,17 @@ pub fn load(config: &Config) -> Loaded {
         }
     };
 
-    let mut decoder = Decoder::new();
+    let mut decoding = Decoding {
+        oom: oom::Context { critical_comms: settings.critical_comms.clone(), ..Default::default() },
+        ..Default::default()
+    };
     let mut conntrack = tcp_reset::Conntrack::Unavailable;
     let mut plans: Vec<(usize, Plan)> = Vec::new();
     if enabled(tcp_reset::NAME) {
         let idx = index_of(tcp_reset::NAME);
-        match tcp_reset::plan(&vmlinux, config.tcp_reset_hook) {
+        match tcp_reset::plan(&vmlinux, settings.tcp_reset_hook) {
             Ok((plan, names, ct)) => {
-                decoder.tcp_reset = names;
+                decoding.tcp_reset = names;
                 conntrack = ct;
                 plans.push((idx, plan));
             }
@@ -182,10 +179,10 @@ pub fn load(config: &Config) -> Loaded {
 
     let mut loader = EbpfLoader::new();
     loader.btf(Some(&aya_btf));
-    loader.map_max_entries("EVENTS", config.ring_buffer_bytes);
-    let wakeup_bytes = u64::from(config.ring_buffer_bytes / 4);
+    loader.map_max_entries("EVENTS", settings.ring_buffer_bytes);
+    let wakeup_bytes = u64::from(settings.ring_buffer_bytes / 4);
     loader.override_global("WAKEUP_BYTES", &wakeup_bytes, true);
-    loader.override_global("CAPTURE", &config.capture, true);
+    loader.override_global("CAPTURE", &settings.capture, true);
     for (_, plan) in &plans {
         loader.override_global(plan.global, plan.global_value.as_slice(), true);
     }
@@ -201,7 +198,7 @@ pub fn load(config: &Config) -> Loaded {
         }
     };
     let tick_rate = (enabled(hung_task::NAME) || enabled(nfs::NAME)).then(|| measure_tick_rate(&mut ebpf));
-    decoder.clock = hung_task::Clock { hz: tick_rate.clone().and_then(Result::ok) };
+    decoding.clock = hung_task::Clock { hz: tick_rate.clone().and_then(Result::ok) };
     let mut attached: Vec<&'static str> = Vec::new();
     for (idx, plan) in plans {
         let mut notes = plan.notes;
@@ -263,26 +260,13 @@ pub fn load(config: &Config) -> Loaded {
     }
     let events = ebpf.take_map("EVENTS").and_then(|m| RingBuf::try_from(m).ok());
     let lost = ebpf.take_map("LOST").and_then(|m| PerCpuArray::try_from(m).ok());
-    Loaded {
-        ebpf: Some(ebpf),
-        attached,
-        nfs: nfs_attachment,
-        conntrack_pending,
-        statuses,
-        decoder,
-        events,
-        lost,
-    }
-}
-
-/// The bytes of a kernel-shared struct (a config for `EbpfLoader::override_global`, or a record).
-pub(crate) fn bytes_of<T: aya::Pod>(value: &T) -> Vec<u8> {
-    // SAFETY: `Pod` types are plain integers without padding.
-    unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+    let loaded =
+        Loaded { ebpf: Some(ebpf), attached, nfs: nfs_attachment, conntrack_pending, decoding, events, lost };
+    (loaded, statuses)
 }
 
 fn index_of(name: &str) -> usize {
-    ALL.iter().position(|p| p.name == name).expect("registered probe")
+    position(name).expect("registered probe")
 }
 
 /// Loads and attaches every program of `plan`; on failure unloads the ones already loaded, so a
@@ -405,32 +389,59 @@ impl Loaded {
     }
 }
 
+/// How often to look for the kernel modules probes wait for (sunrpc, nfsv4, nf_conntrack).
+const MODULE_WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Completes what waits for a kernel module: the NFS probe attaches when sunrpc appears (the
+/// first NFS mount loads it) and its nfsv4 hook when nfsv4 does; tcp-reset gets original
+/// destinations when nf_conntrack loads (the first NAT rule). No restart needed. Each change is
+/// written to `statuses` and passed to `changed`.
+pub async fn watch_modules(
+    loaded: Arc<Mutex<Loaded>>,
+    statuses: Arc<Mutex<Vec<ProbeStatus>>>,
+    changed: impl Fn(&[ProbeStatus]) + Send,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut tick = tokio::time::interval(MODULE_WATCH_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        // BTF parsing and attaching take a moment; nothing on the event path waits on this lock.
+        let mut probes = loaded.lock().unwrap_or_else(PoisonError::into_inner);
+        if !probes.nfs.pending && !probes.conntrack_pending {
+            return;
+        }
+        let nfs = if probes.nfs.pending { probes.attach_nfs_if_loaded() } else { None };
+        let conntrack = if probes.conntrack_pending { probes.conntrack_if_loaded() } else { None };
+        drop(probes);
+        let mut all = statuses.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(status) = nfs {
+            match &status.reason {
+                None => tracing::info!(hook = status.hook.as_deref().unwrap_or(""), "nfs probe attached"),
+                Some(reason) => tracing::warn!(reason, "sunrpc appeared but the nfs probe cannot attach"),
+            }
+            if let Some(slot) = all.iter_mut().find(|s| s.name == status.name) {
+                *slot = status;
+            }
+        }
+        if let Some(note) = conntrack {
+            tracing::info!(note, "nf_conntrack appeared");
+            if let Some(tcp) = all.iter_mut().find(|s| s.name == tcp_reset::NAME) {
+                tcp.notes.retain(|n| !n.starts_with("original destination"));
+                tcp.notes.push(note);
+            }
+        }
+        changed(&all);
+    }
+}
+
 /// Below 5.11 BPF memory is charged to RLIMIT_MEMLOCK; on newer kernels (memcg accounting) a
 /// failure here is harmless, and where CAP_SYS_RESOURCE is dropped it always fails.
 fn raise_memlock_limit() {
     let rlim = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) } != 0 {
         tracing::debug!(error = %std::io::Error::last_os_error(), "cannot raise RLIMIT_MEMLOCK; fine on kernels >= 5.11");
-    }
-}
-
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    s
-}
-
-/// A verifier log is hundreds of lines; status shows the first line and the verifier's verdict.
-pub(crate) fn summarize(full: &str) -> String {
-    let mut lines = full.lines().filter(|l| !l.trim().is_empty());
-    let first = lines.next().unwrap_or_default().to_string();
-    match lines.next_back() {
-        Some(last) => format!("{first} … {}", last.trim()),
-        None => first,
     }
 }

@@ -14,9 +14,9 @@ use kstall_common::nfs::{
 };
 use serde::Serialize;
 
-use super::ProbeStatus;
+use super::plan::ProbeStatus;
 use crate::{
-    events::DecodeError,
+    decode::DecodeError,
     kernel_btf::{BtfError, KernelBtf},
     probes::hung_task::Clock,
 };
@@ -45,10 +45,10 @@ pub fn load_programs(ebpf: &mut Ebpf) -> Result<(), String> {
             .try_into()
             .map_err(|e| format!("{program}: {e}"))?;
         p.load().map_err(|e| {
-            let full = super::error_chain(&e);
+            let full = super::plan::error_chain(&e);
             format!(
                 "{program}: load: {}{}",
-                super::summarize(&full),
+                super::plan::summarize(&full),
                 crate::kernel::bpf_permission_hint(&full)
             )
         })?;
@@ -142,7 +142,7 @@ pub fn attach_available(ebpf: &mut Ebpf, att: &mut Attachment) -> Option<ProbeSt
                         .and_then(|p| p.try_into().ok())
                         .ok_or(format!("{program} missing"))?;
                     p.attach(tracepoint)
-                        .map_err(|e| format!("{tracepoint}: attach: {}", super::error_chain(&e)))?;
+                        .map_err(|e| format!("{tracepoint}: attach: {}", super::plan::error_chain(&e)))?;
                     att.programs.push(program);
                 }
             }
@@ -246,7 +246,7 @@ pub fn decode(ev: &NfsEvent, clock: Clock) -> Result<Nfs, DecodeError> {
 }
 
 fn name(bytes: &[u8; NAME_LEN]) -> Option<String> {
-    let text = crate::events::comm_string(bytes);
+    let text = crate::decode::comm_string(bytes);
     (!text.is_empty()).then_some(text)
 }
 
@@ -351,7 +351,7 @@ pub(crate) mod tests {
     fn recorded(kernel: &str) -> Vec<Nfs> {
         let path =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("testdata/nfs/{kernel}.raw"));
-        let decoder = crate::events::Decoder::new();
+        let decoder = crate::events::Decoder::default();
         std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
             .lines()

@@ -13,9 +13,9 @@ use kstall_common::oom::{
 };
 use serde::Serialize;
 
-use super::{Plan, ProgramSpec};
+use super::plan::{Plan, ProgramSpec};
 use crate::{
-    events::{DecodeError, comm_string},
+    decode::{DecodeError, comm_string},
     kernel_btf::{BtfError, KernelBtf},
     symbols::{Stack, Symbols},
 };
@@ -68,7 +68,7 @@ pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, String> {
             (vec![program], hook.to_string(), None)
         }
     };
-    Ok(Plan { global: GLOBAL, global_value: super::bytes_of(&cfg), programs, hook, notes, fallback })
+    Ok(Plan { global: GLOBAL, global_value: crate::decode::bytes_of(&cfg), programs, hook, notes, fallback })
 }
 
 fn resolve_oom_control(btf: &KernelBtf, cfg: &mut OomConfig) -> Result<(), BtfError> {

@@ -17,8 +17,8 @@ use kstall_common::tcp_reset::{
 };
 use serde::Serialize;
 
-use super::{Plan, ProgramSpec};
-use crate::{config::TcpResetHook, events::DecodeError, kernel_btf::KernelBtf};
+use super::plan::{Plan, ProgramSpec};
+use crate::{decode::DecodeError, kernel_btf::KernelBtf};
 
 pub const NAME: &str = "tcp-reset";
 
@@ -45,19 +45,28 @@ pub enum Conntrack {
     Unavailable,
 }
 
+/// Which hook sees resets: `Auto` picks `tcp_send_reset` where it carries a reason (6.10+), else
+/// `kfree_skb`'s NO_SOCKET drops; the other two force one (`--tcp-reset-hook`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    Auto,
+    TcpSendReset,
+    KfreeSkb,
+}
+
 /// Resolves everything the kernel half needs from BTF and picks the hooks.
-pub fn plan(vmlinux: &KernelBtf, hook: TcpResetHook) -> Result<(Plan, Names, Conntrack), String> {
+pub fn plan(vmlinux: &KernelBtf, hook: Hook) -> Result<(Plan, Names, Conntrack), String> {
     let send_has_reason = vmlinux.tracepoint_arg_count("tcp_send_reset").map_err(|e| e.to_string())? >= 3;
     vmlinux.tracepoint_arg_count("tcp_receive_reset").map_err(|e| e.to_string())?;
     let use_kfree_skb = match hook {
-        TcpResetHook::Auto => !send_has_reason,
-        TcpResetHook::TcpSendReset if !send_has_reason => {
+        Hook::Auto => !send_has_reason,
+        Hook::TcpSendReset if !send_has_reason => {
             return Err(
                 "--tcp-reset-hook tcp-send-reset needs kernel >= 6.10 (tcp_send_reset without reason)".into(),
             );
         }
-        TcpResetHook::TcpSendReset => false,
-        TcpResetHook::KfreeSkb => true,
+        Hook::TcpSendReset => false,
+        Hook::KfreeSkb => true,
     };
 
     let mut names = Names::default();
@@ -113,7 +122,7 @@ pub fn plan(vmlinux: &KernelBtf, hook: TcpResetHook) -> Result<(Plan, Names, Con
     cfg.valid = 1;
     let plan = Plan {
         global: GLOBAL,
-        global_value: super::bytes_of(&cfg),
+        global_value: crate::decode::bytes_of(&cfg),
         programs,
         hook: hook_desc.to_string(),
         notes,
@@ -328,7 +337,7 @@ pub(crate) mod tests {
     }
 
     fn names_6_18() -> Names {
-        plan(&kernel("6.18"), TcpResetHook::TcpSendReset).unwrap().1
+        plan(&kernel("6.18"), Hook::TcpSendReset).unwrap().1
     }
 
     #[test]
@@ -372,16 +381,16 @@ pub(crate) mod tests {
 
     #[test]
     fn picks_the_no_socket_fallback_before_6_10() {
-        let (plan_6_1, names, _) = plan(&kernel("6.1"), TcpResetHook::Auto).unwrap();
+        let (plan_6_1, names, _) = plan(&kernel("6.1"), Hook::Auto).unwrap();
         assert!(plan_6_1.programs.iter().any(|p| p.target == "kfree_skb"), "{:?}", plan_6_1.hook);
         // 6.1's tcp_send_reset has no reason argument: the program must not touch one.
         assert!(plan_6_1.programs.iter().any(|p| p.program == "tcp_send_reset_sk_only"));
         assert!(!plan_6_1.programs.iter().any(|p| p.program == "tcp_send_reset"));
         assert_eq!(names.drop_reasons.get(&2).map(String::as_str), Some("NO_SOCKET"));
-        let (plan_6_12, ..) = plan(&kernel("6.12"), TcpResetHook::Auto).unwrap();
+        let (plan_6_12, ..) = plan(&kernel("6.12"), Hook::Auto).unwrap();
         assert!(!plan_6_12.programs.iter().any(|p| p.target == "kfree_skb"), "{:?}", plan_6_12.hook);
-        assert!(plan(&kernel("6.1"), TcpResetHook::TcpSendReset).is_err());
-        let (forced, ..) = plan(&kernel("6.18"), TcpResetHook::KfreeSkb).unwrap();
+        assert!(plan(&kernel("6.1"), Hook::TcpSendReset).is_err());
+        let (forced, ..) = plan(&kernel("6.18"), Hook::KfreeSkb).unwrap();
         assert!(forced.programs.iter().any(|p| p.target == "kfree_skb"));
     }
 

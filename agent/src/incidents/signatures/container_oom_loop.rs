@@ -8,9 +8,9 @@ use serde_json::json;
 
 use super::pod_name;
 use crate::{
-    attribution::Attribution,
-    events::{Event, Payload},
-    incidents::{Finding, Remediation, Settings, Severity, Signature, Step, keyed::Keyed, ns},
+    attribution::{Attributed, Attribution},
+    events::Payload,
+    incidents::{Finding, NodeView, Remediation, Settings, Severity, Signature, Step, keyed::Keyed, ns},
 };
 
 pub const NAME: &str = "container-oom-loop";
@@ -41,9 +41,10 @@ impl Signature for ContainerOomLoop {
         NAME
     }
 
-    fn observe(&mut self, event: &Event) {
+    fn observe(&mut self, attributed: &Attributed) {
+        let event = &attributed.event;
         let Payload::OomKill(kill) = &event.payload else { return };
-        let who = event.attribution.clone().unwrap_or_default();
+        let who = attributed.who.clone();
         let Some(uid) = who.pod_uid.clone() else { return };
         // Without a name (no metadata), the runtime id is the best there is.
         let container = if who.container.is_empty() {
@@ -62,7 +63,7 @@ impl Signature for ContainerOomLoop {
         }
     }
 
-    fn evaluate(&mut self, now: u64) -> Vec<Finding> {
+    fn evaluate(&mut self, now: u64, _node: &NodeView) -> Vec<Finding> {
         let (count, window) = (self.count, self.window);
         let mut findings = Vec::new();
         self.by_container.retain(|(uid, name), c| {
@@ -116,23 +117,24 @@ impl Signature for ContainerOomLoop {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{incidents::signatures::tests::*, probes::oom::Scope};
+    use crate::{incidents::signatures::tests::*, probes::oom::Scope, stuck::StuckSet};
 
     #[test]
     fn three_kills_of_one_container_in_an_hour_fire_and_age_out() {
         let web = pod("u1", "web-1");
         let other = pod("u2", "web-2");
         let mut s = ContainerOomLoop::new(&Settings::default());
+        let stuck = StuckSet::default();
         s.observe(&oom(SEC, 10, "java", Scope::Memcg, false, &web));
         s.observe(&oom(100 * SEC, 11, "java", Scope::Memcg, false, &web));
         s.observe(&oom(150 * SEC, 12, "java", Scope::Memcg, false, &other));
-        assert!(s.evaluate(160 * SEC).is_empty(), "two kills each");
+        assert!(s.evaluate(160 * SEC, &node(&stuck)).is_empty(), "two kills each");
         s.observe(&oom(200 * SEC, 13, "java", Scope::Memcg, false, &web));
-        let f = s.evaluate(201 * SEC);
+        let f = s.evaluate(201 * SEC, &node(&stuck));
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].key, "u1/app");
         assert!(f[0].summary.contains("3 times"), "{}", f[0].summary);
         // An hour after the first kill it no longer counts.
-        assert!(s.evaluate(3602 * SEC).is_empty());
+        assert!(s.evaluate(3602 * SEC, &node(&stuck)).is_empty());
     }
 }

@@ -1,5 +1,5 @@
-//! One module per signature, each with its own tests, plus what several of them share: the set of
-//! tasks hung right now.
+//! One module per signature, each with its own tests (the engine lists them), plus the wording
+//! they share. Stuck tasks are not theirs: they read the one set (`stuck.rs`) when evaluated.
 
 pub mod container_oom_loop;
 pub mod nfs_node_wide_stall;
@@ -8,110 +8,7 @@ pub mod nfs_sidecar_redirect;
 pub mod pod_termination_blocked;
 pub mod system_oom;
 
-use std::{collections::HashMap, sync::Arc};
-
-use serde::Serialize;
-
-use super::{Settings, Signature};
-use crate::{
-    attribution::Attribution,
-    events::{Event, Payload},
-    probes::hung_task::WaitClass,
-};
-
-/// Every signature, configured.
-pub fn all(settings: &Settings) -> Vec<Box<dyn Signature>> {
-    vec![
-        Box::new(nfs_sidecar_redirect::NfsSidecarRedirect::new(settings)),
-        Box::new(nfs_server_unreachable::NfsServerUnreachable::new(settings)),
-        Box::new(nfs_node_wide_stall::NfsNodeWideStall::new(settings)),
-        Box::new(pod_termination_blocked::PodTerminationBlocked::new(settings)),
-        Box::new(system_oom::SystemOom::new(settings)),
-        Box::new(container_oom_loop::ContainerOomLoop::new(settings)),
-    ]
-}
-
-/// Frames of a stuck task's stack kept as evidence.
-const STACK_FRAMES: usize = 16;
-/// Hung tasks tracked at most (the hung-task tracker has the same bound).
-const MAX_STUCK: usize = 10_000;
-
-/// A task the kernel's hung-task detector reported, until it is cleared.
-#[derive(Debug, Clone, Serialize)]
-pub struct StuckTask {
-    pub pid: u32,
-    pub tid: u32,
-    pub comm: String,
-    pub wait: WaitClass,
-    /// Blocked time as last reported, plus the time since then.
-    pub blocked_secs: u64,
-    pub exiting: bool,
-    pub stack: Vec<String>,
-    #[serde(skip)]
-    pub who: Arc<Attribution>,
-    #[serde(skip)]
-    reported_unix_ns: u64,
-    #[serde(skip)]
-    reported_blocked_secs: u64,
-}
-
-/// Hung tasks now, by tid.
-#[derive(Default)]
-pub struct StuckTasks {
-    tasks: HashMap<u32, StuckTask>,
-}
-
-impl StuckTasks {
-    pub fn observe(&mut self, event: &Event) {
-        match &event.payload {
-            Payload::HungTask(hung)
-                if self.tasks.len() < MAX_STUCK || self.tasks.contains_key(&event.header.pid) =>
-            {
-                let blocked = hung.blocked_secs.unwrap_or(0);
-                self.tasks.insert(
-                    event.header.pid,
-                    StuckTask {
-                        pid: event.header.tgid,
-                        tid: event.header.pid,
-                        comm: event.header.comm.clone(),
-                        wait: hung.wait,
-                        blocked_secs: blocked,
-                        exiting: hung.exiting,
-                        stack: hung.stack.texts().take(STACK_FRAMES).collect(),
-                        who: event.attribution.clone().unwrap_or_default(),
-                        reported_unix_ns: event.header.time_unix_ns,
-                        reported_blocked_secs: blocked,
-                    },
-                );
-            }
-            Payload::HungTaskCleared(_) => {
-                self.tasks.remove(&event.header.pid);
-            }
-            _ => {}
-        }
-    }
-
-    /// The tasks of pod `uid`, blocked times brought up to `now`.
-    pub fn of_pod(&self, uid: &str, now_unix_ns: u64) -> Vec<StuckTask> {
-        self.all(now_unix_ns).into_iter().filter(|t| t.who.pod_uid.as_deref() == Some(uid)).collect()
-    }
-
-    /// Every stuck task, blocked times brought up to `now`, longest first.
-    pub fn all(&self, now_unix_ns: u64) -> Vec<StuckTask> {
-        let mut all: Vec<StuckTask> = self
-            .tasks
-            .values()
-            .map(|t| {
-                let mut t = t.clone();
-                t.blocked_secs =
-                    t.reported_blocked_secs + now_unix_ns.saturating_sub(t.reported_unix_ns) / 1_000_000_000;
-                t
-            })
-            .collect();
-        all.sort_by(|a, b| b.blocked_secs.cmp(&a.blocked_secs).then(a.tid.cmp(&b.tid)));
-        all
-    }
-}
+use crate::attribution::Attribution;
 
 /// `namespace/pod`, or what is known instead.
 pub fn pod_name(who: &Attribution) -> String {
@@ -138,16 +35,18 @@ pub(crate) mod tests {
 
     use std::{net::IpAddr, sync::Arc};
 
+    use crate::attribution::NodeMemory;
     use crate::{
-        attribution::{Attribution, Via},
+        attribution::{Attributed, Attribution, Via},
         events::{Event, Header, Payload},
-        hung_tasks::HungTaskCleared,
+        incidents::NodeView,
         probes::{
             hung_task::{HungTask, WaitClass},
             nfs::{Nfs, What},
             oom::{Invoker, OomKill, Scope},
             tcp_reset::{Direction, TcpReset},
         },
+        stuck::StuckSet,
         symbols::Stack,
     };
 
@@ -167,8 +66,8 @@ pub(crate) mod tests {
         })
     }
 
-    fn event(t: u64, pid: u32, comm: &str, payload: Payload, who: &Arc<Attribution>) -> Event {
-        Event {
+    fn event(t: u64, pid: u32, comm: &str, payload: Payload, who: &Arc<Attribution>) -> Attributed {
+        let event = Event {
             header: Header {
                 probe: "test",
                 time_unix_ns: t,
@@ -179,12 +78,12 @@ pub(crate) mod tests {
                 netns: NETNS,
             },
             payload,
-            attribution: Some(who.clone()),
-        }
+        };
+        Attributed { event, who: who.clone() }
     }
 
     /// A SYN to `SERVER:port` redirected to local port 15001 and reset (sent, no socket).
-    pub fn redirected_reset(t: u64, port: u16, who: &Arc<Attribution>) -> Event {
+    pub fn redirected_reset(t: u64, port: u16, who: &Arc<Attribution>) -> Attributed {
         let server: IpAddr = SERVER.parse().unwrap();
         let local: IpAddr = "10.0.0.7".parse().unwrap();
         let reset = TcpReset {
@@ -204,7 +103,7 @@ pub(crate) mod tests {
         event(t, 0, "swapper/1", Payload::TcpReset(reset), who)
     }
 
-    pub fn nfs(t: u64, what: What, who: &Arc<Attribution>) -> Event {
+    pub fn nfs(t: u64, what: What, who: &Arc<Attribution>) -> Attributed {
         let n = Nfs {
             what,
             server_addr: Some(SERVER.parse().unwrap()),
@@ -222,7 +121,21 @@ pub(crate) mod tests {
         event(t, 77, "kworker/u4:1", Payload::Nfs(n), who)
     }
 
-    pub fn hung(t: u64, tid: u32, wait: WaitClass, blocked: u64, who: &Arc<Attribution>) -> Event {
+    /// A stuck-task set holding what the reports say.
+    pub fn stuck(reports: &[Attributed]) -> StuckSet {
+        let mut set = StuckSet::default();
+        for r in reports {
+            set.report(r);
+        }
+        set
+    }
+
+    /// The node as the signatures see it when evaluated.
+    pub fn node(stuck: &StuckSet) -> NodeView<'_> {
+        NodeView { stuck, memory: NodeMemory::default() }
+    }
+
+    pub fn hung(t: u64, tid: u32, wait: WaitClass, blocked: u64, who: &Arc<Attribution>) -> Attributed {
         let h = HungTask {
             blocked_secs: Some(blocked),
             wait,
@@ -239,12 +152,14 @@ pub(crate) mod tests {
         event(t, tid, "java", Payload::HungTask(h), who)
     }
 
-    pub fn cleared(t: u64, tid: u32, who: &Arc<Attribution>) -> Event {
-        let c = HungTaskCleared { wait: WaitClass::Nfs, blocked_secs: Some(1), why: "left_d_state" };
-        event(t, tid, "java", Payload::HungTaskCleared(c), who)
-    }
-
-    pub fn oom(t: u64, pid: u32, comm: &str, scope: Scope, critical: bool, who: &Arc<Attribution>) -> Event {
+    pub fn oom(
+        t: u64,
+        pid: u32,
+        comm: &str,
+        scope: Scope,
+        critical: bool,
+        who: &Arc<Attribution>,
+    ) -> Attributed {
         let k = OomKill {
             scope,
             critical,

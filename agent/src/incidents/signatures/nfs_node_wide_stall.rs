@@ -10,11 +10,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::json;
 
-use super::{StuckTasks, human_secs, pod_name};
+use super::{human_secs, pod_name};
 use crate::{
-    events::{Event, Payload},
-    incidents::{Finding, Remediation, Settings, Severity, Signature, Step},
+    attribution::Attributed,
+    events::Payload,
+    incidents::{Finding, NodeView, Remediation, Settings, Severity, Signature, Step},
     probes::{hung_task::WaitClass, nfs::What},
+    stuck::StuckTask,
 };
 
 pub const NAME: &str = "nfs-node-wide-stall";
@@ -23,7 +25,6 @@ const MAX_PODS: usize = 10_000;
 
 pub struct NfsNodeWideStall {
     min_pods: usize,
-    stuck: StuckTasks,
     /// Pod UID -> the NFS servers its network namespace's transports used.
     servers_of_pod: HashMap<String, BTreeSet<String>>,
     /// Servers this node saw RPC timeouts or state-manager failures from.
@@ -34,7 +35,6 @@ impl NfsNodeWideStall {
     pub fn new(settings: &Settings) -> Self {
         Self {
             min_pods: settings.node_wide_min_pods.max(2) as usize,
-            stuck: StuckTasks::default(),
             servers_of_pod: HashMap::new(),
             failing: BTreeSet::new(),
         }
@@ -46,34 +46,29 @@ impl Signature for NfsNodeWideStall {
         NAME
     }
 
-    fn observe(&mut self, event: &Event) {
-        match &event.payload {
-            Payload::HungTask(_) | Payload::HungTaskCleared(_) => self.stuck.observe(event),
-            Payload::Nfs(nfs) => {
-                let Some(server) = nfs.server_addr.map(|a| a.to_string()) else { return };
-                if let Some(uid) = event.attribution.as_ref().and_then(|a| a.pod_uid.clone())
-                    && (self.servers_of_pod.len() < MAX_PODS || self.servers_of_pod.contains_key(&uid))
-                {
-                    self.servers_of_pod.entry(uid).or_default().insert(server.clone());
-                }
-                match nfs.what {
-                    What::Timeout | What::StateManagerFailed => {
-                        self.failing.insert(server);
-                    }
-                    What::ServerResponding => {
-                        self.failing.remove(&server);
-                    }
-                    _ => {}
-                }
+    fn observe(&mut self, attributed: &Attributed) {
+        let Payload::Nfs(nfs) = &attributed.event.payload else { return };
+        let Some(server) = nfs.server_addr.map(|a| a.to_string()) else { return };
+        if let Some(uid) = attributed.who.pod_uid.clone()
+            && (self.servers_of_pod.len() < MAX_PODS || self.servers_of_pod.contains_key(&uid))
+        {
+            self.servers_of_pod.entry(uid).or_default().insert(server.clone());
+        }
+        match nfs.what {
+            What::Timeout | What::StateManagerFailed => {
+                self.failing.insert(server);
+            }
+            What::ServerResponding => {
+                self.failing.remove(&server);
             }
             _ => {}
         }
     }
 
-    fn evaluate(&mut self, now: u64) -> Vec<Finding> {
-        let tasks: Vec<_> = self.stuck.all(now).into_iter().filter(|t| t.wait == WaitClass::Nfs).collect();
+    fn evaluate(&mut self, now: u64, node: &NodeView) -> Vec<Finding> {
+        let tasks: Vec<_> = node.stuck.all(now).into_iter().filter(|t| t.wait == WaitClass::Nfs).collect();
         // Pods (or the host) with a task stuck in NFS.
-        let mut by_pod: BTreeMap<String, Vec<&super::StuckTask>> = BTreeMap::new();
+        let mut by_pod: BTreeMap<String, Vec<&StuckTask>> = BTreeMap::new();
         for t in &tasks {
             let key = t.who.pod_uid.clone().unwrap_or_else(|| "host".into());
             by_pod.entry(key).or_default().push(t);
@@ -140,22 +135,22 @@ impl Signature for NfsNodeWideStall {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::incidents::signatures::tests::*;
+    use crate::{incidents::signatures::tests::*, stuck::TaskState};
 
     #[test]
     fn two_pods_stuck_on_one_server_are_one_node_incident() {
         let (a, b) = (pod("u1", "web-1"), pod("u2", "db-0"));
         let mut s = NfsNodeWideStall::new(&Settings::default());
         s.observe(&nfs(SEC, What::Timeout, &a));
-        s.observe(&hung(2 * SEC, 10, WaitClass::Nfs, 120, &a));
-        assert!(s.evaluate(3 * SEC).is_empty(), "one pod: that is pod-termination-blocked's");
-        s.observe(&hung(4 * SEC, 20, WaitClass::Writeback, 120, &b));
-        assert!(s.evaluate(5 * SEC).is_empty(), "the second pod is not stuck in NFS");
-        s.observe(&hung(6 * SEC, 21, WaitClass::Nfs, 120, &b));
-        let f = s.evaluate(7 * SEC);
+        let mut stuck = stuck(&[hung(2 * SEC, 10, WaitClass::Nfs, 120, &a)]);
+        assert!(s.evaluate(3 * SEC, &node(&stuck)).is_empty(), "one pod: that is pod-termination-blocked's");
+        stuck.report(&hung(4 * SEC, 20, WaitClass::Writeback, 120, &b));
+        assert!(s.evaluate(5 * SEC, &node(&stuck)).is_empty(), "the second pod is not stuck in NFS");
+        stuck.report(&hung(6 * SEC, 21, WaitClass::Nfs, 120, &b));
+        let f = s.evaluate(7 * SEC, &node(&stuck));
         assert_eq!((f.len(), f[0].key.as_str(), f[0].severity), (1, SERVER, Severity::Critical));
         assert_eq!(f[0].evidence["pods"], json!(["shop/web-1", "shop/db-0"]));
-        s.observe(&cleared(8 * SEC, 21, &b));
-        assert!(s.evaluate(9 * SEC).is_empty());
+        stuck.clear(&[((21, 21), TaskState::Other)], 8 * SEC);
+        assert!(s.evaluate(9 * SEC, &node(&stuck)).is_empty());
     }
 }

@@ -13,8 +13,9 @@ use serde_json::json;
 
 use super::{nfs_sidecar_redirect::redirected_nfs_port, pod_name};
 use crate::{
-    events::{Event, Payload},
-    incidents::{Finding, Remediation, Settings, Severity, Signature, Step, keyed::Keyed, ns},
+    attribution::Attributed,
+    events::Payload,
+    incidents::{Finding, NodeView, Remediation, Settings, Severity, Signature, Step, keyed::Keyed, ns},
     probes::nfs::What,
 };
 
@@ -61,7 +62,8 @@ impl Signature for NfsServerUnreachable {
         NAME
     }
 
-    fn observe(&mut self, event: &Event) {
+    fn observe(&mut self, attributed: &Attributed) {
+        let event = &attributed.event;
         let t = event.header.time_unix_ns;
         match &event.payload {
             Payload::TcpReset(r)
@@ -87,7 +89,7 @@ impl Signature for NfsServerUnreachable {
                 if !error {
                     return;
                 }
-                let who = event.attribution.clone().unwrap_or_default();
+                let who = attributed.who.clone();
                 let s = self.by_server.touch(&addr, t, Server::default);
                 if nfs.what == What::Timeout {
                     s.timeouts += 1;
@@ -105,7 +107,7 @@ impl Signature for NfsServerUnreachable {
         }
     }
 
-    fn evaluate(&mut self, now: u64) -> Vec<Finding> {
+    fn evaluate(&mut self, now: u64, _node: &NodeView) -> Vec<Finding> {
         let (window, quiet) = (self.window, self.quiet);
         let mut findings = Vec::new();
         self.by_server.retain(|addr, s| {
@@ -180,47 +182,50 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::incidents::signatures::tests::*;
+    use crate::{incidents::signatures::tests::*, stuck::StuckSet};
 
     #[test]
     fn timeouts_fire_per_server_and_a_reply_resolves() {
         let web = pod("u1", "web-1");
         let mut s = NfsServerUnreachable::new(&Settings::default());
+        let stuck = StuckSet::default();
         s.observe(&nfs(10 * SEC, What::Retransmit, &web));
-        assert!(s.evaluate(11 * SEC).is_empty(), "a retransmit is not an outage");
+        assert!(s.evaluate(11 * SEC, &node(&stuck)).is_empty(), "a retransmit is not an outage");
         s.observe(&nfs(12 * SEC, What::Timeout, &web));
-        let f = s.evaluate(13 * SEC);
+        let f = s.evaluate(13 * SEC, &node(&stuck));
         assert_eq!((f.len(), f[0].key.as_str()), (1, SERVER));
         assert_eq!(f[0].evidence["errors_by_pod"]["shop/web-1"], 1);
         s.observe(&nfs(20 * SEC, What::ServerResponding, &web));
-        assert!(s.evaluate(21 * SEC).is_empty());
+        assert!(s.evaluate(21 * SEC, &node(&stuck)).is_empty());
     }
 
     #[test]
     fn redirected_namespaces_are_not_this_signature() {
         let web = pod("u1", "web-1");
         let mut s = NfsServerUnreachable::new(&Settings::default());
+        let stuck = StuckSet::default();
         s.observe(&redirected_reset(SEC, 2049, &web));
         s.observe(&nfs(2 * SEC, What::Timeout, &web));
-        assert!(s.evaluate(3 * SEC).is_empty());
+        assert!(s.evaluate(3 * SEC, &node(&stuck)).is_empty());
     }
 
     #[test]
     fn connect_errors_need_a_few_and_quiet_resolves() {
         let web = pod("u1", "web-1");
         let mut s = NfsServerUnreachable::new(&Settings::default());
+        let stuck = StuckSet::default();
         let refused = |t| {
             let mut e = nfs(t, What::SocketConnect, &web);
-            if let Payload::Nfs(n) = &mut e.payload {
+            if let Payload::Nfs(n) = &mut e.event.payload {
                 n.error = Some(-libc::ECONNREFUSED);
             }
             e
         };
         s.observe(&refused(SEC));
         s.observe(&refused(2 * SEC));
-        assert!(s.evaluate(3 * SEC).is_empty());
+        assert!(s.evaluate(3 * SEC, &node(&stuck)).is_empty());
         s.observe(&refused(3 * SEC));
-        assert_eq!(s.evaluate(4 * SEC).len(), 1);
-        assert!(s.evaluate(70 * SEC).is_empty(), "quiet for the window");
+        assert_eq!(s.evaluate(4 * SEC, &node(&stuck)).len(), 1);
+        assert!(s.evaluate(70 * SEC, &node(&stuck)).is_empty(), "quiet for the window");
     }
 }

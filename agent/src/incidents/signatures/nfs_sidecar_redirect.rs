@@ -16,16 +16,17 @@ use std::{
 
 use serde_json::json;
 
-use super::{StuckTask, StuckTasks, human_secs, pod_name};
+use super::{human_secs, pod_name};
 use crate::{
-    attribution::Attribution,
-    events::{Event, Payload},
-    incidents::{Finding, Remediation, Settings, Severity, Signature, Step, keyed::Keyed, ns},
+    attribution::{Attributed, Attribution},
+    events::Payload,
+    incidents::{Finding, NodeView, Remediation, Settings, Severity, Signature, Step, keyed::Keyed, ns},
     probes::{
         hung_task::WaitClass,
         nfs::What,
         tcp_reset::{Direction, TcpReset},
     },
+    stuck::StuckTask,
 };
 
 pub const NAME: &str = "nfs-sidecar-redirect";
@@ -38,7 +39,6 @@ pub struct NfsSidecarRedirect {
     window: u64,
     quiet: u64,
     by_netns: Keyed<u32, Namespace>,
-    stuck: StuckTasks,
 }
 
 /// One pod network namespace's redirected NFS connections.
@@ -69,7 +69,6 @@ impl NfsSidecarRedirect {
             window: ns(settings.redirect_window),
             quiet: ns(settings.quiet_window),
             by_netns: Keyed::new(super::super::keyed::DEFAULT_CAP),
-            stuck: StuckTasks::default(),
         }
     }
 }
@@ -87,13 +86,14 @@ impl Signature for NfsSidecarRedirect {
         NAME
     }
 
-    fn observe(&mut self, event: &Event) {
+    fn observe(&mut self, attributed: &Attributed) {
+        let event = &attributed.event;
         let t = event.header.time_unix_ns;
         let netns = event.header.netns;
         match &event.payload {
             Payload::TcpReset(reset) => {
                 let Some(port) = redirected_nfs_port(reset, &self.nfs_ports) else { return };
-                let who = event.attribution.clone().unwrap_or_default();
+                let who = attributed.who.clone();
                 let ns = self.by_netns.touch(&netns, t, || Namespace::new(netns, who.clone()));
                 ns.who = who;
                 if ns.resets.len() >= MAX_TIMES {
@@ -124,14 +124,13 @@ impl Signature for NfsSidecarRedirect {
                     _ => {}
                 }
             }
-            Payload::HungTask(_) | Payload::HungTaskCleared(_) => self.stuck.observe(event),
             _ => {}
         }
     }
 
-    fn evaluate(&mut self, now: u64) -> Vec<Finding> {
+    fn evaluate(&mut self, now: u64, node: &NodeView) -> Vec<Finding> {
         let (window, quiet, min) = (self.window, self.quiet, self.min_resets);
-        let stuck = &self.stuck;
+        let stuck = node.stuck;
         let mut findings = Vec::new();
         self.by_netns.retain(|_, ns| {
             while ns.resets.front().is_some_and(|&r| now.saturating_sub(r) > window) {
@@ -309,7 +308,10 @@ impl Namespace {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::incidents::signatures::tests::*;
+    use crate::{
+        incidents::signatures::tests::*,
+        stuck::{StuckSet, TaskState},
+    };
 
     const UID: &str = "0c2a5b1e-7f3d-4c1a-9e8b-1234567890ab";
 
@@ -321,12 +323,12 @@ mod tests {
     fn redirected_nfs_resets_with_a_stuck_writer_fire_critical_with_the_way_out() {
         let who = pod(UID, "web-1");
         let mut s = signature();
-        s.observe(&hung(100 * SEC, 4243, WaitClass::Nfs, 120, &who));
+        let stuck = stuck(&[hung(100 * SEC, 4243, WaitClass::Nfs, 120, &who)]);
         s.observe(&redirected_reset(101 * SEC, 2049, &who));
-        assert!(s.evaluate(101 * SEC).is_empty(), "one reset is not yet a pattern");
+        assert!(s.evaluate(101 * SEC, &node(&stuck)).is_empty(), "one reset is not yet a pattern");
         s.observe(&nfs(102 * SEC, What::Timeout, &who));
         s.observe(&redirected_reset(105 * SEC, 2049, &who));
-        let f = s.evaluate(106 * SEC);
+        let f = s.evaluate(106 * SEC, &node(&stuck));
         assert_eq!(f.len(), 1);
         let f = &f[0];
         assert_eq!((f.severity, f.who.pod.as_str()), (Severity::Critical, "web-1"));
@@ -350,24 +352,25 @@ mod tests {
     fn near_misses_do_not_fire() {
         let who = pod(UID, "web-1");
         let mut s = signature();
+        let stuck = StuckSet::default();
         // Not redirected (a refused NFS port without NAT), not an NFS port, received not sent.
         let mut plain = redirected_reset(SEC, 2049, &who);
-        if let Payload::TcpReset(r) = &mut plain.payload {
+        if let Payload::TcpReset(r) = &mut plain.event.payload {
             r.local_port = 2049;
         }
         let other_port = redirected_reset(2 * SEC, 443, &who);
         let mut received = redirected_reset(3 * SEC, 2049, &who);
-        if let Payload::TcpReset(r) = &mut received.payload {
+        if let Payload::TcpReset(r) = &mut received.event.payload {
             r.direction = Direction::Received;
         }
         for e in [&plain, &plain, &other_port, &other_port, &received, &received] {
             s.observe(e);
         }
-        assert!(s.evaluate(4 * SEC).is_empty());
+        assert!(s.evaluate(4 * SEC, &node(&stuck)).is_empty());
         // Two resets too far apart for the window.
         s.observe(&redirected_reset(10 * SEC, 2049, &who));
         s.observe(&redirected_reset(700 * SEC, 2049, &who));
-        assert!(s.evaluate(701 * SEC).is_empty());
+        assert!(s.evaluate(701 * SEC, &node(&stuck)).is_empty());
     }
 
     /// The proxy listening on the redirect port resets its own connections when it is killed:
@@ -376,9 +379,10 @@ mod tests {
     fn the_proxys_own_resets_do_not_count() {
         let who = pod(UID, "web-1");
         let mut s = signature();
+        let stuck = StuckSet::default();
         let proxys_own = |t: u64| {
             let mut e = redirected_reset(t, 2049, &who);
-            if let Payload::TcpReset(r) = &mut e.payload {
+            if let Payload::TcpReset(r) = &mut e.event.payload {
                 (r.has_socket, r.original_dst_addr, r.original_dst_port, r.redirect_port) =
                     (true, None, None, None);
                 (r.reason, r.tcp_state) = (Some("TCP_ABORT_ON_CLOSE".into()), Some("CLOSE"));
@@ -388,11 +392,11 @@ mod tests {
         for t in 1..=5 {
             s.observe(&proxys_own(t * SEC));
         }
-        assert!(s.evaluate(6 * SEC).is_empty());
+        assert!(s.evaluate(6 * SEC, &node(&stuck)).is_empty());
         s.observe(&redirected_reset(7 * SEC, 2049, &who));
         s.observe(&proxys_own(8 * SEC));
         s.observe(&redirected_reset(9 * SEC, 2049, &who));
-        let f = s.evaluate(10 * SEC);
+        let f = s.evaluate(10 * SEC, &node(&stuck));
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].evidence["resets_total"], 2, "{:#}", f[0].evidence);
     }
@@ -401,22 +405,22 @@ mod tests {
     fn resolves_once_rpcs_complete_quiet_and_no_task_is_stuck() {
         let who = pod(UID, "web-1");
         let mut s = signature();
-        s.observe(&hung(100 * SEC, 4243, WaitClass::Nfs, 120, &who));
+        let mut stuck = stuck(&[hung(100 * SEC, 4243, WaitClass::Nfs, 120, &who)]);
         s.observe(&redirected_reset(101 * SEC, 111, &who));
         s.observe(&redirected_reset(102 * SEC, 111, &who));
         s.observe(&nfs(103 * SEC, What::Timeout, &who));
-        assert_eq!(s.evaluate(104 * SEC).len(), 1);
+        assert_eq!(s.evaluate(104 * SEC, &node(&stuck)).len(), 1);
         // Quiet, but the task is still stuck and RPCs have not completed: still firing.
-        assert_eq!(s.evaluate(200 * SEC).len(), 1);
+        assert_eq!(s.evaluate(200 * SEC, &node(&stuck)).len(), 1);
         // The rule is deleted: the server answers, the flush completes.
         s.observe(&nfs(201 * SEC, What::ServerResponding, &who));
-        assert_eq!(s.evaluate(202 * SEC).len(), 1, "the task is still stuck");
-        s.observe(&cleared(203 * SEC, 4243, &who));
-        assert!(s.evaluate(204 * SEC).is_empty());
+        assert_eq!(s.evaluate(202 * SEC, &node(&stuck)).len(), 1, "the task is still stuck");
+        stuck.clear(&[((4243, 4243), TaskState::Gone)], 203 * SEC);
+        assert!(s.evaluate(204 * SEC, &node(&stuck)).is_empty());
         // Fires anew on new resets.
         s.observe(&redirected_reset(300 * SEC, 111, &who));
         s.observe(&redirected_reset(301 * SEC, 111, &who));
-        let f = s.evaluate(302 * SEC);
+        let f = s.evaluate(302 * SEC, &node(&stuck));
         assert_eq!((f.len(), f[0].severity), (1, Severity::Warning));
     }
 }

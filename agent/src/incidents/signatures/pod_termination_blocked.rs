@@ -5,23 +5,22 @@
 
 use serde_json::json;
 
-use super::{StuckTasks, human_secs, pod_name};
+use super::{human_secs, pod_name};
 use crate::{
-    events::{Event, Payload},
-    incidents::{Finding, Remediation, Settings, Severity, Signature, Step},
+    incidents::{Finding, NodeView, Remediation, Settings, Severity, Signature, Step},
     probes::hung_task::WaitClass,
+    stuck::StuckTask,
 };
 
 pub const NAME: &str = "pod-termination-blocked";
 
 pub struct PodTerminationBlocked {
     after_secs: u64,
-    stuck: StuckTasks,
 }
 
 impl PodTerminationBlocked {
     pub fn new(settings: &Settings) -> Self {
-        Self { after_secs: settings.termination_blocked_after.as_secs(), stuck: StuckTasks::default() }
+        Self { after_secs: settings.termination_blocked_after.as_secs() }
     }
 }
 
@@ -30,16 +29,10 @@ impl Signature for PodTerminationBlocked {
         NAME
     }
 
-    fn observe(&mut self, event: &Event) {
-        if matches!(event.payload, Payload::HungTask(_) | Payload::HungTaskCleared(_)) {
-            self.stuck.observe(event);
-        }
-    }
-
-    fn evaluate(&mut self, now: u64) -> Vec<Finding> {
+    fn evaluate(&mut self, now: u64, node: &NodeView) -> Vec<Finding> {
         // One incident per pod, its tasks longest-blocked first.
-        let mut by_pod: std::collections::BTreeMap<String, Vec<super::StuckTask>> = Default::default();
-        for task in self.stuck.all(now).into_iter().filter(|t| t.blocked_secs >= self.after_secs) {
+        let mut by_pod: std::collections::BTreeMap<String, Vec<StuckTask>> = Default::default();
+        for task in node.stuck.all(now).into_iter().filter(|t| t.blocked_secs >= self.after_secs) {
             if let Some(uid) = task.who.pod_uid.clone() {
                 by_pod.entry(uid).or_default().push(task);
             }
@@ -111,28 +104,28 @@ fn remediation(wait: WaitClass, pid: u32, tid: u32) -> Remediation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::incidents::signatures::tests::*;
+    use crate::{incidents::signatures::tests::*, stuck::TaskState};
 
     #[test]
     fn a_pod_task_hung_past_the_threshold_fires_until_it_clears() {
         let web = pod("u1", "web-1");
         let mut s = PodTerminationBlocked::new(&Settings::default());
-        s.observe(&hung(100 * SEC, 10, WaitClass::Nfs, 30, &web));
-        assert!(s.evaluate(100 * SEC).is_empty(), "30 s is below the 60 s threshold");
-        let f = s.evaluate(131 * SEC);
+        let mut stuck = stuck(&[hung(100 * SEC, 10, WaitClass::Nfs, 30, &web)]);
+        assert!(s.evaluate(100 * SEC, &node(&stuck)).is_empty(), "30 s is below the 60 s threshold");
+        let f = s.evaluate(131 * SEC, &node(&stuck));
         assert_eq!(f.len(), 1);
         assert_eq!((f[0].key.as_str(), f[0].severity), ("u1", Severity::Critical));
         assert_eq!(f[0].evidence["stuck_tasks"][0]["blocked_secs"], 61);
         assert!(f[0].summary.contains("shop/web-1"), "{}", f[0].summary);
-        s.observe(&cleared(140 * SEC, 10, &web));
-        assert!(s.evaluate(141 * SEC).is_empty());
+        stuck.clear(&[((10, 10), TaskState::Other)], 140 * SEC);
+        assert!(s.evaluate(141 * SEC, &node(&stuck)).is_empty());
     }
 
     #[test]
     fn host_tasks_are_not_pod_incidents() {
         let host = std::sync::Arc::new(crate::attribution::Attribution { host: true, ..Default::default() });
         let mut s = PodTerminationBlocked::new(&Settings::default());
-        s.observe(&hung(100 * SEC, 10, WaitClass::Writeback, 600, &host));
-        assert!(s.evaluate(100 * SEC).is_empty());
+        let stuck = stuck(&[hung(100 * SEC, 10, WaitClass::Writeback, 600, &host)]);
+        assert!(s.evaluate(100 * SEC, &node(&stuck)).is_empty());
     }
 }

@@ -10,9 +10,9 @@ use serde_json::json;
 
 use super::pod_name;
 use crate::{
-    attribution::Attribution,
-    events::{Event, Payload},
-    incidents::{Finding, Remediation, Settings, Severity, Signature, Step, ns},
+    attribution::{Attributed, Attribution},
+    events::Payload,
+    incidents::{Finding, NodeView, Remediation, Settings, Severity, Signature, Step, ns},
     probes::oom::Scope,
 };
 
@@ -24,8 +24,6 @@ const MAX_KILLS: usize = 10_000;
 pub struct SystemOom {
     hold: u64,
     kills: VecDeque<Kill>,
-    pod_limits_bytes: u64,
-    node_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -36,20 +34,18 @@ struct Kill {
     critical: bool,
     anon_rss_bytes: Option<u64>,
     victim: String,
-    /// Sum of pod memory limits / node memory when it happened.
+    /// Sum of pod memory limits / node memory when it happened (at the evaluation after it:
+    /// the node's memory is known from the cgroup walk, every few seconds).
     memory_limit_overcommit_ratio: Option<f64>,
+    #[serde(skip)]
+    ratio_taken: bool,
     #[serde(skip)]
     who: std::sync::Arc<Attribution>,
 }
 
 impl SystemOom {
     pub fn new(settings: &Settings) -> Self {
-        Self {
-            hold: ns(settings.system_oom_hold),
-            kills: VecDeque::new(),
-            pod_limits_bytes: 0,
-            node_bytes: 0,
-        }
+        Self { hold: ns(settings.system_oom_hold), kills: VecDeque::new() }
     }
 }
 
@@ -58,7 +54,8 @@ impl Signature for SystemOom {
         NAME
     }
 
-    fn observe(&mut self, event: &Event) {
+    fn observe(&mut self, attributed: &Attributed) {
+        let event = &attributed.event;
         let Payload::OomKill(kill) = &event.payload else { return };
         if kill.scope != Scope::Global {
             return;
@@ -66,14 +63,15 @@ impl Signature for SystemOom {
         if self.kills.len() >= MAX_KILLS {
             self.kills.pop_front();
         }
-        let who = event.attribution.clone().unwrap_or_default();
+        let who = attributed.who.clone();
         self.kills.push_back(Kill {
             time_unix_ns: event.header.time_unix_ns,
             pid: event.header.tgid,
             comm: event.header.comm.clone(),
             critical: kill.critical,
             anon_rss_bytes: kill.anon_rss_bytes,
-            memory_limit_overcommit_ratio: overcommit(self.pod_limits_bytes, self.node_bytes),
+            memory_limit_overcommit_ratio: None,
+            ratio_taken: false,
             victim: if who.host {
                 who.unit.clone().unwrap_or_else(|| "host process".into())
             } else {
@@ -83,9 +81,13 @@ impl Signature for SystemOom {
         });
     }
 
-    fn evaluate(&mut self, now: u64) -> Vec<Finding> {
+    fn evaluate(&mut self, now: u64, node: &NodeView) -> Vec<Finding> {
         while self.kills.front().is_some_and(|k| now.saturating_sub(k.time_unix_ns) > DAY_NS) {
             self.kills.pop_front();
+        }
+        for kill in self.kills.iter_mut().rev().take_while(|k| !k.ratio_taken) {
+            kill.memory_limit_overcommit_ratio = node.memory.overcommit();
+            kill.ratio_taken = true;
         }
         let recent: Vec<&Kill> =
             self.kills.iter().filter(|k| now.saturating_sub(k.time_unix_ns) <= self.hold).collect();
@@ -141,22 +143,12 @@ impl Signature for SystemOom {
     fn evicted(&self) -> u64 {
         0
     }
-
-    fn node_memory(&mut self, pod_limits_bytes: u64, node_bytes: u64) {
-        self.pod_limits_bytes = pod_limits_bytes;
-        self.node_bytes = node_bytes;
-    }
-}
-
-/// Sum of pod memory limits over node memory; `None` when either is unknown.
-pub fn overcommit(pod_limits_bytes: u64, node_bytes: u64) -> Option<f64> {
-    (pod_limits_bytes > 0 && node_bytes > 0).then(|| pod_limits_bytes as f64 / node_bytes as f64)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::incidents::signatures::tests::*;
+    use crate::{attribution::NodeMemory, incidents::signatures::tests::*, stuck::StuckSet};
 
     #[test]
     fn global_kills_fire_critical_for_kubelet_and_count_over_a_day() {
@@ -167,22 +159,24 @@ mod tests {
         });
         let web = pod("u1", "web-1");
         let mut s = SystemOom::new(&Settings::default());
+        let stuck = StuckSet::default();
         // Incident 2's node: 4340 Mi of limits on 3369 Mi.
-        s.node_memory(4340 << 20, 3369 << 20);
+        let memory = NodeMemory { pod_limits_bytes: 4340 << 20, node_bytes: 3369 << 20 };
+        let node = NodeView { stuck: &stuck, memory };
         s.observe(&oom(SEC, 9, "python3", Scope::Memcg, false, &web));
-        assert!(s.evaluate(2 * SEC).is_empty(), "a container limit is not a system OOM");
+        assert!(s.evaluate(2 * SEC, &node).is_empty(), "a container limit is not a system OOM");
         s.observe(&oom(10 * SEC, 10, "worker", Scope::Global, false, &web));
-        let f = s.evaluate(11 * SEC);
+        let f = s.evaluate(11 * SEC, &node);
         assert_eq!((f.len(), f[0].severity), (1, Severity::Warning));
         s.observe(&oom(20 * SEC, 11, "kubelet", Scope::Global, true, &host));
-        let f = s.evaluate(21 * SEC);
+        let f = s.evaluate(21 * SEC, &node);
         assert_eq!(f[0].severity, Severity::Critical);
         assert_eq!(f[0].evidence["system_ooms_24h"], 2);
         assert!(f[0].summary.contains("kubelet (pid 11, kubelet.service)"), "{}", f[0].summary);
         assert!(f[0].summary.contains("limits 129% of the node's memory"), "{}", f[0].summary);
         // Resolves after the hold time; the 24 h count remembers.
-        assert!(s.evaluate(700 * SEC).is_empty());
+        assert!(s.evaluate(700 * SEC, &node).is_empty());
         s.observe(&oom(800 * SEC, 12, "alloy", Scope::Global, true, &host));
-        assert_eq!(s.evaluate(801 * SEC)[0].evidence["system_ooms_24h"], 3);
+        assert_eq!(s.evaluate(801 * SEC, &node)[0].evidence["system_ooms_24h"], 3);
     }
 }

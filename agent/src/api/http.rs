@@ -6,7 +6,8 @@ use axum::{Router, extract::State, http::header, response::IntoResponse, routing
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::server::AgentState;
+use super::server;
+use crate::state::AgentState;
 
 pub async fn serve(listener: TcpListener, state: Arc<AgentState>, shutdown: CancellationToken) {
     let app = Router::new()
@@ -24,6 +25,7 @@ async fn metrics_handler(State(state): State<Arc<AgentState>>) -> impl IntoRespo
 }
 
 async fn incidents_handler(State(state): State<Arc<AgentState>>) -> impl IntoResponse {
-    let body = serde_json::to_string(&state.incidents()).unwrap_or_else(|e| format!(r#"{{"error":"{e}"}}"#));
+    let body =
+        serde_json::to_string(&server::incidents(&state)).unwrap_or_else(|e| format!(r#"{{"error":"{e}"}}"#));
     ([(header::CONTENT_TYPE, "application/json")], body)
 }

@@ -1,0 +1,467 @@
+//! The event path: ring buffer -> decode -> attribute (hold an event whose pod is not known yet,
+//! for a bounded time) -> emit to the stuck set, the metrics, the incident signatures and the API
+//! subscribers, in that order, one event at a time. Also the loops around it: the kernel's loss
+//! counters, and the evaluation of incidents once a second.
+//!
+//! The pipeline is the only writer of the stuck set: hung-task reports come from the ring buffer,
+//! task states read from `/proc` (`stuck::watch_states`) come in on a channel, both in order.
+
+use std::{
+    collections::{HashSet, VecDeque},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use aya::maps::{MapData, PerCpuArray, RingBuf};
+use tokio::{
+    io::unix::AsyncFd,
+    sync::{broadcast, mpsc, watch},
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    attribution::{Attributed, Attribution, Index, Key, Resolution, pods::Health},
+    events::{Counts, Decoder, Event, Payload},
+    export::{alertmanager, metrics::Metrics},
+    incidents::{NodeView, engine::Engine},
+    kernel, probes,
+    state::lock,
+    stuck::{StuckSet, TaskState},
+};
+
+/// How long an event whose pod is not known yet waits for the resolver's answer before it goes
+/// out with what is known.
+pub const ATTRIBUTION_HOLD: Duration = Duration::from_millis(100);
+/// How often held events are looked at again.
+const HOLD_CHECK_INTERVAL: Duration = Duration::from_millis(20);
+/// Events held at once at most; beyond it they go out with what is known at once.
+const MAX_HELD: usize = 10_000;
+/// The kernel only wakes the reader once a quarter of the ring buffer is queued (see
+/// `ebpf/src/maps.rs`); below that, events wait at most this long.
+const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
+const LOSS_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the incident signatures are evaluated.
+const INCIDENT_EVALUATION_INTERVAL: Duration = Duration::from_secs(1);
+
+/// States of stuck tasks as `/proc` showed them: ((tgid, tid), state).
+pub type TaskStates = Vec<((u32, u32), TaskState)>;
+
+/// What the pipeline reads and writes; each is owned elsewhere and shared.
+pub struct Pipeline {
+    pub decoder: Decoder,
+    /// The resolver's latest index, and where its misses go.
+    pub index: watch::Receiver<Arc<Index>>,
+    pub misses: mpsc::Sender<Key>,
+    pub pod_source: Health,
+    pub counts: Arc<Counts>,
+    pub metrics: Arc<Metrics>,
+    pub stuck: Arc<Mutex<StuckSet>>,
+    pub incidents: Arc<Mutex<Engine>>,
+    pub events: broadcast::Sender<Arc<Attributed>>,
+    /// `--record-raw`: every record as received, for replaying a decoder bug.
+    pub record_raw: Option<std::io::BufWriter<std::fs::File>>,
+    pub held: Held,
+}
+
+/// Events waiting for the resolver, in arrival order.
+#[derive(Default)]
+pub struct Held {
+    events: VecDeque<HeldEvent>,
+    /// Keys already sent to the resolver (until the next index).
+    asked: HashSet<Key>,
+    /// Keys whose wait ran out: their events are not held again until the next index.
+    gave_up: HashSet<Key>,
+}
+
+struct HeldEvent {
+    until: Instant,
+    key: Key,
+    fallback: Option<Arc<Attribution>>,
+    event: Event,
+}
+
+impl Pipeline {
+    /// One record from the ring buffer, at `now`.
+    pub fn handle(&mut self, bytes: &[u8], now: Instant) {
+        if let Some(out) = &mut self.record_raw {
+            record(out, bytes);
+        }
+        match self.decoder.decode(bytes) {
+            Ok(event) => {
+                self.counts.received(event.header.probe);
+                self.attribute(event, now);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "undecodable event");
+                self.metrics.decode_error(e.label());
+            }
+        }
+    }
+
+    fn attribute(&mut self, event: Event, now: Instant) {
+        let resolution = self.index.borrow().resolve(&event);
+        match resolution {
+            Resolution::Found(who) => self.emit(Attributed { event, who }),
+            Resolution::Missing { key, fallback } => {
+                if self.held.gave_up.contains(&key) {
+                    return self.emit_unresolved(event, fallback);
+                }
+                if self.held.events.len() >= MAX_HELD {
+                    self.metrics.attribution_queue_full("held");
+                    return self.emit_unresolved(event, fallback);
+                }
+                // A full queue means the resolver is busy with misses already: it will walk.
+                if self.held.asked.insert(key) && self.misses.try_send(key).is_err() {
+                    self.metrics.attribution_queue_full("misses");
+                }
+                self.held.events.push_back(HeldEvent { until: now + ATTRIBUTION_HOLD, key, fallback, event });
+            }
+        }
+    }
+
+    /// Sends held events whose answer arrived or whose wait ran out at `now`, in arrival order.
+    pub fn release_held(&mut self, now: Instant) {
+        if self.index.has_changed().unwrap_or(false) {
+            self.index.mark_unchanged();
+            self.held.asked.clear();
+            self.held.gave_up.clear();
+            let index = self.index.borrow().clone();
+            self.metrics.set_attribution(&index, &self.pod_source.get());
+            self.metrics.forget_pods_except(&index.named_pods);
+        }
+        if self.held.events.is_empty() {
+            return;
+        }
+        let index = self.index.borrow().clone();
+        for held in std::mem::take(&mut self.held.events) {
+            match index.resolve(&held.event) {
+                Resolution::Found(who) => self.emit(Attributed { event: held.event, who }),
+                Resolution::Missing { .. } if now >= held.until => {
+                    self.held.gave_up.insert(held.key);
+                    self.emit_unresolved(held.event, held.fallback);
+                }
+                Resolution::Missing { .. } => self.held.events.push_back(held),
+            }
+        }
+    }
+
+    /// Applies what `/proc` showed of stuck tasks: those no longer stuck leave the set, each told
+    /// downstream as a cleared event.
+    pub fn apply_task_states(&mut self, states: &TaskStates, now_unix_ns: u64) {
+        let cleared = {
+            let mut stuck = lock(&self.stuck);
+            let cleared = stuck.clear(states, now_unix_ns);
+            self.metrics.set_stuck_tasks(&stuck, now_unix_ns);
+            cleared
+        };
+        for event in cleared {
+            self.emit(event);
+        }
+    }
+
+    fn emit_unresolved(&mut self, event: Event, fallback: Option<Arc<Attribution>>) {
+        self.emit(Attributed { event, who: fallback.unwrap_or_default() });
+    }
+
+    fn emit(&mut self, attributed: Attributed) {
+        if attributed.unattributed() {
+            self.metrics.unattributed(attributed.event.header.probe);
+        }
+        if matches!(attributed.event.payload, Payload::HungTask(_)) {
+            let mut stuck = lock(&self.stuck);
+            let news = stuck.report(&attributed);
+            self.metrics.set_stuck_tasks(&stuck, attributed.event.header.time_unix_ns);
+            if !news {
+                return;
+            }
+        }
+        self.metrics.observe(&attributed);
+        lock(&self.incidents).observe(&attributed);
+        // No subscriber is not an error.
+        let _ = self.events.send(Arc::new(attributed));
+    }
+
+    /// At shutdown: nothing waits any more.
+    pub fn flush_held(&mut self) {
+        for held in std::mem::take(&mut self.held.events) {
+            self.emit_unresolved(held.event, held.fallback);
+        }
+    }
+}
+
+/// Reads the ring buffer (and the stuck tasks' states) until intake stops, then drains what is
+/// left. Returns the number of records drained after the stop.
+pub async fn run(
+    ring: RingBuf<MapData>,
+    mut pipeline: Pipeline,
+    mut task_states: mpsc::Receiver<TaskStates>,
+    stop: CancellationToken,
+) -> u64 {
+    // SAFETY: the RingBuf owns its fd for as long as the AsyncFd lives.
+    let mut fd = match unsafe { AsyncFd::register(ring) } {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot poll the event ring buffer; no events will be read");
+            return 0;
+        }
+    };
+    let mut drain_tick = tokio::time::interval(DRAIN_INTERVAL);
+    drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut hold_tick = tokio::time::interval(HOLD_CHECK_INTERVAL);
+    hold_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = hold_tick.tick() => pipeline.release_held(Instant::now()),
+            Some(states) = task_states.recv() => pipeline.apply_task_states(&states, kernel::unix_now_ns()),
+            _ = drain_tick.tick() => {
+                let ring = fd.get_mut();
+                while let Some(item) = ring.next() {
+                    pipeline.handle(&item, Instant::now());
+                }
+            }
+            guard = fd.readable_mut() => match guard {
+                Ok(mut guard) => {
+                    let ring = guard.get_inner_mut();
+                    while let Some(item) = ring.next() {
+                        pipeline.handle(&item, Instant::now());
+                    }
+                    guard.clear_ready();
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "event ring buffer poll failed");
+                    break;
+                }
+            },
+        }
+    }
+    let ring = fd.get_mut();
+    let mut drained = 0;
+    while let Some(item) = ring.next() {
+        pipeline.handle(&item, Instant::now());
+        drained += 1;
+    }
+    pipeline.release_held(Instant::now());
+    pipeline.flush_held();
+    if let Some(out) = &mut pipeline.record_raw {
+        let _ = std::io::Write::flush(out);
+    }
+    drained
+}
+
+/// `<kind> <hex bytes>` (--record-raw); a write error stops nothing, it is only logged.
+fn record(out: &mut std::io::BufWriter<std::fs::File>, bytes: &[u8]) {
+    use std::io::Write as _;
+    let kind = bytes.get(..4).map(|k| u32::from_ne_bytes(k.try_into().expect("4 bytes"))).unwrap_or(0);
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    if let Err(e) = writeln!(out, "{kind} {hex}").and_then(|()| out.flush()) {
+        tracing::warn!(error = %e, "--record-raw write failed");
+    }
+}
+
+/// Adds the kernel's per-CPU loss counters to the agent's (`kstall_events_lost_total`).
+pub async fn poll_losses(lost: PerCpuArray<MapData, u64>, counts: Arc<Counts>, stop: CancellationToken) {
+    let mut reported = vec![0u64; probes::ALL.len()];
+    let mut tick = tokio::time::interval(LOSS_POLL_INTERVAL);
+    loop {
+        let stopping = tokio::select! {
+            _ = stop.cancelled() => true,
+            _ = tick.tick() => false,
+        };
+        for (i, probe) in probes::ALL.iter().enumerate() {
+            let Ok(per_cpu) = lost.get(&probe.kind, 0) else { continue };
+            let total: u64 = per_cpu.iter().sum();
+            if total > reported[i] {
+                counts.add_lost(probe.name, total - reported[i]);
+                reported[i] = total;
+            }
+        }
+        if stopping {
+            break;
+        }
+    }
+}
+
+/// Asks the signatures what fires, once a second, with the node as it is now (stuck tasks,
+/// memory); logs what started and what ended, updates the incident metrics and hands the
+/// snapshot to the Alertmanager pusher.
+pub async fn evaluate_incidents(
+    engine: Arc<Mutex<Engine>>,
+    stuck: Arc<Mutex<StuckSet>>,
+    index: watch::Receiver<Arc<Index>>,
+    metrics: Arc<Metrics>,
+    alerts: Option<mpsc::Sender<alertmanager::Snapshot>>,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(INCIDENT_EVALUATION_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = kernel::unix_now_ns();
+        let memory = index.borrow().memory;
+        let stuck = lock(&stuck);
+        let mut engine = lock(&engine);
+        let changes = engine.evaluate(now, &NodeView { stuck: &stuck, memory });
+        drop(stuck);
+        for i in &changes.fired {
+            tracing::warn!(id = %i.id, severity = i.severity.as_str(), namespace = %i.namespace, pod = %i.pod, summary = %i.summary, "incident firing");
+        }
+        for i in &changes.resolved {
+            tracing::info!(id = %i.id, "incident resolved");
+        }
+        let (firing, evictions): (Vec<_>, Vec<_>) = (engine.firing().cloned().collect(), engine.evictions());
+        // Under the engine's lock: the API and /metrics never disagree on what fires.
+        metrics.set_incidents(firing.iter(), &changes.fired, &evictions);
+        drop(engine);
+        if let Some(alerts) = &alerts {
+            // A pusher still busy with the last one skips this one: the next carries the same.
+            let _ = alerts.try_send(alertmanager::Snapshot { firing, resolved: changes.resolved });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        attribution::Via, decode::bytes_of, incidents::Settings,
+        probes::tcp_reset::tests::redirected_syn_reset,
+    };
+
+    const NETNS: u32 = 4026532999;
+
+    struct Harness {
+        pipeline: Pipeline,
+        index: watch::Sender<Arc<Index>>,
+        misses: mpsc::Receiver<Key>,
+        events: broadcast::Receiver<Arc<Attributed>>,
+        t0: Instant,
+    }
+
+    fn harness() -> Harness {
+        let (index_tx, index_rx) = watch::channel(Arc::new(Index::default()));
+        let (misses_tx, misses) = mpsc::channel(16);
+        let (events_tx, events) = broadcast::channel(64);
+        let pipeline = Pipeline {
+            decoder: Decoder::default(),
+            index: index_rx,
+            misses: misses_tx,
+            pod_source: Health::new("none".into(), true),
+            counts: Arc::default(),
+            metrics: Arc::new(Metrics::new(32768..=60999, Arc::default())),
+            stuck: Arc::default(),
+            incidents: Arc::new(Mutex::new(Engine::new("node-a".into(), &Settings::default()))),
+            events: events_tx,
+            record_raw: None,
+            held: Held::default(),
+        };
+        Harness { pipeline, index: index_tx, misses, events, t0: Instant::now() }
+    }
+
+    fn reset_bytes() -> Vec<u8> {
+        let mut raw = redirected_syn_reset();
+        raw.header.netns_ino = NETNS;
+        bytes_of(&raw)
+    }
+
+    fn index_with_pod() -> Arc<Index> {
+        let mut index = Index::default();
+        let who = Attribution {
+            namespace: "shop".into(),
+            pod: "web-1".into(),
+            pod_uid: Some("u1".into()),
+            via: Via::Netns,
+            ..Default::default()
+        };
+        index.by_netns.insert(NETNS, Arc::new(who));
+        Arc::new(index)
+    }
+
+    impl Harness {
+        fn at(&self, ms: u64) -> Instant {
+            self.t0 + Duration::from_millis(ms)
+        }
+
+        fn sent(&mut self) -> Vec<Arc<Attributed>> {
+            std::iter::from_fn(|| self.events.try_recv().ok()).collect()
+        }
+
+        fn asked(&mut self) -> Vec<Key> {
+            std::iter::from_fn(|| self.misses.try_recv().ok()).collect()
+        }
+    }
+
+    #[test]
+    fn a_reset_in_an_unknown_netns_is_held_and_released_with_the_new_index() {
+        let mut h = harness();
+        h.pipeline.handle(&reset_bytes(), h.at(0));
+        assert!(h.sent().is_empty(), "held until the resolver answers");
+        assert_eq!(h.asked(), [Key::Netns(NETNS)]);
+        // A second event of the same namespace waits too, without asking again.
+        h.pipeline.handle(&reset_bytes(), h.at(10));
+        assert!(h.asked().is_empty());
+        h.pipeline.release_held(h.at(20));
+        assert!(h.sent().is_empty(), "no answer yet, not timed out");
+        h.index.send(index_with_pod()).unwrap();
+        h.pipeline.release_held(h.at(40));
+        let sent = h.sent();
+        assert_eq!(sent.len(), 2);
+        assert!(sent.iter().all(|e| e.who.pod == "web-1"), "{sent:?}");
+    }
+
+    #[test]
+    fn without_an_answer_it_goes_out_unattributed_after_the_hold_and_is_not_held_again() {
+        let mut h = harness();
+        h.pipeline.handle(&reset_bytes(), h.at(0));
+        h.pipeline.release_held(h.at(99));
+        assert!(h.sent().is_empty());
+        h.pipeline.release_held(h.at(100));
+        let sent = h.sent();
+        assert_eq!(sent.len(), 1);
+        assert!(sent[0].unattributed(), "{sent:?}");
+        // Until the next walk, the same namespace is neither held nor asked again.
+        h.pipeline.handle(&reset_bytes(), h.at(150));
+        assert_eq!(h.sent().len(), 1);
+        assert_eq!(h.asked(), [Key::Netns(NETNS)], "asked once, by the first event");
+        // A new index (the next walk) without the namespace: it is worth asking again.
+        h.index.send(Arc::new(Index::default())).unwrap();
+        h.pipeline.release_held(h.at(160));
+        h.pipeline.handle(&reset_bytes(), h.at(170));
+        assert!(h.sent().is_empty(), "held again");
+        assert_eq!(h.asked(), [Key::Netns(NETNS)]);
+        assert!(
+            h.pipeline.metrics.render().contains(r#"kstall_events_unattributed_total{probe="tcp-reset"} 2"#)
+        );
+    }
+
+    #[test]
+    fn a_known_netns_goes_out_at_once_in_order() {
+        let mut h = harness();
+        h.index.send(index_with_pod()).unwrap();
+        h.pipeline.release_held(h.at(0));
+        h.pipeline.handle(&reset_bytes(), h.at(1));
+        h.pipeline.handle(&reset_bytes(), h.at(2));
+        assert_eq!(h.sent().len(), 2);
+        assert!(h.asked().is_empty());
+    }
+
+    #[test]
+    fn a_full_miss_queue_is_counted_and_the_event_still_waits() {
+        let mut h = harness();
+        for netns in 0..20u32 {
+            let mut raw = redirected_syn_reset();
+            raw.header.netns_ino = 5000 + netns;
+            h.pipeline.handle(&bytes_of(&raw), h.at(0));
+        }
+        assert_eq!(h.asked().len(), 16, "the queue's capacity");
+        assert!(
+            h.pipeline.metrics.render().contains(r#"kstall_attribution_queue_full_total{queue="misses"} 4"#),
+            "{}",
+            h.pipeline.metrics.render()
+        );
+        h.pipeline.release_held(h.at(100));
+        assert_eq!(h.sent().len(), 20, "every event out after the hold");
+    }
+}

@@ -1,0 +1,68 @@
+//! What a probe gives the registry: the programs it needs and where they attach (its [`Plan`]),
+//! and what it reports ([`ProbeStatus`]). Shared by every probe and the registry; names no probe.
+
+use serde::{Deserialize, Serialize};
+
+/// One program of a probe and where it attaches: a tracepoint (tp_btf) or, with `fentry`, a
+/// kernel function.
+#[derive(Debug, Clone, Copy)]
+pub struct ProgramSpec {
+    pub program: &'static str,
+    pub target: &'static str,
+    pub fentry: bool,
+}
+
+impl ProgramSpec {
+    pub const fn tp_btf(program: &'static str, target: &'static str) -> Self {
+        Self { program, target, fentry: false }
+    }
+}
+
+/// What a probe needs loaded: its resolved-offsets global and its programs.
+pub struct Plan {
+    pub global: &'static str,
+    pub global_value: Vec<u8>,
+    pub programs: Vec<ProgramSpec>,
+    /// Human description of the hooks in use, for `kstall status`.
+    pub hook: String,
+    pub notes: Vec<String>,
+    /// Programs and hook description to use when `programs` cannot attach (e.g. fentry refused).
+    pub fallback: Option<(Vec<ProgramSpec>, String)>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProbeStatus {
+    pub name: String,
+    pub up: bool,
+    pub hook: Option<String>,
+    /// Why the probe is down.
+    pub reason: Option<String>,
+    pub notes: Vec<String>,
+}
+
+impl ProbeStatus {
+    pub fn down(name: &str, reason: impl Into<String>) -> Self {
+        Self { name: name.to_string(), up: false, hook: None, reason: Some(reason.into()), notes: Vec::new() }
+    }
+}
+
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+/// A verifier log is hundreds of lines; status shows the first line and the verifier's verdict.
+pub fn summarize(full: &str) -> String {
+    let mut lines = full.lines().filter(|l| !l.trim().is_empty());
+    let first = lines.next().unwrap_or_default().to_string();
+    match lines.next_back() {
+        Some(last) => format!("{first} … {}", last.trim()),
+        None => first,
+    }
+}
