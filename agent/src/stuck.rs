@@ -1,7 +1,7 @@
 //! The one set of stuck tasks: tasks in uninterruptible sleep that something reported, until they
 //! run again or exit. Today's source is the kernel's hung-task detector, which reports a hung task
-//! again on every check: the set keeps one record per task, with one blocked-since and one stack,
-//! and says which report is news. Tasks leave when `/proc` shows them out of D state or gone
+//! again on every check: the set keeps one record per task, with one blocked-since and one stack
+//! (the first report's), and says which report is news. Tasks leave when `/proc` shows them out of D state or gone
 //! (read off the event path; the pipeline applies what was read).
 //!
 //! The pipeline is the only writer; the incident signatures, `kstall explain` and `/metrics` read
@@ -42,7 +42,7 @@ pub struct StuckTask {
     pub wait: WaitClass,
     /// Since `blocked_since_unix_ns`, at the time asked.
     pub blocked_secs: u64,
-    #[serde(skip)]
+    /// When it last ran, as its first report says: the same for every reader.
     pub blocked_since_unix_ns: u64,
     pub exiting: bool,
     pub stack: Vec<String>,
@@ -64,7 +64,7 @@ struct Tracked {
     exiting: bool,
     stack: Vec<String>,
     who: Arc<Attribution>,
-    /// The earliest time any report says the task last ran: report time minus blocked time (the
+    /// When the task last ran, as its first report says: report time minus blocked time (the
     /// report time itself when the tick rate, hence the blocked time, is unknown).
     blocked_since_unix_ns: u64,
 }
@@ -83,11 +83,10 @@ impl StuckSet {
         let Payload::HungTask(hung) = &report.event.payload else { return false };
         let header = &report.event.header;
         let since = header.time_unix_ns.saturating_sub(hung.blocked_secs.unwrap_or(0).saturating_mul(SEC));
-        if let Some(known) = self.tasks.get_mut(&header.pid)
-            // A reused tid with another process behind it is a new stuck task.
-            && known.header.tgid == header.tgid
-        {
-            known.blocked_since_unix_ns = known.blocked_since_unix_ns.min(since);
+        // Later reports of a task say nothing new: its blocked-since stays the first report's, so
+        // every reader, whenever it reads, sees the same one. (A reused tid with another process
+        // behind it is a new stuck task.)
+        if self.tasks.get(&header.pid).is_some_and(|known| known.header.tgid == header.tgid) {
             return false;
         }
         if !self.tasks.contains_key(&header.pid) && self.tasks.len() >= MAX_TASKS {
@@ -326,10 +325,10 @@ mod tests {
             assert!(s.report(&report(100, tid, tid, Some(1), WaitClass::Nfs)));
         }
         assert!(!s.report(&report(100, 1 << 30, 1 << 30, Some(1), WaitClass::Nfs)));
-        // A task already kept is still updated.
+        // A task already kept is not news, and not counted as untracked.
         assert!(!s.report(&report(200, 5, 5, Some(150), WaitClass::Nfs)));
         assert_eq!(s.untracked(), 1);
-        assert_eq!(s.of_pod("u1", 200 * SEC).iter().find(|t| t.tid == 5).unwrap().blocked_secs, 150);
+        assert_eq!(s.of_pod("u1", 200 * SEC).iter().find(|t| t.tid == 5).unwrap().blocked_secs, 101);
     }
 
     #[test]

@@ -117,6 +117,12 @@ impl Agent {
         report["incidents"].as_array().cloned().unwrap_or_default()
     }
 
+    /// What the agent knows of pod `name` (`kstall explain pod`, as JSON).
+    pub fn explain(&self, name: &str) -> Value {
+        let request = serde_json::json!({"request": "explain_pod", "pod": name}).to_string();
+        self.request(&request).unwrap_or_else(|e| panic!("explain {name}: {e}\n{}", self.log()))
+    }
+
     /// Polls the incidents until one matches `pred` (or `timeout`).
     pub fn wait_incident(&self, pred: impl Fn(&Value) -> bool, timeout: Duration) -> Option<Value> {
         wait_for(timeout, || self.incidents().into_iter().find(|i| pred(i)))
@@ -152,11 +158,17 @@ impl Agent {
     }
 
     /// SIGTERM and wait; returns the exit status code. The whole log is readable afterwards.
+    /// SIGTERM, then the exit code; fails the test if any program the agent held is still
+    /// loaded after it exited (so every test that stops an agent checks the programs it loaded,
+    /// whichever hooks this kernel and its flags chose).
     pub fn stop(&mut self) -> Option<i32> {
+        let held = self.program_ids();
         let code = self.terminate();
         if let Some(reader) = self.log_reader.take() {
             let _ = reader.join();
         }
+        let left = bpf::still_loaded_after_grace(&held);
+        assert!(left.is_empty(), "programs {left:?} still loaded after the agent exited:\n{}", self.log());
         code
     }
 

@@ -122,6 +122,23 @@ fn sidecar_redirect_and_stuck_writer_fire_alert_and_resolve() {
         serde_json::json!([redirect["id"]]),
         "explained by the redirect: {blocked:#}"
     );
+    // One stuck-task set: kstall explain shows the task as the incident does — the same stack,
+    // the same time it last ran — and /metrics counts from that time too.
+    let explained = agent.explain(POD);
+    let shown = explained["stuck_tasks"].as_array().into_iter().flatten().find(|t| t["pid"] == writer);
+    let shown = shown.unwrap_or_else(|| panic!("explain shows the writer: {explained:#}"));
+    assert_eq!(
+        (&shown["stack"], &shown["blocked_since_unix_ns"], &shown["wait"]),
+        (&task["stack"], &task["blocked_since_unix_ns"], &task["wait"]),
+        "explain {shown:#} and the incident {task:#}"
+    );
+    let since_secs = task["blocked_since_unix_ns"].as_u64().unwrap() / 1_000_000_000;
+    let now_secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let longest = agent.metric("kstall_hung_task_longest_blocked_seconds").unwrap_or(0.0) as u64;
+    assert!(
+        (3..=now_secs - since_secs + 1).contains(&longest),
+        "longest blocked {longest} s: at least the detector's 3 s, at most since {since_secs} (now {now_secs})"
+    );
 
     // Prometheus and HTTP clients see the same.
     let node = redirect["node"].as_str().unwrap().to_string();

@@ -43,6 +43,9 @@ pub struct StuckTaskNow {
     pub comm: String,
     pub wait: String,
     pub blocked_secs: Option<u64>,
+    /// When it last ran (as the incidents' evidence says too).
+    #[serde(default)]
+    pub blocked_since_unix_ns: u64,
     pub stack: Vec<String>,
 }
 
@@ -136,6 +139,7 @@ pub fn explain(
             comm: task.comm,
             wait: task.wait.as_str().to_string(),
             blocked_secs: Some(task.blocked_secs),
+            blocked_since_unix_ns: task.blocked_since_unix_ns,
             stack: task.stack,
         })
         .collect();

@@ -119,6 +119,7 @@ mod tests {
                 comm: "java".into(),
                 wait: "nfs".into(),
                 blocked_secs: Some(1200),
+                blocked_since_unix_ns: 1_796_000_000_000_000_000,
                 stack: vec!["folio_wait_bit+0xd6".into(), "nfs_wb_all+0x5b".into()],
             }],
             activity: vec![r#"kstall_tcp_resets_total{direction="sent",original_port="2049",port="15001",reason="NO_SOCKET"} 12"#.into()],

@@ -73,9 +73,9 @@ fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntC
     c
 }
 
-/// A counter about events: `labels` plus the pod labels.
-fn event_counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    counter(registry, name, help, &[labels, &POD_LABELS[..]].concat())
+/// A counter about events: the family's labels plus the pod labels.
+fn event_counter(registry: &Registry, family: Family, help: &str) -> IntCounterVec {
+    counter(registry, family.name(), help, &[family.labels(), &POD_LABELS[..]].concat())
 }
 
 impl Metrics {
@@ -119,11 +119,11 @@ impl Metrics {
         registry.register(Box::new(stuck_untracked_total.clone())).expect("unique metric");
         let nfs_server_responding = IntGaugeVec::new(
             Opts::new(
-                "kstall_nfs_server_responding",
+                Family::NfsResponding.name(),
                 "0 after a major RPC timeout to the server (the kernel's \"server not responding\"), \
                  1 again once a reply arrives (\"server OK\").",
             ),
-            &[&["server"], &POD_LABELS[..]].concat(),
+            &[Family::NfsResponding.labels(), &POD_LABELS[..]].concat(),
         )
         .expect("valid metric");
         registry.register(Box::new(nfs_server_responding.clone())).expect("unique metric");
@@ -183,34 +183,29 @@ impl Metrics {
             nfs_server_responding,
             nfs_retransmits_total: event_counter(
                 &registry,
-                "kstall_nfs_rpc_retransmits_total",
+                Family::NfsRetransmits,
                 "RPC requests retransmitted to an NFS/RPC server.",
-                &["server"],
             ),
             nfs_timeouts_total: event_counter(
                 &registry,
-                "kstall_nfs_rpc_timeouts_total",
+                Family::NfsTimeouts,
                 "Major RPC timeouts (\"server not responding\").",
-                &["server"],
             ),
             nfs_connect_errors_total: event_counter(
                 &registry,
-                "kstall_nfs_connect_errors_total",
+                Family::NfsConnectErrors,
                 "Failed connects, socket errors and connection resets of RPC transports, by errno.",
-                &["server", "error"],
             ),
             nfs_state_manager_failures_total: event_counter(
                 &registry,
-                "kstall_nfs_state_manager_failures_total",
+                Family::NfsStateManager,
                 "NFSv4 state recovery failures (nfs4_state_mgr_failed), by section.",
-                &["server", "section"],
             ),
             oom_kills_total: event_counter(
                 &registry,
-                "kstall_oom_kills_total",
+                Family::OomKills,
                 "OOM kills. scope: memcg (a cgroup limit), global (the node ran out) or unknown; \
                  critical: the victim is node-critical (kubelet, container runtime, ...).",
-                &["scope", "comm", "critical"],
             ),
             hung_tasks,
             hung_task_longest_blocked,
@@ -224,9 +219,8 @@ impl Metrics {
             ),
             hung_tasks_total: event_counter(
                 &registry,
-                "kstall_hung_tasks_total",
+                Family::HungTasks,
                 "Tasks newly reported hung (a task counts once however long it stays hung), by wait class.",
-                &["wait"],
             ),
             probe_up,
             events_total: counter(
@@ -262,10 +256,9 @@ impl Metrics {
             ),
             tcp_resets_total: event_counter(
                 &registry,
-                "kstall_tcp_resets_total",
+                Family::TcpResets,
                 "TCP resets. port: the refusing local port (sent) or the remote port (received); \
                  original_port: pre-NAT destination port of a redirected connection, empty otherwise.",
-                &["direction", "port", "original_port", "reason"],
             ),
             registry,
             ephemeral_ports,
@@ -369,7 +362,7 @@ impl Metrics {
     fn inc(&self, family: Family, labels: &[&str], who: &Attribution) {
         if let Some(counter) = self.counter(family) {
             counter.with_label_values(labels).inc();
-            self.track(family, labels, who);
+            self.track(family, labels, who, |v| *v += 1);
         }
     }
 
@@ -377,7 +370,7 @@ impl Metrics {
         if let Family::NfsResponding = family {
             self.nfs_server_responding.with_label_values(labels).set(value);
         }
-        self.track(family, labels, who);
+        self.track(family, labels, who, |v| *v = value);
     }
 
     fn counter(&self, family: Family) -> Option<&IntCounterVec> {
@@ -393,19 +386,20 @@ impl Metrics {
         })
     }
 
-    /// Remembers a named pod's series, once, so they can go when the pod is forgotten.
-    fn track(&self, family: Family, labels: &[&str], who: &Attribution) {
+    /// Keeps a named pod's series and its value, so that it can go when the pod is forgotten
+    /// and `kstall explain` can list it.
+    fn track(&self, family: Family, labels: &[&str], who: &Attribution, update: impl FnOnce(&mut i64)) {
         if who.pod.is_empty() {
             return;
         }
-        self.pod_series.lock().expect("pod series").record(family, labels, who);
+        self.pod_series.lock().expect("pod series").record(family, labels, who, update);
     }
 
     /// Removes the series of pods kstall no longer names (deleted longer than the retention
     /// time): a node's pods churn, its metric series must not grow with them forever.
     pub fn forget_pods_except(&self, named: &std::collections::HashSet<PodName>) {
         let gone = self.pod_series.lock().expect("pod series").take_except(named);
-        for (family, labels) in gone {
+        for PodSeriesEntry { family, labels, .. } in gone {
             let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
             let _ = match self.counter(family) {
                 Some(counter) => counter.remove_label_values(&labels),
@@ -414,28 +408,28 @@ impl Metrics {
         }
     }
 
-    /// `name{labels} value` of every event series of pod `namespace/pod` (its pod labels left out).
+    /// `name{labels} value` of every event series of pod `namespace/pod`, its pod labels (and
+    /// empty ones) left out, sorted: what `kstall explain` shows as the pod's activity.
     pub fn pod_activity(&self, namespace: &str, pod: &str) -> Vec<String> {
-        let mut lines = Vec::new();
-        for family in self.registry.gather() {
-            for m in family.get_metric() {
-                let labels = m.get_label();
-                let has = |k: &str, v: &str| labels.iter().any(|l| l.name() == k && l.value() == v);
-                if pod.is_empty() || !has("pod", pod) || !has("namespace", namespace) {
-                    continue;
-                }
-                let own: Vec<String> = labels
+        let series = self.pod_series.lock().expect("pod series");
+        let mut lines: Vec<String> = series
+            .of(namespace, pod)
+            .iter()
+            .map(|s| {
+                let mut own: Vec<(&str, &str)> = s
+                    .family
+                    .labels()
                     .iter()
-                    .filter(|l| !POD_LABELS.contains(&l.name()) && !l.value().is_empty())
-                    .map(|l| format!("{}=\"{}\"", l.name(), l.value()))
+                    .zip(&s.labels)
+                    .filter(|(_, v)| !v.is_empty())
+                    .map(|(k, v)| (*k, v.as_str()))
                     .collect();
-                let value = match family.get_field_type() {
-                    prometheus::proto::MetricType::COUNTER => m.get_counter().get_value(),
-                    _ => m.get_gauge().get_value(),
-                };
-                lines.push(format!("{}{{{}}} {value}", family.name(), own.join(",")));
-            }
-        }
+                own.sort_unstable();
+                let own: Vec<String> = own.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+                format!("{}{{{}}} {}", s.family.name(), own.join(","), s.value)
+            })
+            .collect();
+        lines.sort_unstable();
         lines
     }
 
@@ -516,18 +510,55 @@ enum Family {
     NfsResponding,
 }
 
+impl Family {
+    fn name(self) -> &'static str {
+        match self {
+            Family::TcpResets => "kstall_tcp_resets_total",
+            Family::HungTasks => "kstall_hung_tasks_total",
+            Family::OomKills => "kstall_oom_kills_total",
+            Family::NfsRetransmits => "kstall_nfs_rpc_retransmits_total",
+            Family::NfsTimeouts => "kstall_nfs_rpc_timeouts_total",
+            Family::NfsConnectErrors => "kstall_nfs_connect_errors_total",
+            Family::NfsStateManager => "kstall_nfs_state_manager_failures_total",
+            Family::NfsResponding => "kstall_nfs_server_responding",
+        }
+    }
+
+    /// Its own labels, before the pod labels.
+    fn labels(self) -> &'static [&'static str] {
+        match self {
+            Family::TcpResets => &["direction", "port", "original_port", "reason"],
+            Family::HungTasks => &["wait"],
+            Family::OomKills => &["scope", "comm", "critical"],
+            Family::NfsRetransmits | Family::NfsTimeouts | Family::NfsResponding => &["server"],
+            Family::NfsConnectErrors => &["server", "error"],
+            Family::NfsStateManager => &["server", "section"],
+        }
+    }
+}
+
 /// (namespace, pod).
 type PodName = (String, String);
-/// A metric family and the label values of one of its series.
-type Series = (Family, Vec<String>);
 
-/// Every series of every named pod.
+/// One series of a named pod: its family, label values, and value (a counter's count, a gauge's
+/// last value).
+struct PodSeriesEntry {
+    family: Family,
+    labels: Vec<String>,
+    value: i64,
+}
+
+/// Every series of every named pod: the owner of what `kstall explain` lists as a pod's activity,
+/// and of which series go when the pod is forgotten.
 #[derive(Default)]
 struct PodSeries {
-    by_pod: std::collections::HashMap<PodName, Vec<Series>>,
-    /// Hashes of the series recorded: the event path pays a hash, not an allocation, for a
-    /// series it has seen.
-    seen: std::collections::HashSet<u64>,
+    /// The series, where `seen` and `by_pod` point; a forgotten pod's slots are reused.
+    slots: Vec<Option<PodSeriesEntry>>,
+    free: Vec<usize>,
+    by_pod: std::collections::HashMap<PodName, Vec<usize>>,
+    /// Series hash -> its slot: the event path pays a hash, not an allocation, for a series it
+    /// has seen.
+    seen: std::collections::HashMap<u64, usize>,
 }
 
 impl PodSeries {
@@ -539,27 +570,51 @@ impl PodSeries {
         h.finish()
     }
 
-    fn record(&mut self, family: Family, labels: &[&str], who: &Attribution) {
-        if self.seen.insert(Self::hash(family, labels)) {
-            self.by_pod
-                .entry((who.namespace.clone(), who.pod.clone()))
-                .or_default()
-                .push((family, labels.iter().map(|l| l.to_string()).collect()));
+    fn record(&mut self, family: Family, labels: &[&str], who: &Attribution, update: impl FnOnce(&mut i64)) {
+        let hash = Self::hash(family, labels);
+        let slot = match self.seen.get(&hash) {
+            Some(&slot) => slot,
+            None => {
+                let entry = PodSeriesEntry {
+                    family,
+                    labels: labels.iter().map(|l| l.to_string()).collect(),
+                    value: 0,
+                };
+                let slot = match self.free.pop() {
+                    Some(slot) => {
+                        self.slots[slot] = Some(entry);
+                        slot
+                    }
+                    None => {
+                        self.slots.push(Some(entry));
+                        self.slots.len() - 1
+                    }
+                };
+                self.seen.insert(hash, slot);
+                self.by_pod.entry((who.namespace.clone(), who.pod.clone())).or_default().push(slot);
+                slot
+            }
+        };
+        if let Some(entry) = &mut self.slots[slot] {
+            update(&mut entry.value);
         }
     }
 
-    fn take_except(
-        &mut self,
-        named: &std::collections::HashSet<(String, String)>,
-    ) -> Vec<(Family, Vec<String>)> {
-        let gone: Vec<(String, String)> =
-            self.by_pod.keys().filter(|k| !named.contains(*k)).cloned().collect();
+    fn of(&self, namespace: &str, pod: &str) -> Vec<&PodSeriesEntry> {
+        let slots = self.by_pod.get(&(namespace.to_string(), pod.to_string()));
+        slots.into_iter().flatten().filter_map(|&slot| self.slots[slot].as_ref()).collect()
+    }
+
+    fn take_except(&mut self, named: &std::collections::HashSet<PodName>) -> Vec<PodSeriesEntry> {
+        let gone: Vec<PodName> = self.by_pod.keys().filter(|k| !named.contains(*k)).cloned().collect();
         let mut series = Vec::new();
         for key in gone {
-            for (family, labels) in self.by_pod.remove(&key).unwrap_or_default() {
-                let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
-                self.seen.remove(&Self::hash(family, &refs));
-                series.push((family, labels));
+            for slot in self.by_pod.remove(&key).unwrap_or_default() {
+                let Some(entry) = self.slots[slot].take() else { continue };
+                let refs: Vec<&str> = entry.labels.iter().map(String::as_str).collect();
+                self.seen.remove(&Self::hash(entry.family, &refs));
+                self.free.push(slot);
+                series.push(entry);
             }
         }
         series
@@ -689,6 +744,50 @@ mod tests {
         m.observe(&named("web-1"));
         m.forget_pods_except(&keep);
         assert!(!m.render().contains(r#"pod="web-1""#));
+    }
+
+    #[test]
+    fn a_pods_activity_is_its_series_with_their_values() {
+        use kstall_common::nfs::{WHAT_SERVER_RESPONDING, WHAT_TIMEOUT};
+
+        use crate::probes::nfs::tests::event as nfs_event;
+        let m = Metrics::new(32768..=60999, Default::default());
+        let who = std::sync::Arc::new(Attribution {
+            namespace: "shop".into(),
+            pod: "web-1".into(),
+            workload: "Deployment/web".into(),
+            ..Default::default()
+        });
+        let mut reset = event(|_| {});
+        reset.who = who.clone();
+        m.observe(&reset);
+        m.observe(&reset);
+        for what in [WHAT_TIMEOUT, WHAT_SERVER_RESPONDING] {
+            let event = Decoder::default().decode(&bytes_of(&nfs_event(what, 0))).unwrap();
+            m.observe(&Attributed { event, who: who.clone() });
+        }
+        // Another pod's series are not this one's.
+        let mut other = event(|_| {});
+        other.who = std::sync::Arc::new(Attribution {
+            namespace: "shop".into(),
+            pod: "db-0".into(),
+            ..Default::default()
+        });
+        m.observe(&other);
+        assert_eq!(
+            m.pod_activity("shop", "web-1"),
+            [
+                r#"kstall_nfs_rpc_timeouts_total{server="10.55.0.1"} 1"#,
+                r#"kstall_nfs_server_responding{server="10.55.0.1"} 1"#,
+                r#"kstall_tcp_resets_total{direction="sent",original_port="2049",port="15001",reason="1"} 2"#,
+            ]
+        );
+        // The values are the exported ones.
+        let text = m.render();
+        assert!(text.contains(r#"namespace="shop",original_port="2049",pod="web-1",port="15001",reason="1",workload="Deployment/web"} 2"#), "{text}");
+        m.forget_pods_except(&std::collections::HashSet::from([("shop".to_string(), "db-0".to_string())]));
+        assert!(m.pod_activity("shop", "web-1").is_empty());
+        assert_eq!(m.pod_activity("shop", "db-0").len(), 1);
     }
 
     #[test]
