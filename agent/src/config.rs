@@ -10,9 +10,6 @@ use crate::probes;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9700";
 pub const DEFAULT_API_SOCKET: &str = "/run/kstall/kstall.sock";
-const DEFAULT_RING_BUFFER_BYTES: u32 = 1 << 20;
-const PAGE_SIZE: u64 = 4096;
-const MAX_RING_BUFFER_BYTES: u64 = 1 << 30;
 
 #[derive(Debug, Default, clap::Args)]
 pub struct AgentArgs {
@@ -232,7 +229,7 @@ impl Config {
             (None, Some(other)) => {
                 return Err(invalid("ring_buffer_bytes", format!("{other} is not a size")));
             }
-            (None, None) => DEFAULT_RING_BUFFER_BYTES,
+            (None, None) => probes::Settings::DEFAULT_RING_BUFFER_BYTES,
         };
 
         let log_format = match args.log_format.or(file.log_format).as_deref() {
@@ -390,8 +387,10 @@ struct IncidentArgs {
     node_wide_min_pods: Option<String>,
 }
 
+/// The incidents' settings from what was given; the bounds are the incidents' own.
 fn incident_settings(a: &mut IncidentArgs) -> Result<crate::incidents::Settings, ConfigError> {
-    let mut s = crate::incidents::Settings::default();
+    use crate::incidents::Settings;
+    let mut s = Settings::default();
     let duration = |field: &'static str, v: &Option<String>, default: Duration| match v {
         None => Ok(default),
         Some(text) => parse_duration(text)
@@ -423,15 +422,26 @@ fn incident_settings(a: &mut IncidentArgs) -> Result<crate::incidents::Settings,
             return Err(invalid("nfs_ports", "no port given"));
         }
     }
-    s.redirect_min_resets = count("redirect_min_resets", &a.redirect_min_resets, s.redirect_min_resets, 1)?;
+    s.redirect_min_resets = count(
+        "redirect_min_resets",
+        &a.redirect_min_resets,
+        s.redirect_min_resets,
+        Settings::MIN_REDIRECT_RESETS,
+    )?;
     s.redirect_window = duration("redirect_window", &a.redirect_window, s.redirect_window)?;
     s.quiet_window = duration("quiet_window", &a.quiet_window, s.quiet_window)?;
     s.termination_blocked_after =
         duration("termination_blocked_after", &a.termination_blocked_after, s.termination_blocked_after)?;
-    s.oom_loop_count = count("oom_loop_count", &a.oom_loop_count, s.oom_loop_count, 2)?;
+    s.oom_loop_count =
+        count("oom_loop_count", &a.oom_loop_count, s.oom_loop_count, Settings::MIN_OOM_LOOP_COUNT)?;
     s.oom_loop_window = duration("oom_loop_window", &a.oom_loop_window, s.oom_loop_window)?;
     s.system_oom_hold = duration("system_oom_hold", &a.system_oom_hold, s.system_oom_hold)?;
-    s.node_wide_min_pods = count("node_wide_min_pods", &a.node_wide_min_pods, s.node_wide_min_pods, 2)?;
+    s.node_wide_min_pods = count(
+        "node_wide_min_pods",
+        &a.node_wide_min_pods,
+        s.node_wide_min_pods,
+        Settings::MIN_NODE_WIDE_PODS,
+    )?;
     Ok(s)
 }
 
@@ -480,33 +490,12 @@ fn check_hung_task_timeout(secs: Option<u64>, text: &str) -> Result<u64, ConfigE
     }
 }
 
-/// A comm is at most 15 bytes (TASK_COMM_LEN - 1): a longer name would never match.
 fn validate_comms(list: Vec<String>) -> Result<Vec<String>, ConfigError> {
-    let comms: Vec<String> = list.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
-    if let Some(long) = comms.iter().find(|c| c.len() > 15) {
-        return Err(invalid(
-            "critical_comms",
-            format!("{long:?} is longer than the kernel's 15-byte process name and would never match"),
-        ));
-    }
-    Ok(comms)
+    probes::Settings::critical_comms(list).map_err(|e| invalid("critical_comms", e))
 }
 
 fn validate_probes(list: Vec<String>) -> Result<Vec<String>, ConfigError> {
-    let valid = || probes::names().collect::<Vec<_>>().join(", ");
-    let mut out: Vec<String> = Vec::new();
-    for name in list.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
-        if !probes::names().any(|n| n == name) {
-            return Err(invalid("probes", format!("unknown probe {name:?} (valid: {})", valid())));
-        }
-        if !out.iter().any(|n| n == name) {
-            out.push(name.to_string());
-        }
-    }
-    if out.is_empty() {
-        return Err(invalid("probes", format!("no probe named (valid: {})", valid())));
-    }
-    Ok(out)
+    probes::Settings::probe_names(list).map_err(|e| invalid("probes", e))
 }
 
 /// `4096`, `256K`, `1M`, `1G` (binary units).
@@ -530,15 +519,7 @@ fn parse_size(text: &str) -> Result<u32, ConfigError> {
 }
 
 fn check_ring_size(bytes: u64, text: &str) -> Result<u32, ConfigError> {
-    if bytes < PAGE_SIZE || !bytes.is_power_of_two() || bytes > MAX_RING_BUFFER_BYTES {
-        return Err(invalid(
-            "ring_buffer_bytes",
-            format!(
-                "{text} is not a power of two between 4K and 1G (the kernel requires a power-of-two number of pages)"
-            ),
-        ));
-    }
-    Ok(bytes as u32)
+    probes::Settings::ring_buffer_bytes(bytes, text).map_err(|e| invalid("ring_buffer_bytes", e))
 }
 
 #[cfg(test)]

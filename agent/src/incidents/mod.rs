@@ -162,6 +162,15 @@ impl Default for Settings {
     }
 }
 
+impl Settings {
+    /// One redirected reset is a pattern only if asked for; fewer is not a setting.
+    pub const MIN_REDIRECT_RESETS: u32 = 1;
+    /// One OOM kill is not a loop.
+    pub const MIN_OOM_LOOP_COUNT: u32 = 2;
+    /// One pod's stuck tasks are `pod-termination-blocked`, not a node-wide stall.
+    pub const MIN_NODE_WIDE_PODS: u32 = 2;
+}
+
 /// Nanoseconds of a duration, for comparisons with event timestamps.
 pub(crate) fn ns(d: Duration) -> u64 {
     d.as_nanos().min(u128::from(u64::MAX)) as u64

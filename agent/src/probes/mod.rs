@@ -61,6 +61,56 @@ pub struct Settings {
     pub capture: CaptureFilter,
 }
 
+impl Settings {
+    pub const DEFAULT_RING_BUFFER_BYTES: u32 = 1 << 20;
+    const MAX_RING_BUFFER_BYTES: u64 = 1 << 30;
+    const PAGE_SIZE: u64 = 4096;
+    /// `TASK_COMM_LEN - 1`.
+    const MAX_COMM_BYTES: usize = 15;
+
+    /// The probes named in `list`, once each, in its order; unknown names and an empty list are
+    /// errors.
+    pub fn probe_names(list: Vec<String>) -> Result<Vec<String>, String> {
+        let valid = || names().collect::<Vec<_>>().join(", ");
+        let mut out: Vec<String> = Vec::new();
+        for name in list.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+            if !names().any(|n| n == name) {
+                return Err(format!("unknown probe {name:?} (valid: {})", valid()));
+            }
+            if !out.iter().any(|n| n == name) {
+                out.push(name.to_string());
+            }
+        }
+        if out.is_empty() {
+            return Err(format!("no probe named (valid: {})", valid()));
+        }
+        Ok(out)
+    }
+
+    /// A ring buffer size the kernel takes (`text` is how it was given).
+    pub fn ring_buffer_bytes(bytes: u64, text: &str) -> Result<u32, String> {
+        if bytes < Self::PAGE_SIZE || !bytes.is_power_of_two() || bytes > Self::MAX_RING_BUFFER_BYTES {
+            return Err(format!(
+                "{text} is not a power of two between 4K and 1G (the kernel requires a power-of-two number of pages)"
+            ));
+        }
+        Ok(bytes as u32)
+    }
+
+    /// Process names whose OOM kill is node-critical: each must fit the kernel's process name,
+    /// or it would never match.
+    pub fn critical_comms(list: Vec<String>) -> Result<Vec<String>, String> {
+        let comms: Vec<String> =
+            list.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+        if let Some(long) = comms.iter().find(|c| c.len() > Self::MAX_COMM_BYTES) {
+            return Err(format!(
+                "{long:?} is longer than the kernel's 15-byte process name and would never match"
+            ));
+        }
+        Ok(comms)
+    }
+}
+
 /// What decoding a probe's records needs from loading it: enum names read from BTF, the tick
 /// rate, the OOM context, and the kernel symbols (kept current by the agent).
 #[derive(Clone, Default)]

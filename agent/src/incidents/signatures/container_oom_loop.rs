@@ -29,7 +29,7 @@ struct Container {
 impl ContainerOomLoop {
     pub fn new(settings: &Settings) -> Self {
         Self {
-            count: settings.oom_loop_count.max(2) as usize,
+            count: settings.oom_loop_count.max(Settings::MIN_OOM_LOOP_COUNT) as usize,
             window: ns(settings.oom_loop_window),
             by_container: Keyed::new(super::super::keyed::DEFAULT_CAP),
         }

@@ -34,7 +34,7 @@ pub struct NfsNodeWideStall {
 impl NfsNodeWideStall {
     pub fn new(settings: &Settings) -> Self {
         Self {
-            min_pods: settings.node_wide_min_pods.max(2) as usize,
+            min_pods: settings.node_wide_min_pods.max(Settings::MIN_NODE_WIDE_PODS) as usize,
             servers_of_pod: HashMap::new(),
             failing: BTreeSet::new(),
         }

@@ -65,7 +65,7 @@ impl NfsSidecarRedirect {
     pub fn new(settings: &Settings) -> Self {
         Self {
             nfs_ports: settings.nfs_ports.clone(),
-            min_resets: settings.redirect_min_resets.max(1),
+            min_resets: settings.redirect_min_resets.max(Settings::MIN_REDIRECT_RESETS),
             window: ns(settings.redirect_window),
             quiet: ns(settings.quiet_window),
             by_netns: Keyed::new(super::super::keyed::DEFAULT_CAP),
