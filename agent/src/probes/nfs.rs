@@ -347,24 +347,24 @@ pub(crate) mod tests {
         assert_eq!((n.server_addr, n.server_port, n.timeout_ms), (None, None, None));
     }
 
-    /// Records kstall wrote on real kernels (testdata/README.md), decoded as the agent does.
+    /// Records kstall wrote on real kernels (testdata/README.md), decoded by this probe (the
+    /// header checks are `events.rs`'s, tested there).
     fn recorded(kernel: &str) -> Vec<Nfs> {
         let path =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("testdata/nfs/{kernel}.raw"));
-        let decoder = crate::events::Decoder::default();
         std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
             .lines()
             .map(|line| {
-                let hex = line.split_once(' ').expect("<kind> <hex>").1;
+                let (kind, hex) = line.split_once(' ').expect("<kind> <hex>");
+                assert_eq!(kind, kstall_common::kind::NFS.to_string(), "{kernel}: not an NFS event: {line}");
                 let bytes: Vec<u8> = (0..hex.len())
                     .step_by(2)
                     .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
                     .collect();
-                match decoder.decode(&bytes).unwrap_or_else(|e| panic!("{kernel}: {e}: {line}")).payload {
-                    crate::events::Payload::Nfs(nfs) => nfs,
-                    other => panic!("{kernel}: not an NFS event: {other:?}"),
-                }
+                let raw: NfsEvent = crate::decode::read_record(&bytes, "nfs event").unwrap();
+                assert_eq!(raw.header.version, kstall_common::nfs::VERSION, "{kernel}: {line}");
+                decode(&raw, Clock::default()).unwrap_or_else(|e| panic!("{kernel}: {e}: {line}"))
             })
             .collect()
     }
