@@ -185,18 +185,9 @@ fn declared_module(item: &syn::Item) -> Option<String> {
     }
 }
 
+/// `#[cfg(test)]` exactly (not `cfg(not(test))`).
 fn is_test_only(attrs: &[syn::Attribute]) -> bool {
-    attrs.iter().any(|a| a.path().is_ident("cfg") && a.meta.to_token_stream_string().contains("test"))
-}
-
-trait MetaText {
-    fn to_token_stream_string(&self) -> String;
-}
-
-impl MetaText for syn::Meta {
-    fn to_token_stream_string(&self) -> String {
-        quote::ToTokens::to_token_stream(self).to_string()
-    }
+    attrs.iter().any(|a| a.path().is_ident("cfg") && a.parse_args::<syn::Ident>().is_ok_and(|i| i == "test"))
 }
 
 /// Every path of the file as a module path from the crate root (`crate::`, `super::`, `self::`
@@ -335,7 +326,10 @@ mod tests {
         let g = graph(&[
             ("lib.rs", "pub mod a; pub mod b; pub mod c;"),
             ("a/mod.rs", "pub mod x; pub fn f() { x::g() }"),
-            ("a/x.rs", "use super::super::b::{self, T}; pub fn g() {}"),
+            (
+                "a/x.rs",
+                "use super::super::b::{self, T}; pub fn g() {} #[cfg(not(test))] fn h() { crate::c::k() }",
+            ),
             ("b.rs", "use crate::{a, c as see}; pub struct T; fn h() { see::k(); a::x::g(); }"),
             ("c.rs", "pub fn k() {} #[cfg(test)] mod tests { use crate::a::x; } #[cfg(test)] mod more;"),
             ("c/more.rs", "use crate::b::T;"),
@@ -347,7 +341,7 @@ mod tests {
             g.edges[&module].keys().map(name).collect()
         };
         assert_eq!(names("a"), ["a::x"]);
-        assert_eq!(names("a::x"), ["b"]);
+        assert_eq!(names("a::x"), ["b", "c"], "cfg(not(test)) code is an edge");
         assert_eq!(names("b"), ["a", "a::x", "c"], "through what `use` named");
         assert!(names("c").is_empty(), "test code is not an edge");
         assert!(
