@@ -26,12 +26,12 @@ use crate::{
     incidents::{NodeView, engine::Engine},
     kernel, probes,
     state::lock,
-    stuck::{StuckSet, TaskState},
+    stuck::{StuckSet, TaskStates},
 };
 
 /// How long an event whose pod is not known yet waits for the resolver's answer before it goes
 /// out with what is known.
-pub const ATTRIBUTION_HOLD: Duration = Duration::from_millis(100);
+const ATTRIBUTION_HOLD: Duration = Duration::from_millis(100);
 /// How often held events are looked at again.
 const HOLD_CHECK_INTERVAL: Duration = Duration::from_millis(20);
 /// Events held at once at most; beyond it they go out with what is known at once.
@@ -42,9 +42,6 @@ const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
 const LOSS_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the incident signatures are evaluated.
 const INCIDENT_EVALUATION_INTERVAL: Duration = Duration::from_secs(1);
-
-/// States of stuck tasks as `/proc` showed them: ((tgid, tid), state).
-pub type TaskStates = Vec<((u32, u32), TaskState)>;
 
 /// What the pipeline reads and writes; each is owned elsewhere and shared.
 pub struct Pipeline {
@@ -182,7 +179,7 @@ impl Pipeline {
     }
 
     /// At shutdown: nothing waits any more.
-    pub fn flush_held(&mut self) {
+    fn flush_held(&mut self) {
         for held in std::mem::take(&mut self.held.events) {
             self.emit_unresolved(held.event, held.fallback);
         }

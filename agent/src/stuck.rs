@@ -50,6 +50,9 @@ pub struct StuckTask {
     pub who: Arc<Attribution>,
 }
 
+/// States of stuck tasks as `/proc` showed them: ((tgid, tid), state).
+pub type TaskStates = Vec<((u32, u32), TaskState)>;
+
 /// What `/proc` says about a stuck task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskState {
@@ -142,16 +145,13 @@ impl StuckSet {
 
     /// Every stuck task at `now`, longest blocked first.
     pub fn all(&self, now_unix_ns: u64) -> Vec<StuckTask> {
-        let mut all: Vec<StuckTask> = self.tasks.values().map(|t| t.at(now_unix_ns)).collect();
-        all.sort_by(|a, b| b.blocked_secs.cmp(&a.blocked_secs).then(a.tid.cmp(&b.tid)));
-        all
+        longest_first(self.tasks.values().map(|t| t.at(now_unix_ns)).collect())
     }
 
     /// The stuck tasks of pod `uid` at `now`, longest blocked first.
     pub fn of_pod(&self, uid: &str, now_unix_ns: u64) -> Vec<StuckTask> {
-        let mut tasks = self.all(now_unix_ns);
-        tasks.retain(|t| t.who.pod_uid.as_deref() == Some(uid));
-        tasks
+        let mine = self.tasks.values().filter(|t| t.who.pod_uid.as_deref() == Some(uid));
+        longest_first(mine.map(|t| t.at(now_unix_ns)).collect())
     }
 
     /// Wait class and who, of every stuck task.
@@ -171,6 +171,11 @@ impl StuckSet {
     pub fn untracked(&self) -> u64 {
         self.untracked
     }
+}
+
+fn longest_first(mut tasks: Vec<StuckTask>) -> Vec<StuckTask> {
+    tasks.sort_by(|a, b| b.blocked_secs.cmp(&a.blocked_secs).then(a.tid.cmp(&b.tid)));
+    tasks
 }
 
 impl Tracked {
@@ -194,7 +199,7 @@ impl Tracked {
 /// deadline, so a misbehaving `/proc` cannot stall the agent.
 pub async fn watch_states(
     stuck: Arc<Mutex<StuckSet>>,
-    states: mpsc::Sender<Vec<((u32, u32), TaskState)>>,
+    states: mpsc::Sender<TaskStates>,
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(STATE_CHECK_INTERVAL);
