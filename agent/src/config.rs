@@ -43,6 +43,17 @@ pub struct AgentArgs {
     /// exit). Unset: the agent leaves the sysctl alone.
     #[arg(long, env = "KSTALL_HUNG_TASK_TIMEOUT_SECS", value_name = "SECS")]
     pub hung_task_timeout_secs: Option<String>,
+    /// How often the stuck-task sampler walks every task: 1s to 1h [default: 5s].
+    #[arg(long, env = "KSTALL_STUCK_TASK_INTERVAL", value_name = "DURATION")]
+    pub stuck_task_interval: Option<String>,
+    /// How long a task asleep uninterruptibly (plain or killable) must not have run before the
+    /// sampler reports it [default: 30s].
+    #[arg(long, env = "KSTALL_STUCK_TASK_THRESHOLD", value_name = "DURATION")]
+    pub stuck_task_threshold: Option<String>,
+    /// Stuck tasks one sweep reports at most; the rest are counted and reported by later sweeps
+    /// [default: 1000].
+    #[arg(long, env = "KSTALL_STUCK_TASK_MAX_REPORTS", value_name = "N")]
+    pub stuck_task_max_reports: Option<String>,
     /// Process names (comm) whose OOM kill is flagged critical, comma-separated; replaces the
     /// default list [default: kubelet,containerd,crio,dockerd,systemd,sshd,node_exporter,alloy,kstall].
     #[arg(long, env = "KSTALL_CRITICAL_COMMS", value_name = "LIST", value_delimiter = ',')]
@@ -124,6 +135,9 @@ struct FileConfig {
     log_level: Option<String>,
     tcp_reset_hook: Option<String>,
     hung_task_timeout_secs: Option<u64>,
+    stuck_task_interval: Option<String>,
+    stuck_task_threshold: Option<String>,
+    stuck_task_max_reports: Option<u32>,
     critical_comms: Option<Vec<String>>,
     record_raw: Option<PathBuf>,
     pod_metadata: Option<String>,
@@ -263,6 +277,11 @@ impl Config {
             (None, None) => None,
         };
 
+        let stuck_task = stuck_task_settings(
+            args.stuck_task_interval.or(file.stuck_task_interval),
+            args.stuck_task_threshold.or(file.stuck_task_threshold),
+            args.stuck_task_max_reports.or(file.stuck_task_max_reports.map(|n| n.to_string())),
+        )?;
         let critical_comms = match args.critical_comms.or(file.critical_comms) {
             None => probes::oom::DEFAULT_CRITICAL_COMMS.iter().map(|s| s.to_string()).collect(),
             Some(list) => validate_comms(list)?,
@@ -354,6 +373,7 @@ impl Config {
                 ring_buffer_bytes,
                 tcp_reset_hook,
                 critical_comms,
+                stuck_task,
                 capture,
             },
             alertmanager_urls,
@@ -449,6 +469,31 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
 }
 
+fn stuck_task_settings(
+    interval: Option<String>,
+    threshold: Option<String>,
+    max_reports: Option<String>,
+) -> Result<probes::stuck_task::Settings, ConfigError> {
+    use probes::stuck_task::Settings;
+    let mut s = Settings::default();
+    let duration = |field: &'static str, text: &str| {
+        parse_duration(text).ok_or_else(|| invalid(field, format!("{text:?} is not a duration like 5s, 1m")))
+    };
+    if let Some(text) = interval {
+        s.interval = Settings::interval(duration("stuck_task_interval", &text)?, &text)
+            .map_err(|e| invalid("stuck_task_interval", e))?;
+    }
+    if let Some(text) = threshold {
+        s.threshold = Settings::threshold(duration("stuck_task_threshold", &text)?, &text)
+            .map_err(|e| invalid("stuck_task_threshold", e))?;
+    }
+    if let Some(text) = max_reports {
+        s.max_reports = Settings::max_reports(text.trim().parse().ok(), &text)
+            .map_err(|e| invalid("stuck_task_max_reports", e))?;
+    }
+    Ok(s)
+}
+
 /// `90s`, `30m`, `1h`, `1d`, or plain seconds.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let t = text.trim();
@@ -537,7 +582,9 @@ mod tests {
         let c = resolve(AgentArgs::default()).unwrap();
         assert_eq!(c.listen, "127.0.0.1:9700".parse().unwrap());
         assert_eq!(c.api_socket, PathBuf::from("/run/kstall/kstall.sock"));
-        assert_eq!(c.probes.enabled, vec!["tcp-reset", "hung-task", "oom", "nfs"]);
+        assert_eq!(c.probes.enabled, vec!["tcp-reset", "hung-task", "oom", "nfs", "stuck-task"]);
+        assert_eq!(c.probes.stuck_task, probes::stuck_task::Settings::default());
+        assert_eq!(c.probes.stuck_task.interval, Duration::from_secs(5));
         assert!(c.probes.critical_comms.iter().any(|c| c == "kubelet"));
         assert_eq!(c.hung_task_timeout_secs, None, "the sysctl is left alone unless asked");
         assert_eq!(c.probes.ring_buffer_bytes, 1 << 20);
@@ -572,6 +619,30 @@ mod tests {
             (
                 AgentArgs { hung_task_timeout_secs: Some("3s".into()), ..Default::default() },
                 "hung_task_timeout_secs",
+            ),
+            (
+                AgentArgs { stuck_task_interval: Some("0s".into()), ..Default::default() },
+                "stuck_task_interval",
+            ),
+            (
+                AgentArgs { stuck_task_interval: Some("2h".into()), ..Default::default() },
+                "stuck_task_interval",
+            ),
+            (
+                AgentArgs { stuck_task_threshold: Some("soon".into()), ..Default::default() },
+                "stuck_task_threshold",
+            ),
+            (
+                AgentArgs { stuck_task_threshold: Some("0".into()), ..Default::default() },
+                "stuck_task_threshold",
+            ),
+            (
+                AgentArgs { stuck_task_max_reports: Some("0".into()), ..Default::default() },
+                "stuck_task_max_reports",
+            ),
+            (
+                AgentArgs { stuck_task_max_reports: Some("-3".into()), ..Default::default() },
+                "stuck_task_max_reports",
             ),
             (AgentArgs { pod_metadata: Some("etcd".into()), ..Default::default() }, "pod_metadata"),
             (AgentArgs { pod_metadata: Some("file".into()), ..Default::default() }, "pod_metadata"),

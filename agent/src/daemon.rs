@@ -153,6 +153,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     });
     let loss =
         loaded.lost.take().map(|lost| tokio::spawn(pipeline::poll_losses(lost, counts, stop_intake.clone())));
+    let sampler = loaded.sampler.take().map(|sampler| {
+        let metrics = metrics.clone();
+        let swept = move |sweep: Result<probes::stuck_task::Sweep, String>| {
+            if let Err(e) = &sweep {
+                tracing::warn!(error = %e, "stuck-task sweep failed");
+            }
+            metrics.stuck_task_sweep(&sweep);
+        };
+        tokio::spawn(probes::stuck_task::sweep_every(
+            sampler,
+            config.probes.stuck_task.interval,
+            swept,
+            stop_intake.clone(),
+        ))
+    });
     let loaded = Arc::new(Mutex::new(loaded));
     // Its own token: it must stop before the probes are detached, not with the readers after.
     let stop_module_watch = CancellationToken::new();
@@ -178,6 +193,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     if let Some(loss) = loss {
         let _ = loss.await;
+    }
+    if let Some(sampler) = sampler {
+        let _ = sampler.await;
     }
     let _ = tokio::join!(stuck_states, symbols, evaluator);
     for task in attribution.tasks {
@@ -285,8 +303,14 @@ fn describe_hung_task_detector(
     statuses: &mut [probes::plan::ProbeStatus],
     lowered: Option<&kernel::HungTaskTimeout>,
 ) {
+    let sampling = statuses.iter().any(|s| s.name == probes::stuck_task::NAME && s.up);
     let Some(status) = statuses.iter_mut().find(|s| s.name == hung_task::NAME && s.up) else { return };
     let note = match (kernel::hung_task_timeout_secs(), lowered) {
+        (Some(0), _) if sampling => {
+            "detector disabled (kernel.hung_task_timeout_secs=0): this probe reports \
+             nothing; stuck-task (the sampler) still finds stuck tasks"
+                .to_string()
+        }
         (Some(0), _) => {
             "detector disabled (kernel.hung_task_timeout_secs=0): no hung task will be reported".to_string()
         }

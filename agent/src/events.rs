@@ -6,7 +6,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kstall_common::{
-    EventHeader, hung_task::HungTaskEvent, kind, nfs::NfsEvent, oom::OomKillEvent, tcp_reset::TcpResetEvent,
+    EventHeader, hung_task::HungTaskEvent, kind, nfs::NfsEvent, oom::OomKillEvent,
+    stuck_task::StuckTaskEvent, tcp_reset::TcpResetEvent,
 };
 use serde::Serialize;
 
@@ -15,10 +16,12 @@ use crate::{
     kernel,
     probes::{
         self, Decoding,
-        hung_task::{self, HungTask, WaitClass},
+        hung_task::{self, HungTask},
         nfs::{self, Nfs},
         oom::{self, OomKill},
+        stuck_task::{self, StuckTaskSample},
         tcp_reset::{self, TcpReset},
+        wait::{WaitClass, WaitKind},
     },
 };
 
@@ -39,19 +42,23 @@ pub struct Header {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Payload {
     TcpReset(TcpReset),
-    /// A task newly reported hung (reports of a task already known are folded into it).
+    /// A task newly reported hung by the kernel's detector (reports of a task already known are
+    /// folded into it).
     HungTask(HungTask),
-    /// A hung task that left D state or exited.
+    /// A task newly found stuck by the sampler, killable sleeps included (likewise folded).
+    StuckTask(StuckTaskSample),
+    /// A stuck task, however found, that left D state or exited.
     HungTaskCleared(HungTaskCleared),
     OomKill(OomKill),
     Nfs(Nfs),
 }
 
-/// A hung task that left D state or exited: not from the kernel's detector but from the agent's
-/// look at `/proc` (`stuck.rs`), told as an event so everything downstream sees it in order.
+/// A stuck task that left D state or exited: not from the kernel but from the agent's look at
+/// `/proc` (`stuck.rs`), told as an event so everything downstream sees it in order.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct HungTaskCleared {
     pub wait: WaitClass,
+    pub wait_kind: WaitKind,
     /// The longest blocked time reported while it was hung.
     pub blocked_secs: Option<u64>,
     /// `left_d_state` or `exited`.
@@ -105,6 +112,11 @@ impl Decoder {
                 check_version(&raw_header, kstall_common::oom::VERSION)?;
                 let raw: OomKillEvent = read_record(bytes, "oom_kill event")?;
                 (oom::NAME, Payload::OomKill(oom::decode(&raw, &self.probes.symbols, &self.probes.oom)?))
+            }
+            kind::STUCK_TASK => {
+                check_version(&raw_header, kstall_common::stuck_task::VERSION)?;
+                let raw: StuckTaskEvent = read_record(bytes, "stuck_task event")?;
+                (stuck_task::NAME, Payload::StuckTask(stuck_task::decode(&raw, &self.probes.symbols)?))
             }
             kind::NFS => {
                 check_version(&raw_header, kstall_common::nfs::VERSION)?;

@@ -164,7 +164,7 @@ impl Pipeline {
         if attributed.unattributed() {
             self.metrics.unattributed(attributed.event.header.probe);
         }
-        if matches!(attributed.event.payload, Payload::HungTask(_)) {
+        if matches!(attributed.event.payload, Payload::HungTask(_) | Payload::StuckTask(_)) {
             let mut stuck = lock(&self.stuck);
             let news = stuck.report(&attributed);
             self.metrics.set_stuck_tasks(&stuck, attributed.event.header.time_unix_ns);

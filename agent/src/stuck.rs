@@ -1,8 +1,9 @@
 //! The one set of stuck tasks: tasks in uninterruptible sleep that something reported, until they
-//! run again or exit. Today's source is the kernel's hung-task detector, which reports a hung task
-//! again on every check: the set keeps one record per task, with one blocked-since and one stack
-//! (the first report's), and says which report is news. Tasks leave when `/proc` shows them out of D state or gone
-//! (read off the event path; the pipeline applies what was read).
+//! run again or exit. Two sources report them: the kernel's hung-task detector (again on every
+//! check) and kstall's sampler (once per stuck spell, killable sleeps too). The set keeps one
+//! record per task, with one blocked-since and one stack (the first report's) and the sources that
+//! reported it, and says which report is news. Tasks leave when `/proc` shows them out of D state
+//! or gone (read off the event path; the pipeline applies what was read).
 //!
 //! The pipeline is the only writer; the incident signatures, `kstall explain` and `/metrics` read
 //! it, so they report the same blocked time and the same stack for a task.
@@ -20,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     attribution::{Attributed, Attribution},
     events::{Event, Header, HungTaskCleared, Payload},
-    probes::hung_task::WaitClass,
+    probes::wait::{WaitClass, WaitKind},
 };
 
 /// More tasks than this stuck at once is a node on fire; beyond it new ones are counted, not kept.
@@ -40,6 +41,9 @@ pub struct StuckTask {
     pub tid: u32,
     pub comm: String,
     pub wait: WaitClass,
+    pub wait_kind: WaitKind,
+    /// The probes that reported it, the first first: `stuck-task` (the sampler), `hung-task`.
+    pub sources: Vec<&'static str>,
     /// Since `blocked_since_unix_ns`, at the time asked.
     pub blocked_secs: u64,
     /// When it last ran, as its first report says: the same for every reader.
@@ -64,6 +68,8 @@ pub enum TaskState {
 struct Tracked {
     header: Header,
     wait: WaitClass,
+    wait_kind: WaitKind,
+    sources: Vec<&'static str>,
     exiting: bool,
     stack: Vec<String>,
     who: Arc<Attribution>,
@@ -81,15 +87,24 @@ pub struct StuckSet {
 }
 
 impl StuckSet {
-    /// Takes one hung-task report; true when the task is newly stuck (the report is news).
+    /// Takes one report of a stuck task, from either source; true when the task is newly stuck
+    /// (the report is news).
     pub fn report(&mut self, report: &Attributed) -> bool {
-        let Payload::HungTask(hung) = &report.event.payload else { return false };
         let header = &report.event.header;
-        let since = header.time_unix_ns.saturating_sub(hung.blocked_secs.unwrap_or(0).saturating_mul(SEC));
+        let (blocked_secs, wait, wait_kind, exiting, stack) = match &report.event.payload {
+            Payload::HungTask(h) => (h.blocked_secs, h.wait, WaitKind::Uninterruptible, h.exiting, &h.stack),
+            Payload::StuckTask(s) => (Some(s.blocked_secs), s.wait, s.wait_kind, s.exiting, &s.stack),
+            _ => return false,
+        };
+        let since = header.time_unix_ns.saturating_sub(blocked_secs.unwrap_or(0).saturating_mul(SEC));
         // Later reports of a task say nothing new: its blocked-since stays the first report's, so
-        // every reader, whenever it reads, sees the same one. (A reused tid with another process
-        // behind it is a new stuck task.)
-        if self.tasks.get(&header.pid).is_some_and(|known| known.header.tgid == header.tgid) {
+        // every reader, whenever it reads, sees the same one; only the source is added. (A reused
+        // tid with another process behind it is a new stuck task.)
+        if let Some(known) = self.tasks.get_mut(&header.pid).filter(|known| known.header.tgid == header.tgid)
+        {
+            if !known.sources.contains(&header.probe) {
+                known.sources.push(header.probe);
+            }
             return false;
         }
         if !self.tasks.contains_key(&header.pid) && self.tasks.len() >= MAX_TASKS {
@@ -100,9 +115,11 @@ impl StuckSet {
             header.pid,
             Tracked {
                 header: header.clone(),
-                wait: hung.wait,
-                exiting: hung.exiting,
-                stack: hung.stack.texts().take(STACK_FRAMES).collect(),
+                wait,
+                wait_kind,
+                sources: vec![header.probe],
+                exiting,
+                stack: stack.texts().take(STACK_FRAMES).collect(),
                 who: report.who.clone(),
                 blocked_since_unix_ns: since,
             },
@@ -134,6 +151,7 @@ impl StuckSet {
                     header: Header { time_unix_ns: now_unix_ns, ..tracked.header },
                     payload: Payload::HungTaskCleared(HungTaskCleared {
                         wait: tracked.wait,
+                        wait_kind: tracked.wait_kind,
                         blocked_secs: Some(blocked_secs),
                         why,
                     }),
@@ -154,9 +172,9 @@ impl StuckSet {
         longest_first(mine.map(|t| t.at(now_unix_ns)).collect())
     }
 
-    /// Wait class and who, of every stuck task.
-    pub fn waits(&self) -> impl Iterator<Item = (WaitClass, &Attribution)> {
-        self.tasks.values().map(|t| (t.wait, &*t.who))
+    /// Wait class and kind, and who, of every stuck task.
+    pub fn waits(&self) -> impl Iterator<Item = (WaitClass, WaitKind, &Attribution)> {
+        self.tasks.values().map(|t| (t.wait, t.wait_kind, &*t.who))
     }
 
     pub fn longest_blocked_secs(&self, now_unix_ns: u64) -> u64 {
@@ -185,6 +203,8 @@ impl Tracked {
             tid: self.header.pid,
             comm: self.header.comm.clone(),
             wait: self.wait,
+            wait_kind: self.wait_kind,
+            sources: self.sources.clone(),
             blocked_secs: now_unix_ns.saturating_sub(self.blocked_since_unix_ns) / SEC,
             blocked_since_unix_ns: self.blocked_since_unix_ns,
             exiting: self.exiting,
@@ -279,7 +299,7 @@ mod tests {
         assert!(s.report(&report(1000, 10, 11, Some(120), WaitClass::Writeback)));
         assert!(!s.report(&report(1120, 10, 11, Some(240), WaitClass::Writeback)));
         assert!(s.report(&report(1000, 20, 20, Some(120), WaitClass::Nfs)));
-        assert_eq!(s.waits().filter(|(w, _)| *w == WaitClass::Writeback).count(), 1);
+        assert_eq!(s.waits().filter(|(w, _, _)| *w == WaitClass::Writeback).count(), 1);
         // Blocked since 880 s by both reports; at 1200 s that is 320 s, for every reader.
         let all = s.all(1200 * SEC);
         assert_eq!((all[0].tid, all[0].blocked_secs), (11, 320));
@@ -334,6 +354,39 @@ mod tests {
         assert!(!s.report(&report(200, 5, 5, Some(150), WaitClass::Nfs)));
         assert_eq!(s.untracked(), 1);
         assert_eq!(s.of_pod("u1", 200 * SEC).iter().find(|t| t.tid == 5).unwrap().blocked_secs, 101);
+    }
+
+    #[test]
+    fn both_sources_make_one_task() {
+        use crate::probes::stuck_task::StuckTaskSample;
+        let mut s = StuckSet::default();
+        let mut sample = report(1000, 10, 11, Some(45), WaitClass::Nfs);
+        sample.event.header.probe = "stuck-task";
+        sample.event.payload = Payload::StuckTask(StuckTaskSample {
+            blocked_secs: 45,
+            wait: WaitClass::Nfs,
+            wait_kind: WaitKind::Killable,
+            stack: Stack::from_names(&["rpc_wait_bit_killable"]),
+            exiting: false,
+        });
+        assert!(s.report(&sample));
+        // The detector's later report of the same task adds its source, nothing else.
+        assert!(!s.report(&report(1100, 10, 11, Some(120), WaitClass::Writeback)));
+        let all = s.all(1200 * SEC);
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].sources, ["stuck-task", "hung-task"]);
+        assert_eq!(
+            (all[0].wait, all[0].wait_kind, all[0].blocked_secs),
+            (WaitClass::Nfs, WaitKind::Killable, 245)
+        );
+        assert!(
+            all[0].stack[0].starts_with("rpc_wait_bit_killable"),
+            "the sampler's stack: {:?}",
+            all[0].stack
+        );
+        let cleared = s.clear(&[((10, 11), TaskState::Other)], 1300 * SEC);
+        let Payload::HungTaskCleared(c) = &cleared[0].event.payload else { panic!() };
+        assert_eq!((c.wait_kind, c.blocked_secs), (WaitKind::Killable, Some(345)));
     }
 
     #[test]

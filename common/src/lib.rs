@@ -10,6 +10,7 @@ pub mod header;
 pub mod hung_task;
 pub mod nfs;
 pub mod oom;
+pub mod stuck_task;
 pub mod task;
 pub mod tcp_reset;
 
@@ -21,6 +22,7 @@ pub mod kind {
     pub const HUNG_TASK: u32 = 2;
     pub const OOM_KILL: u32 = 3;
     pub const NFS: u32 = 4;
+    pub const STUCK_TASK: u32 = 5;
     /// One past the highest kind: sizes the per-kind loss counter map.
     pub const COUNT: u32 = 8;
 }

@@ -9,7 +9,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use kstall_tests::{agent::Agent, bpf::bpf_programs, host::Sysctl, kernel_tests_can_run, netns::NetNs};
+use kstall_tests::{
+    agent::Agent,
+    bpf::bpf_programs,
+    host::{Sysctl, cpu_ticks, memory_kib},
+    kernel_tests_can_run,
+    netns::NetNs,
+};
 
 const THREADS: usize = 2;
 
@@ -97,26 +103,4 @@ fn storm(ns: &NetNs, secs: u64) -> Storm {
 
 fn events(agent: &Agent) -> f64 {
     agent.metric(r#"kstall_events_total{probe="tcp-reset"}"#).unwrap_or(0.0)
-}
-
-/// utime + stime of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("agent stat");
-    // Fields after the parenthesised comm; utime and stime are fields 14 and 15.
-    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()
-}
-
-fn memory_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("agent status");
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
 }

@@ -65,6 +65,29 @@ pub fn child_pids(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// utime + stime of `pid`, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("agent stat");
+    // Fields after the parenthesised comm; utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()
+}
+
+/// VmRSS and VmHWM of `pid`, in KiB.
+pub fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("agent status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

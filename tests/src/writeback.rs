@@ -4,6 +4,9 @@
 //! until the daemon is continued. (O_DIRECT reads would not do: they wait in a way the detector
 //! deliberately ignores.)
 //!
+//! A reader of a file whose pages are not cached waits too, in a killable sleep
+//! (`folio_wait_bit_common` in `TASK_KILLABLE`): the kind the detector skips.
+//!
 //! Everything is undone on drop, in the order that lets each step succeed: continue the daemon so
 //! the writer can finish, unmount, detach the loop device, stop the daemon, remove the files.
 
@@ -77,6 +80,53 @@ impl FreezableDisk {
         self.mount_point().join("stuck")
     }
 
+    fn read_target(&self) -> PathBuf {
+        self.mount_point().join("to-read")
+    }
+
+    /// Writes a file for `start_reader` to the disk, then drops its pages from the page cache,
+    /// and the disk image's (the loop device reads through them): once frozen, reading it waits
+    /// on the disk. Only these two files' caches are dropped, nothing else of the host's.
+    pub fn prepare_read_file(&self) {
+        use std::io::Write as _;
+        let mut file = std::fs::File::create(self.read_target()).expect("the reader's file");
+        file.write_all(&vec![0x5a; 1 << 20]).and_then(|()| file.sync_all()).expect("write the reader's file");
+        drop(file);
+        self.drop_read_cache();
+    }
+
+    /// Drops the pages of the reader's file and of the disk image from the page cache (again
+    /// after a read brought them in).
+    pub fn drop_read_cache(&self) {
+        for path in [self.read_target(), self.dir.join("fuse/disk.img")] {
+            let file = std::fs::File::open(&path).expect("open to drop its cache");
+            // SAFETY: a valid fd; DONTNEED only drops clean cached pages.
+            let rc = unsafe {
+                libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, libc::POSIX_FADV_DONTNEED)
+            };
+            assert_eq!(rc, 0, "posix_fadvise({}, DONTNEED)", path.display());
+        }
+    }
+
+    /// The file `prepare_read_file` wrote, open for reading (opened before a freeze, a read of it
+    /// then waits on the disk and nothing else).
+    pub fn open_read_file(&self) -> std::fs::File {
+        std::fs::File::open(self.read_target()).expect("open the reader's file")
+    }
+
+    /// Starts `cat` of the file `prepare_read_file` wrote, inside `cgroup_procs`. Returns its pid.
+    pub fn start_reader(&mut self, cgroup_procs: &Path) -> u32 {
+        let script = format!(
+            "echo $$ > {} && exec cat {} > /dev/null",
+            cgroup_procs.display(),
+            self.read_target().display()
+        );
+        let child = Command::new("sh").args(["-c", &script]).spawn().expect("start cat");
+        let pid = child.id();
+        self.writers.push(child);
+        pid
+    }
+
     /// Freezes the disk: nothing written to it completes until `thaw`.
     pub fn freeze(&self) {
         unsafe { libc::kill(self.bindfs.id() as i32, libc::SIGSTOP) };
@@ -102,7 +152,7 @@ impl FreezableDisk {
         pid
     }
 
-    /// Waits for every writer to finish; panics after `timeout`.
+    /// Waits for every writer (and reader) to finish; panics after `timeout`.
     pub fn wait_writers(&mut self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         for w in &mut self.writers {

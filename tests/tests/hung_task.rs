@@ -53,13 +53,13 @@ fn writer_stuck_in_writeback_is_reported_once_and_cleared() {
     assert!(stack.iter().any(|f| f.starts_with("folio_wait")), "{stack:?}");
     assert!(
         agent
-            .metric(r#"kstall_hung_tasks{container="",host="true",namespace="",pod="",wait="writeback",workload=""}"#)
+            .metric(r#"kstall_stuck_tasks{container="",host="true",kind="uninterruptible",namespace="",pod="",wait="writeback",workload=""}"#)
             .unwrap_or(0.0)
             >= 1.0,
         "{}",
         agent.metrics()
     );
-    assert!(agent.metric(r#"kstall_hung_task_longest_blocked_seconds"#).unwrap_or(0.0) >= 3.0);
+    assert!(agent.metric(r#"kstall_stuck_task_longest_blocked_seconds"#).unwrap_or(0.0) >= 3.0);
 
     disk.thaw();
     disk.wait_writers(Duration::from_secs(30));

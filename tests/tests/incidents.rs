@@ -134,7 +134,7 @@ fn sidecar_redirect_and_stuck_writer_fire_alert_and_resolve() {
     );
     let since_secs = task["blocked_since_unix_ns"].as_u64().unwrap() / 1_000_000_000;
     let now_secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-    let longest = agent.metric("kstall_hung_task_longest_blocked_seconds").unwrap_or(0.0) as u64;
+    let longest = agent.metric("kstall_stuck_task_longest_blocked_seconds").unwrap_or(0.0) as u64;
     assert!(
         (3..=now_secs - since_secs + 1).contains(&longest),
         "longest blocked {longest} s: at least the detector's 3 s, at most since {since_secs} (now {now_secs})"

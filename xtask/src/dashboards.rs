@@ -67,9 +67,9 @@ enum Scope {
 /// not here is an error, so a new panel cannot silently go unfiltered.
 const METRICS: &[(&str, Scope)] = &[
     ("kstall_tcp_resets_total", Scope::Pod),
-    ("kstall_hung_tasks", Scope::Pod),
-    ("kstall_hung_tasks_total", Scope::Pod),
-    ("kstall_hung_task_longest_blocked_seconds", Scope::Node),
+    ("kstall_stuck_tasks", Scope::Pod),
+    ("kstall_stuck_tasks_total", Scope::Pod),
+    ("kstall_stuck_task_longest_blocked_seconds", Scope::Node),
     ("kstall_oom_kills_total", Scope::Pod),
     ("kstall_nfs_rpc_retransmits_total", Scope::Pod),
     ("kstall_nfs_rpc_timeouts_total", Scope::Pod),
@@ -723,12 +723,13 @@ fn nfs() -> anyhow::Result<Dashboard> {
     ))
     .panel(Panel::timeseries(
         "Tasks stuck in NFS waits",
-        "Tasks hung now (the kernel's hung-task detector) whose stack waits on NFS, per pod: they \
-         will not exit, and their pod will not terminate, until the server answers.",
+        "Tasks stuck now (found by kstall's sampler or the kernel's hung-task detector) whose stack \
+         waits on NFS, per pod: they will not finish, and their pod will not start or terminate, \
+         until the server answers.",
         "short",
         vec![range(
             "A",
-            r#"sum by (node, namespace, pod) (kstall_hung_tasks{wait="nfs"})"#,
+            r#"sum by (node, namespace, pod) (kstall_stuck_tasks{wait="nfs"})"#,
             "{{node}} {{namespace}}/{{pod}}",
         )?],
     ))
@@ -892,20 +893,21 @@ fn memory_oom(rules: &Rules) -> anyhow::Result<Dashboard> {
 fn hung_tasks() -> anyhow::Result<Dashboard> {
     Ok(Dashboard::new(
         "kstall-hung-tasks",
-        "kstall / Hung tasks",
-        "Tasks the kernel's hung-task detector reports in D state, by pod and wait class (nfs, \
-         writeback, block_io, fs_lock, mm, other), and how long the longest has been blocked.",
+        "kstall / Stuck tasks",
+        "Tasks stuck in uninterruptible sleep (plain D, or killable: the sleeps the kernel's \
+         hung-task detector skips), by pod, wait class (nfs, writeback, block_io, fs_lock, mm, \
+         other) and kind, and how long the longest has been blocked.",
     )
     .panel(
         Panel::timeseries(
-            "Tasks hung now, by pod and wait class",
-            "Tasks in uninterruptible sleep longer than kernel.hung_task_timeout_secs, per pod and \
-             wait class (from the task's kernel stack).",
+            "Tasks stuck now, by pod, wait class and kind",
+            "Tasks asleep uninterruptibly and not run for --stuck-task-threshold (or reported by the \
+             kernel's detector), per pod, wait class (from the task's kernel stack) and kind.",
             "short",
             vec![range(
                 "A",
-                "sum by (node, namespace, pod, wait) (kstall_hung_tasks)",
-                "{{node}} {{namespace}}/{{pod}} {{wait}}",
+                "sum by (node, namespace, pod, wait, kind) (kstall_stuck_tasks)",
+                "{{node}} {{namespace}}/{{pod}} {{wait}} {{kind}}",
             )?],
         )
         .size(16, 8),
@@ -913,23 +915,26 @@ fn hung_tasks() -> anyhow::Result<Dashboard> {
     .panel(
         Panel::timeseries(
             "Longest blocked, per node",
-            "How long the longest-blocked task hung now has been blocked, per node (the agent keeps \
+            "How long the longest-blocked task stuck now has been blocked, per node (the agent keeps \
              this per node, not per pod: `kstall explain pod` has each task's).",
             "s",
-            vec![range("A", "max by (node) (kstall_hung_task_longest_blocked_seconds)", "{{node}}")?],
+            vec![range("A", "max by (node) (kstall_stuck_task_longest_blocked_seconds)", "{{node}}")?],
         )
         .size(8, 8),
     )
     .panel(Panel::table(
-        "Hung now",
-        "The tasks hung now, per pod, container and wait class.",
-        vec![instant("A", "sum by (node, namespace, pod, container, wait) (kstall_hung_tasks)")?],
+        "Stuck now",
+        "The tasks stuck now, per pod, container, wait class and kind.",
+        vec![instant("A", "sum by (node, namespace, pod, container, wait, kind) (kstall_stuck_tasks)")?],
     ))
     .panel(Panel::table(
-        "Tasks newly hung, since the agent started",
-        "Tasks reported hung since the agent started (each counts once however long it stays hung), \
-         per pod and wait class.",
-        vec![instant("A", "sum by (node, namespace, pod, container, wait) (kstall_hung_tasks_total)")?],
+        "Tasks newly stuck, since the agent started",
+        "Tasks found stuck since the agent started (each counts once however long it stays stuck), \
+         per pod, wait class, kind and the probe that found it first.",
+        vec![instant(
+            "A",
+            "sum by (node, namespace, pod, container, wait, kind, source) (kstall_stuck_tasks_total)",
+        )?],
     )))
 }
 
@@ -1111,8 +1116,8 @@ mod tests {
         );
         assert_eq!(f(r#"up{job="kstall"} == 0"#), r#"up{node=~"$node",job="kstall"} == 0"#);
         assert_eq!(
-            f("kstall_hung_tasks {}"),
-            r#"kstall_hung_tasks{node=~"$node",namespace=~"$namespace",pod=~"$pod"}"#
+            f("kstall_stuck_tasks {}"),
+            r#"kstall_stuck_tasks{node=~"$node",namespace=~"$namespace",pod=~"$pod"}"#
         );
         // Label names, strings and other metrics' names are left alone.
         assert_eq!(

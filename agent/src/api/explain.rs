@@ -11,6 +11,7 @@ use crate::{
     attribution::{Attribution, Index},
     incidents::{Incident, State},
     kernel,
+    probes::wait::WaitKind,
     state::{AgentState, lock},
     stuck::StuckTask,
 };
@@ -42,6 +43,12 @@ pub struct StuckTaskNow {
     pub tid: u32,
     pub comm: String,
     pub wait: String,
+    /// `uninterruptible` or `killable` (empty from an agent older than the sampler).
+    #[serde(default)]
+    pub wait_kind: String,
+    /// The probes that reported it, the first first.
+    #[serde(default)]
+    pub sources: Vec<String>,
     pub blocked_secs: Option<u64>,
     /// When it last ran (as the incidents' evidence says too).
     #[serde(default)]
@@ -138,6 +145,8 @@ pub fn explain(
             tid: task.tid,
             comm: task.comm,
             wait: task.wait.as_str().to_string(),
+            wait_kind: task.wait_kind.as_str().to_string(),
+            sources: task.sources.iter().map(|s| s.to_string()).collect(),
             blocked_secs: Some(task.blocked_secs),
             blocked_since_unix_ns: task.blocked_since_unix_ns,
             stack: task.stack,
@@ -151,6 +160,11 @@ pub fn explain(
             i.id,
             i.signature,
             i.remediation.permanent.first().cloned().unwrap_or_default()
+        ),
+        (None, Some(t)) if t.wait_kind == WaitKind::Killable.as_str() => format!(
+            "Task {} (pid {} tid {}) is stuck in {} (a killable sleep): read its stack below; SIGKILL ends \
+             it, but what it waits for stays stuck for the next task.",
+            t.comm, t.pid, t.tid, t.wait
         ),
         (None, Some(t)) => format!(
             "Task {} (pid {} tid {}) is stuck in {}: read its stack below; it cannot be killed, only unblocked.",

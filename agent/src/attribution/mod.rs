@@ -217,7 +217,10 @@ fn key_for_meta(a: &Attribution) -> Key {
 /// Whether the event's header task is what it is about (a hung task, an OOM victim). Resets and
 /// RPC events run in softirq or kworker context: their task is whoever the CPU was running.
 fn subject_is_task(event: &Event) -> bool {
-    matches!(event.payload, Payload::HungTask(_) | Payload::OomKill(_) | Payload::HungTaskCleared(_))
+    matches!(
+        event.payload,
+        Payload::HungTask(_) | Payload::StuckTask(_) | Payload::OomKill(_) | Payload::HungTaskCleared(_)
+    )
 }
 
 /// The attribution of a workload, with the pod's metadata when it is known.

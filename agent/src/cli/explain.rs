@@ -77,7 +77,11 @@ pub fn render(x: &PodExplanation) -> String {
         out.push_str("STUCK TASKS\n");
         for t in &x.stuck_tasks {
             let blocked = t.blocked_secs.map(human_secs).unwrap_or_else(|| "?".into());
-            out.push_str(&format!("  {} pid {} tid {}  {blocked} in {}\n", t.comm, t.pid, t.tid, t.wait));
+            let killable = if t.wait_kind == "killable" { " (killable)" } else { "" };
+            out.push_str(&format!(
+                "  {} pid {} tid {}  {blocked} in {}{killable}\n",
+                t.comm, t.pid, t.tid, t.wait
+            ));
             for frame in &t.stack {
                 out.push_str(&format!("      {frame}\n"));
             }
@@ -118,6 +122,8 @@ mod tests {
                 tid: 4243,
                 comm: "java".into(),
                 wait: "nfs".into(),
+                wait_kind: "uninterruptible".into(),
+                sources: vec!["stuck-task".into(), "hung-task".into()],
                 blocked_secs: Some(1200),
                 blocked_since_unix_ns: 1_796_000_000_000_000_000,
                 stack: vec!["folio_wait_bit+0xd6".into(), "nfs_wb_all+0x5b".into()],

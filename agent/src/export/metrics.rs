@@ -14,7 +14,9 @@ use crate::{
     probes::{
         nfs::{Nfs, What},
         plan::ProbeStatus,
+        stuck_task::Sweep,
         tcp_reset::Direction,
+        wait::WaitKind,
     },
     stuck::StuckSet,
 };
@@ -36,10 +38,12 @@ pub struct Metrics {
     incidents_total: IntCounterVec,
     incident_evictions_total: IntCounterVec,
     tcp_resets_total: IntCounterVec,
-    hung_tasks: IntGaugeVec,
-    hung_tasks_total: IntCounterVec,
-    hung_task_longest_blocked: IntGauge,
+    stuck_tasks: IntGaugeVec,
+    stuck_tasks_total: IntCounterVec,
+    stuck_task_longest_blocked: IntGauge,
+    stuck_task_blocked: prometheus::HistogramVec,
     stuck_untracked_total: prometheus::IntCounter,
+    sweeps: Sweeps,
     attribution_queue_full_total: IntCounterVec,
     oom_kills_total: IntCounterVec,
     nfs_retransmits_total: IntCounterVec,
@@ -94,25 +98,49 @@ impl Metrics {
             .expect("valid metric");
         registry.register(Box::new(build_info.clone())).expect("unique metric");
         build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
-        let hung_tasks = IntGaugeVec::new(
+        let stuck_tasks = IntGaugeVec::new(
             Opts::new(
-                "kstall_hung_tasks",
-                "Tasks the kernel's hung-task detector reports as hung now, by wait class and pod \
-                 (a series exists only while a task is hung).",
+                "kstall_stuck_tasks",
+                "Tasks stuck in uninterruptible sleep now, by wait class, kind (uninterruptible, or \
+                 killable: the sleeps the kernel's hung-task detector skips) and pod (a series exists \
+                 only while a task is stuck).",
             ),
-            &[&["wait"], &POD_LABELS[..]].concat(),
+            &[&["wait", "kind"], &POD_LABELS[..]].concat(),
         )
         .expect("valid metric");
-        registry.register(Box::new(hung_tasks.clone())).expect("unique metric");
-        let hung_task_longest_blocked = IntGauge::new(
-            "kstall_hung_task_longest_blocked_seconds",
-            "Longest time any currently hung task has been blocked.",
+        registry.register(Box::new(stuck_tasks.clone())).expect("unique metric");
+        let stuck_task_longest_blocked = IntGauge::new(
+            "kstall_stuck_task_longest_blocked_seconds",
+            "Longest time any currently stuck task has been blocked.",
         )
         .expect("valid metric");
-        registry.register(Box::new(hung_task_longest_blocked.clone())).expect("unique metric");
+        registry.register(Box::new(stuck_task_longest_blocked.clone())).expect("unique metric");
+        let stuck_task_blocked = prometheus::HistogramVec::new(
+            prometheus::HistogramOpts::new(
+                "kstall_stuck_task_blocked_seconds",
+                "How long stuck tasks were blocked, observed when they ran again or exited, by wait \
+                 class and kind.",
+            )
+            .buckets(vec![
+                5.0,
+                15.0,
+                30.0,
+                60.0,
+                120.0,
+                300.0,
+                600.0,
+                1800.0,
+                3600.0,
+                4.0 * 3600.0,
+            ]),
+            &["wait", "kind"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(stuck_task_blocked.clone())).expect("unique metric");
+        let sweeps = Sweeps::new(&registry);
         let stuck_untracked_total = prometheus::IntCounter::new(
             "kstall_stuck_tasks_untracked_total",
-            "Hung-task reports of tasks not kept because 10,000 tasks were stuck already (the node is \
+            "Reports of stuck tasks not kept because 10,000 tasks were stuck already (the node is \
              on fire; the first 10,000 are reported).",
         )
         .expect("valid metric");
@@ -207,9 +235,11 @@ impl Metrics {
                 "OOM kills. scope: memcg (a cgroup limit), global (the node ran out) or unknown; \
                  critical: the victim is node-critical (kubelet, container runtime, ...).",
             ),
-            hung_tasks,
-            hung_task_longest_blocked,
+            stuck_tasks,
+            stuck_task_longest_blocked,
+            stuck_task_blocked,
             stuck_untracked_total,
+            sweeps,
             attribution_queue_full_total: counter(
                 &registry,
                 "kstall_attribution_queue_full_total",
@@ -217,10 +247,12 @@ impl Metrics {
                  misses (the resolver's queue of keys to look up), held (events waiting for it).",
                 &["queue"],
             ),
-            hung_tasks_total: event_counter(
+            stuck_tasks_total: event_counter(
                 &registry,
-                Family::HungTasks,
-                "Tasks newly reported hung (a task counts once however long it stays hung), by wait class.",
+                Family::StuckTasks,
+                "Tasks newly stuck (a task counts once however long it stays stuck), by wait class, \
+                 kind and the probe that found it first: stuck-task (the sampler) or hung-task (the \
+                 kernel's detector).",
             ),
             probe_up,
             events_total: counter(
@@ -297,9 +329,20 @@ impl Metrics {
                 self.inc(Family::TcpResets, &with_pod_labels(&labels, who), who);
             }
             Payload::HungTask(hung) => {
-                self.inc(Family::HungTasks, &with_pod_labels(&[hung.wait.as_str()], who), who)
+                let labels = [hung.wait.as_str(), WaitKind::Uninterruptible.as_str(), event.header.probe];
+                self.inc(Family::StuckTasks, &with_pod_labels(&labels, who), who)
             }
-            Payload::HungTaskCleared(_) => {}
+            Payload::StuckTask(stuck) => {
+                let labels = [stuck.wait.as_str(), stuck.wait_kind.as_str(), event.header.probe];
+                self.inc(Family::StuckTasks, &with_pod_labels(&labels, who), who)
+            }
+            Payload::HungTaskCleared(cleared) => {
+                if let Some(secs) = cleared.blocked_secs {
+                    self.stuck_task_blocked
+                        .with_label_values(&[cleared.wait.as_str(), cleared.wait_kind.as_str()])
+                        .observe(secs as f64);
+                }
+            }
             Payload::Nfs(nfs) => self.observe_nfs(nfs, who),
             Payload::OomKill(kill) => {
                 let critical = if kill.critical { "true" } else { "false" };
@@ -341,16 +384,31 @@ impl Metrics {
     /// The stuck set as gauges, at `now`; and what it could not keep.
     pub fn set_stuck_tasks(&self, stuck: &StuckSet, now_unix_ns: u64) {
         let mut counts: std::collections::HashMap<Vec<&str>, i64> = std::collections::HashMap::new();
-        for (wait, who) in stuck.waits() {
-            *counts.entry(with_pod_labels(&[wait.as_str()], who)).or_default() += 1;
+        for (wait, kind, who) in stuck.waits() {
+            *counts.entry(with_pod_labels(&[wait.as_str(), kind.as_str()], who)).or_default() += 1;
         }
-        // Series of pods no longer hung disappear rather than stay at 0 forever.
-        self.hung_tasks.reset();
+        // Series of pods no longer stuck disappear rather than stay at 0 forever.
+        self.stuck_tasks.reset();
         for (labels, n) in counts {
-            self.hung_tasks.with_label_values(&labels).set(n);
+            self.stuck_tasks.with_label_values(&labels).set(n);
         }
-        self.hung_task_longest_blocked.set(stuck.longest_blocked_secs(now_unix_ns) as i64);
+        self.stuck_task_longest_blocked.set(stuck.longest_blocked_secs(now_unix_ns) as i64);
         self.stuck_untracked_total.inc_by(stuck.untracked().saturating_sub(self.stuck_untracked_total.get()));
+    }
+
+    /// What a stuck-task sweep cost and found; a failed sweep is counted (and warned by the caller).
+    pub fn stuck_task_sweep(&self, sweep: &Result<Sweep, String>) {
+        let s = &self.sweeps;
+        match sweep {
+            Ok(sweep) => {
+                s.total.inc();
+                s.kernel_seconds.observe(sweep.kernel_cpu.as_secs_f64());
+                s.tasks.set(sweep.tasks as i64);
+                s.uninterruptible.set(sweep.uninterruptible as i64);
+                s.over_limit_total.inc_by(sweep.over_limit);
+            }
+            Err(_) => s.failures_total.inc(),
+        }
     }
 
     /// An event that did not wait for the resolver's answer because a queue was full: `misses`
@@ -376,7 +434,7 @@ impl Metrics {
     fn counter(&self, family: Family) -> Option<&IntCounterVec> {
         Some(match family {
             Family::TcpResets => &self.tcp_resets_total,
-            Family::HungTasks => &self.hung_tasks_total,
+            Family::StuckTasks => &self.stuck_tasks_total,
             Family::OomKills => &self.oom_kills_total,
             Family::NfsRetransmits => &self.nfs_retransmits_total,
             Family::NfsTimeouts => &self.nfs_timeouts_total,
@@ -497,11 +555,66 @@ impl Metrics {
     }
 }
 
-/// The metric families that carry pod labels (the hung-task gauge is rebuilt whole instead).
+/// The stuck-task sampler's own figures.
+struct Sweeps {
+    total: prometheus::IntCounter,
+    failures_total: prometheus::IntCounter,
+    kernel_seconds: prometheus::Histogram,
+    tasks: IntGauge,
+    uninterruptible: IntGauge,
+    over_limit_total: prometheus::IntCounter,
+}
+
+impl Sweeps {
+    fn new(registry: &Registry) -> Self {
+        fn reg<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, m: T) -> T {
+            registry.register(Box::new(m.clone())).expect("unique metric");
+            m
+        }
+        let counter = |name: &str, help: &str| {
+            reg(registry, prometheus::IntCounter::new(name, help).expect("valid metric"))
+        };
+        let gauge = |name: &str, help: &str| reg(registry, IntGauge::new(name, help).expect("valid metric"));
+        Self {
+            total: counter(
+                "kstall_stuck_task_sweeps_total",
+                "Sweeps of every task by the stuck-task sampler.",
+            ),
+            failures_total: counter(
+                "kstall_stuck_task_sweep_failures_total",
+                "Sweeps that could not run (the agent's log says why).",
+            ),
+            kernel_seconds: reg(
+                registry,
+                prometheus::Histogram::with_opts(
+                    prometheus::HistogramOpts::new(
+                        "kstall_stuck_task_sweep_kernel_seconds",
+                        "CPU time of each sweep, spent in the kernel walking the tasks.",
+                    )
+                    .buckets(vec![0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5]),
+                )
+                .expect("valid metric"),
+            ),
+            tasks: gauge("kstall_stuck_task_sweep_tasks", "Tasks the last sweep walked."),
+            uninterruptible: gauge(
+                "kstall_stuck_task_sweep_uninterruptible",
+                "Tasks the last sweep found asleep uninterruptibly, stuck or not (idle kernel threads \
+                 and frozen tasks not counted).",
+            ),
+            over_limit_total: counter(
+                "kstall_stuck_task_reports_over_limit_total",
+                "Stuck tasks a sweep did not report because it had reported --stuck-task-max-reports \
+                 already (a later sweep reports them).",
+            ),
+        }
+    }
+}
+
+/// The metric families that carry pod labels (the stuck-task gauge is rebuilt whole instead).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Family {
     TcpResets,
-    HungTasks,
+    StuckTasks,
     OomKills,
     NfsRetransmits,
     NfsTimeouts,
@@ -514,7 +627,7 @@ impl Family {
     fn name(self) -> &'static str {
         match self {
             Family::TcpResets => "kstall_tcp_resets_total",
-            Family::HungTasks => "kstall_hung_tasks_total",
+            Family::StuckTasks => "kstall_stuck_tasks_total",
             Family::OomKills => "kstall_oom_kills_total",
             Family::NfsRetransmits => "kstall_nfs_rpc_retransmits_total",
             Family::NfsTimeouts => "kstall_nfs_rpc_timeouts_total",
@@ -528,7 +641,7 @@ impl Family {
     fn labels(self) -> &'static [&'static str] {
         match self {
             Family::TcpResets => &["direction", "port", "original_port", "reason"],
-            Family::HungTasks => &["wait"],
+            Family::StuckTasks => &["wait", "kind", "source"],
             Family::OomKills => &["scope", "comm", "critical"],
             Family::NfsRetransmits | Family::NfsTimeouts | Family::NfsResponding => &["server"],
             Family::NfsConnectErrors => &["server", "error"],

@@ -163,7 +163,7 @@ mod tests {
             Severity,
             signatures::{nfs_sidecar_redirect, pod_termination_blocked, tests::*},
         },
-        probes::hung_task::WaitClass,
+        probes::wait::WaitClass,
         stuck::TaskState,
     };
 

@@ -6,19 +6,21 @@ pub mod hung_task;
 pub mod nfs;
 pub mod oom;
 pub mod plan;
+pub mod stuck_task;
 mod task;
 pub mod tcp_reset;
+pub mod wait;
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{Array, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, FEntry, Program, ProgramError},
+    programs::{BtfTracePoint, FEntry, Iter, Program, ProgramError},
 };
 use kstall_common::{capture::CaptureFilter, kind, tcp_reset::ConntrackOffsets};
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use self::plan::{Plan, ProbeStatus, ProgramSpec, error_chain, summarize};
+use self::plan::{Attach, Plan, ProbeStatus, ProgramSpec, error_chain, summarize};
 use crate::{kernel, kernel_btf::KernelBtf, symbols::Symbols};
 
 /// The kernel programs, built by build.rs (empty when built with `AYA_BUILD_SKIP=1`).
@@ -30,6 +32,7 @@ pub const ALL: &[ProbeInfo] = &[
     ProbeInfo { name: hung_task::NAME, kind: kind::HUNG_TASK },
     ProbeInfo { name: oom::NAME, kind: kind::OOM_KILL },
     ProbeInfo { name: nfs::NAME, kind: kind::NFS },
+    ProbeInfo { name: stuck_task::NAME, kind: kind::STUCK_TASK },
 ];
 
 pub struct ProbeInfo {
@@ -56,6 +59,7 @@ pub struct Settings {
     pub tcp_reset_hook: tcp_reset::Hook,
     /// Process names whose OOM kill makes the victim node-critical.
     pub critical_comms: Vec<String>,
+    pub stuck_task: stuck_task::Settings,
     /// The in-kernel capture filter of a standalone `kstall trace`; all zero (everything) for the
     /// agent.
     pub capture: CaptureFilter,
@@ -133,6 +137,8 @@ pub struct Loaded {
     pub decoding: Decoding,
     pub events: Option<RingBuf<MapData>>,
     pub lost: Option<PerCpuArray<MapData, u64>>,
+    /// The stuck-task sampler, for its sweep loop to take.
+    pub sampler: Option<stuck_task::Sampler>,
 }
 
 /// Plans, loads and attaches every enabled probe; the loaded side and each probe's status.
@@ -158,6 +164,7 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
             decoding: Decoding::default(),
             events: None,
             lost: None,
+            sampler: None,
         };
         (nothing, statuses)
     };
@@ -210,6 +217,13 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
     if enabled(oom::NAME) {
         let idx = index_of(oom::NAME);
         match oom::plan(&vmlinux) {
+            Ok(plan) => plans.push((idx, plan)),
+            Err(e) => statuses[idx].reason = Some(e),
+        }
+    }
+    if enabled(stuck_task::NAME) {
+        let idx = index_of(stuck_task::NAME);
+        match stuck_task::plan(&vmlinux, &settings.stuck_task) {
             Ok(plan) => plans.push((idx, plan)),
             Err(e) => statuses[idx].reason = Some(e),
         }
@@ -308,10 +322,32 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
             tcp_reset::Conntrack::Unavailable => {}
         }
     }
+    let mut sampler = None;
+    let stuck = &mut statuses[index_of(stuck_task::NAME)];
+    if stuck.up {
+        match stuck_task::Sampler::new(&mut ebpf) {
+            Ok(s) => sampler = Some(s),
+            Err(e) => {
+                unload(&mut ebpf, stuck_task::PROGRAM);
+                *stuck = ProbeStatus {
+                    notes: std::mem::take(&mut stuck.notes),
+                    ..ProbeStatus::down(stuck_task::NAME, e)
+                };
+            }
+        }
+    }
     let events = ebpf.take_map("EVENTS").and_then(|m| RingBuf::try_from(m).ok());
     let lost = ebpf.take_map("LOST").and_then(|m| PerCpuArray::try_from(m).ok());
-    let loaded =
-        Loaded { ebpf: Some(ebpf), attached, nfs: nfs_attachment, conntrack_pending, decoding, events, lost };
+    let loaded = Loaded {
+        ebpf: Some(ebpf),
+        attached,
+        nfs: nfs_attachment,
+        conntrack_pending,
+        decoding,
+        events,
+        lost,
+        sampler,
+    };
     (loaded, statuses)
 }
 
@@ -338,20 +374,29 @@ fn attach_one(ebpf: &mut Ebpf, spec: &ProgramSpec, btf: &Btf) -> Result<(), Stri
     let context = |what: &str, e: &dyn std::error::Error| {
         let full = error_chain(e);
         tracing::debug!(program = spec.program, error = %full, "{what} failed");
-        let hint = if spec.fentry { String::new() } else { kernel::bpf_permission_hint(&full) };
+        let hint =
+            if spec.attach == Attach::FEntry { String::new() } else { kernel::bpf_permission_hint(&full) };
         format!("{} ({}): {what}: {}{hint}", spec.target, spec.program, summarize(&full))
     };
     let program = ebpf
         .program_mut(spec.program)
         .ok_or_else(|| format!("program {} missing from the eBPF object", spec.program))?;
-    if spec.fentry {
-        let program: &mut FEntry = program.try_into().map_err(|e| context("program type", &e))?;
-        program.load(spec.target, btf).map_err(|e| context("load", &e))?;
-        program.attach().map_err(|e| context("attach", &e))?;
-    } else {
-        let program: &mut BtfTracePoint = program.try_into().map_err(|e| context("program type", &e))?;
-        program.load(spec.target, btf).map_err(|e| context("load", &e))?;
-        program.attach().map_err(|e| context("attach", &e))?;
+    match spec.attach {
+        Attach::FEntry => {
+            let program: &mut FEntry = program.try_into().map_err(|e| context("program type", &e))?;
+            program.load(spec.target, btf).map_err(|e| context("load", &e))?;
+            program.attach().map_err(|e| context("attach", &e))?;
+        }
+        Attach::TpBtf => {
+            let program: &mut BtfTracePoint = program.try_into().map_err(|e| context("program type", &e))?;
+            program.load(spec.target, btf).map_err(|e| context("load", &e))?;
+            program.attach().map_err(|e| context("attach", &e))?;
+        }
+        // Linked by its probe once loaded (`stuck_task::Sampler`).
+        Attach::TaskIter => {
+            let program: &mut Iter = program.try_into().map_err(|e| context("program type", &e))?;
+            program.load("task", btf).map_err(|e| context("load", &e))?;
+        }
     }
     Ok(())
 }
@@ -392,6 +437,7 @@ fn unload(ebpf: &mut Ebpf, name: &str) {
         Some(Program::BtfTracePoint(p)) => p.unload(),
         Some(Program::FEntry(p)) => p.unload(),
         Some(Program::RawTracePoint(p)) => p.unload(),
+        Some(Program::Iter(p)) => p.unload(),
         _ => Ok(()),
     };
     // A program the kernel refused (fentry where trampolines are off) was never loaded.

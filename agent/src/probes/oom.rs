@@ -22,8 +22,7 @@ use crate::{
 
 pub const NAME: &str = "oom";
 const GLOBAL: &str = "OOM_CONFIG";
-const PROG_OOM_CONTROL: ProgramSpec =
-    ProgramSpec { program: "oom_kill_process", target: "oom_kill_process", fentry: true };
+const PROG_OOM_CONTROL: ProgramSpec = ProgramSpec::fentry("oom_kill_process", "oom_kill_process");
 const PROG_TASK: ProgramSpec = ProgramSpec::tp_btf("mark_victim", "mark_victim");
 const PROG_PID: ProgramSpec = ProgramSpec::tp_btf("mark_victim_pid", "mark_victim");
 
@@ -350,7 +349,7 @@ pub(crate) mod tests {
         for k in ["6.1", "6.12", "6.18"] {
             let p = plan(&kernel(k)).unwrap();
             assert_eq!(p.programs[0].program, "oom_kill_process", "{k}");
-            assert!(p.programs[0].fentry, "{k}");
+            assert_eq!(p.programs[0].attach, crate::probes::plan::Attach::FEntry, "{k}");
             let (fallback, hook) = p.fallback.expect("a fallback");
             assert_eq!(fallback[0].program, "mark_victim", "{k}");
             assert!(hook.starts_with("tp_btf/mark_victim (task, uid)"), "{k}: {hook}");

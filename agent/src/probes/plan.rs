@@ -3,18 +3,34 @@
 
 use serde::{Deserialize, Serialize};
 
-/// One program of a probe and where it attaches: a tracepoint (tp_btf) or, with `fentry`, a
-/// kernel function.
+/// One program of a probe and where it attaches.
 #[derive(Debug, Clone, Copy)]
 pub struct ProgramSpec {
     pub program: &'static str,
+    /// The tracepoint or kernel function (empty for an iterator).
     pub target: &'static str,
-    pub fentry: bool,
+    pub attach: Attach,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attach {
+    TpBtf,
+    FEntry,
+    /// A task iterator: loaded here, linked and read by its probe (nothing fires it).
+    TaskIter,
 }
 
 impl ProgramSpec {
     pub const fn tp_btf(program: &'static str, target: &'static str) -> Self {
-        Self { program, target, fentry: false }
+        Self { program, target, attach: Attach::TpBtf }
+    }
+
+    pub const fn fentry(program: &'static str, target: &'static str) -> Self {
+        Self { program, target, attach: Attach::FEntry }
+    }
+
+    pub const fn task_iter(program: &'static str) -> Self {
+        Self { program, target: "iter/task", attach: Attach::TaskIter }
     }
 }
 

@@ -1,4 +1,5 @@
 pub mod hung_task;
 pub mod nfs;
 pub mod oom;
+pub mod stuck_task;
 pub mod tcp_reset;

@@ -41,10 +41,11 @@ pub(crate) mod tests {
         events::{Event, Header, Payload},
         incidents::NodeView,
         probes::{
-            hung_task::{HungTask, WaitClass},
+            hung_task::HungTask,
             nfs::{Nfs, What},
             oom::{Invoker, OomKill, Scope},
             tcp_reset::{Direction, TcpReset},
+            wait::WaitClass,
         },
         stuck::StuckSet,
         symbols::Stack,

@@ -15,7 +15,7 @@ use crate::{
     attribution::Attributed,
     events::Payload,
     incidents::{Finding, NodeView, Remediation, Settings, Severity, Signature, Step},
-    probes::{hung_task::WaitClass, nfs::What},
+    probes::{nfs::What, wait::WaitClass},
     stuck::StuckTask,
 };
 

@@ -22,9 +22,9 @@ use crate::{
     events::Payload,
     incidents::{Finding, NodeView, Remediation, Settings, Severity, Signature, Step, keyed::Keyed, ns},
     probes::{
-        hung_task::WaitClass,
         nfs::What,
         tcp_reset::{Direction, TcpReset},
+        wait::WaitClass,
     },
     stuck::StuckTask,
 };

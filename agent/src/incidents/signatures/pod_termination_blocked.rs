@@ -8,7 +8,7 @@ use serde_json::json;
 use super::{human_secs, pod_name};
 use crate::{
     incidents::{Finding, NodeView, Remediation, Settings, Severity, Signature, Step},
-    probes::hung_task::WaitClass,
+    probes::wait::WaitClass,
     stuck::StuckTask,
 };
 

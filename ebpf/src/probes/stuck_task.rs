@@ -1,0 +1,156 @@
+//! The D-state sampler. Agent half: `agent/src/probes/stuck_task.rs`; event:
+//! `common/src/stuck_task.rs`.
+//!
+//! Hook: `iter/task`, never attached to an event: the agent reads the iterator every few seconds,
+//! and each read walks every task once. A task asleep uninterruptibly (plain `D` or killable, not
+//! an idle kernel thread or a frozen task) is remembered with its context-switch count; when the
+//! count is still the same `threshold_ns` later, it has not run since, and is reported once for
+//! that spell. Only reported tasks leave the kernel, so a sweep costs a walk plus the stuck tasks.
+//! The task pointer comes from the iterator's context: a trusted BTF pointer, as
+//! `bpf_get_task_stack` requires.
+
+use aya_ebpf::{
+    helpers::{bpf_get_task_stack, bpf_ktime_get_boot_ns},
+    macros::map,
+    maps::{Array, LruHashMap},
+};
+use kstall_common::{
+    EventHeader, kind,
+    stuck_task::{
+        FLAG_EXITING, FLAG_NO_NSPROXY, STACK_DEPTH, StuckTaskConfig, StuckTaskEvent, SweepStats, TASK_FROZEN,
+        TASK_NOLOAD, TASK_UNINTERRUPTIBLE, VERSION,
+    },
+};
+
+use crate::{
+    maps::{Filtered, reserve, submit},
+    read::at,
+    task::fill_header,
+};
+
+/// Filled by the agent from the running kernel's BTF before load.
+#[unsafe(no_mangle)]
+// SAFETY: plain integers; all zero means "not configured" (`valid == 0`).
+static STUCK_TASK_CONFIG: StuckTaskConfig = unsafe { core::mem::zeroed() };
+
+/// `PF_EXITING` in `task->flags`.
+const PF_EXITING: u32 = kstall_common::hung_task::PF_EXITING;
+
+/// A task seen asleep: since when with this switch count, and whether this spell was reported.
+/// `start_time` tells a reused tid from the task it was.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Seen {
+    start_time: u64,
+    switches: u64,
+    since_ns: u64,
+    reported: u64,
+}
+
+/// Tasks seen asleep, by tid. Least recently seen go first when full: a task that ran again is not
+/// looked up any more and ages out.
+#[map]
+static STUCK_SEEN: LruHashMap<u32, Seen> = LruHashMap::with_max_entries(16384, 0);
+
+/// Read by the agent after each sweep.
+#[map]
+static SWEEP: Array<SweepStats> = Array::with_max_entries(1, 0);
+
+/// `struct bpf_iter__task`: what the iterator passes for each task (`task` is NULL on the final
+/// call after the last task).
+#[repr(C)]
+pub struct TaskIterContext {
+    _meta: *const u8,
+    task: *const u8,
+}
+
+/// Written without a macro: aya-ebpf has none for iterators.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/task")]
+pub fn stuck_task_sweep(ctx: *const TaskIterContext) -> i32 {
+    let cfg = unsafe { core::ptr::read_volatile(&STUCK_TASK_CONFIG) };
+    let Some(stats) = SWEEP.get_ptr_mut(0) else { return 0 };
+    // SAFETY: the context is the iterator's; the load through it is checked by the verifier.
+    let task = unsafe { core::ptr::read_volatile(&(*ctx).task) };
+    // SAFETY: a map value pointer, valid for this program run; sweeps run one at a time.
+    let stats = unsafe { &mut *stats };
+    if cfg.valid == 0 || task.is_null() {
+        return 0;
+    }
+    stats.walked += 1;
+    let Ok(state) = at::<u32>(task, cfg.task_state) else { return 0 };
+    if state & TASK_UNINTERRUPTIBLE == 0 || state & (TASK_NOLOAD | TASK_FROZEN) != 0 {
+        return 0;
+    }
+    let task_flags = at::<u32>(task, cfg.task_flags).unwrap_or(0);
+    if task_flags & cfg.pf_frozen != 0 {
+        return 0;
+    }
+    stats.uninterruptible += 1;
+    let (Ok(tid), Ok(nvcsw), Ok(nivcsw), Ok(start_time)) = (
+        at::<u32>(task, cfg.task.pid),
+        at::<u64>(task, cfg.task_nvcsw),
+        at::<u64>(task, cfg.task_nivcsw),
+        at::<u64>(task, cfg.task_start_time),
+    ) else {
+        return 0;
+    };
+    let switches = nvcsw.wrapping_add(nivcsw);
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    let seen = match STUCK_SEEN.get_ptr_mut(tid) {
+        Some(seen) if unsafe { (*seen).start_time == start_time && (*seen).switches == switches } => seen,
+        _ => {
+            let first = Seen { start_time, switches, since_ns: now, reported: 0 };
+            let _ = STUCK_SEEN.insert(tid, first, 0);
+            return 0;
+        }
+    };
+    // SAFETY: a map value pointer, valid for this program run.
+    let seen = unsafe { &mut *seen };
+    if seen.reported != 0 || now.wrapping_sub(seen.since_ns) < cfg.threshold_ns {
+        return 0;
+    }
+    if stats.this_sweep >= u64::from(cfg.max_reports) {
+        stats.over_limit += 1;
+        return 0;
+    }
+    // Not marked reported when the ring buffer is full: the next sweep tries again.
+    let Some(mut entry) = reserve::<StuckTaskEvent>(kind::STUCK_TASK) else { return 0 };
+    let ev = entry.as_mut_ptr();
+    // SAFETY: `ev` points at reserved ring buffer memory of the right size; every field is written
+    // before submit (zeroing first keeps padding and untouched fields defined).
+    unsafe {
+        core::ptr::write_bytes(ev, 0, 1);
+        let ev = &mut *ev;
+        ev.header.kind = kind::STUCK_TASK;
+        ev.header.version = VERSION;
+        ev.header.timestamp_ns = now;
+        match fill_header(&cfg.task, task, &mut ev.header) {
+            Ok(true) => {}
+            Ok(false) => ev.flags |= FLAG_NO_NSPROXY,
+            Err(_) => {
+                entry.discard(0);
+                return 0;
+            }
+        }
+        if task_flags & PF_EXITING != 0 {
+            ev.flags |= FLAG_EXITING;
+        }
+        ev.blocked_since_ns = seen.since_ns;
+        ev.state = state;
+        ev.switches = switches;
+        ev.stack_bytes =
+            bpf_get_task_stack(task as *mut _, ev.stack.as_mut_ptr().cast(), (STACK_DEPTH * 8) as u32, 0);
+    }
+    submit(entry);
+    seen.reported = 1;
+    stats.reported += 1;
+    stats.this_sweep += 1;
+    0
+}
+
+impl Filtered for StuckTaskEvent {
+    fn header(&self) -> &EventHeader {
+        &self.header
+    }
+}
