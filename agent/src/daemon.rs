@@ -133,8 +133,30 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         stop_intake.clone(),
     ));
     let symbols = tokio::spawn(symbols::keep_current(loaded.decoding.symbols.clone(), stop_intake.clone()));
+    // Stuck tasks leave the set when a sweep no longer finds them asleep, or, without the
+    // sampler, when /proc shows them running or gone.
     let (states_tx, states_rx) = mpsc::channel(1);
-    let stuck_states = tokio::spawn(stuck::watch_states(stuck.clone(), states_tx, stop_intake.clone()));
+    let stuck_states = match loaded.sampler.take() {
+        Some(sampler) => {
+            let (metrics, stuck) = (metrics.clone(), stuck.clone());
+            let swept = move |sweep: Result<probes::stuck_task::Sweep, String>| {
+                match &sweep {
+                    Ok(sweep) => {
+                        let tracked = crate::state::lock(&stuck).tracked();
+                        if !tracked.is_empty() {
+                            // Full: the pipeline has the previous sweep's still to apply.
+                            let _ = states_tx.try_send(stuck::states_after_sweep(tracked, &sweep.asleep));
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "stuck-task sweep failed"),
+                }
+                metrics.stuck_task_sweep(&sweep);
+            };
+            let interval = config.probes.stuck_task.interval;
+            tokio::spawn(probes::stuck_task::sweep_every(sampler, interval, swept, stop_intake.clone()))
+        }
+        None => tokio::spawn(stuck::watch_states(stuck.clone(), states_tx, stop_intake.clone())),
+    };
     let reader = loaded.events.take().map(|ring| {
         let pipeline = Pipeline {
             decoder: Decoder::new(loaded.decoding.clone()),
@@ -153,21 +175,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     });
     let loss =
         loaded.lost.take().map(|lost| tokio::spawn(pipeline::poll_losses(lost, counts, stop_intake.clone())));
-    let sampler = loaded.sampler.take().map(|sampler| {
-        let metrics = metrics.clone();
-        let swept = move |sweep: Result<probes::stuck_task::Sweep, String>| {
-            if let Err(e) = &sweep {
-                tracing::warn!(error = %e, "stuck-task sweep failed");
-            }
-            metrics.stuck_task_sweep(&sweep);
-        };
-        tokio::spawn(probes::stuck_task::sweep_every(
-            sampler,
-            config.probes.stuck_task.interval,
-            swept,
-            stop_intake.clone(),
-        ))
-    });
     let loaded = Arc::new(Mutex::new(loaded));
     // Its own token: it must stop before the probes are detached, not with the readers after.
     let stop_module_watch = CancellationToken::new();
@@ -193,9 +200,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     if let Some(loss) = loss {
         let _ = loss.await;
-    }
-    if let Some(sampler) = sampler {
-        let _ = sampler.await;
     }
     let _ = tokio::join!(stuck_states, symbols, evaluator);
     for task in attribution.tasks {

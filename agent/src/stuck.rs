@@ -3,7 +3,9 @@
 //! check) and kstall's sampler (once per stuck spell, killable sleeps too). The set keeps one
 //! record per task, with one blocked-since and one stack (the first report's) and the sources that
 //! reported it, and says which report is news. Tasks leave when `/proc` shows them out of D state
-//! or gone (read off the event path; the pipeline applies what was read).
+//! or gone (read off the event path; the pipeline applies what was read): from each sweep of the
+//! sampler when it runs (a stuck task the sweep did not find asleep ran or exited), else from
+//! `/proc` once a second.
 //!
 //! The pipeline is the only writer; the incident signatures, `kstall explain` and `/metrics` read
 //! it, so they report the same blocked time and the same stack for a task.
@@ -246,6 +248,25 @@ pub async fn watch_states(
     }
 }
 
+/// The states of the `tracked` stuck tasks after a sweep that found `asleep` asleep
+/// uninterruptibly. A tracked task it did not find ran or exited: `/proc` tells which (only for
+/// those, so a sweep costs no `/proc` read while its stuck tasks stay stuck). Run off the async
+/// runtime.
+pub fn states_after_sweep(tracked: Vec<(u32, u32)>, asleep: &[(u32, u32)]) -> TaskStates {
+    let asleep: std::collections::HashSet<&(u32, u32)> = asleep.iter().collect();
+    tracked
+        .into_iter()
+        .map(|task| {
+            let state = if asleep.contains(&task) {
+                TaskState::Uninterruptible
+            } else {
+                read_task_state(task.0, task.1)
+            };
+            (task, state)
+        })
+        .collect()
+}
+
 /// The state of `tid` from `/proc/<tgid>/task/<tid>/stat`. Reading `stat` does not take the
 /// task's mm lock (unlike `cmdline`), so it does not block on a stuck task.
 pub fn read_task_state(tgid: u32, tid: u32) -> TaskState {
@@ -387,6 +408,22 @@ mod tests {
         let cleared = s.clear(&[((10, 11), TaskState::Other)], 1300 * SEC);
         let Payload::HungTaskCleared(c) = &cleared[0].event.payload else { panic!() };
         assert_eq!((c.wait_kind, c.blocked_secs), (WaitKind::Killable, Some(345)));
+    }
+
+    #[test]
+    fn a_sweep_keeps_the_tasks_it_found_asleep() {
+        let me = std::process::id();
+        let tracked = vec![(10, 11), (me, me), (u32::MAX, u32::MAX)];
+        let states = states_after_sweep(tracked, &[(10, 11), (20, 20)]);
+        assert_eq!(
+            states,
+            [
+                ((10, 11), TaskState::Uninterruptible),
+                // Not found asleep: running (this test), or gone.
+                ((me, me), TaskState::Other),
+                ((u32::MAX, u32::MAX), TaskState::Gone),
+            ]
+        );
     }
 
     #[test]

@@ -43,6 +43,15 @@ pub struct StuckTaskEvent {
 
 const _: () = assert!(size_of::<StuckTaskEvent>() == 56 + 8 * 4 + 8 * STACK_DEPTH);
 
+/// A task asleep uninterruptibly at the sweep, stuck yet or not: what each sweep writes to the
+/// iterator's output for each such task, so the agent knows which stuck tasks still are.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AsleepTask {
+    pub tgid: u32,
+    pub tid: u32,
+}
+
 /// Filled by the agent before load: the offsets, the threshold and the per-sweep report limit.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -87,4 +96,5 @@ mod user {
     unsafe impl aya::Pod for super::StuckTaskConfig {}
     unsafe impl aya::Pod for super::StuckTaskEvent {}
     unsafe impl aya::Pod for super::SweepStats {}
+    unsafe impl aya::Pod for super::AsleepTask {}
 }

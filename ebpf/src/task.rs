@@ -43,3 +43,21 @@ pub fn fill_header(off: &TaskOffsets, task: *const u8, header: &mut EventHeader)
     header.netns_ino = at(net, off.net_ns_inum).unwrap_or(0);
     Ok(true)
 }
+
+/// A header for an event about `task` (not `current`), stamped `timestamp_ns`, and the event's
+/// flag for a task without namespaces left (`no_nsproxy_flag` when so, else 0). Fails when the
+/// task's identity cannot be read: no event then.
+#[inline(always)]
+pub fn task_header(
+    off: &TaskOffsets,
+    task: *const u8,
+    (kind, version, timestamp_ns): (u32, u32, u64),
+    no_nsproxy_flag: u32,
+) -> Result<(EventHeader, u32), i32> {
+    let mut header = EventHeader::zeroed();
+    header.kind = kind;
+    header.version = version;
+    header.timestamp_ns = timestamp_ns;
+    let has_nsproxy = fill_header(off, task, &mut header)?;
+    Ok((header, if has_nsproxy { 0 } else { no_nsproxy_flag }))
+}

@@ -21,7 +21,8 @@ use aya::{
     programs::Iter,
 };
 use kstall_common::stuck_task::{
-    FLAG_EXITING, FLAG_NO_NSPROXY, PF_FROZEN, StuckTaskConfig, StuckTaskEvent, SweepStats, TASK_WAKEKILL,
+    AsleepTask, FLAG_EXITING, FLAG_NO_NSPROXY, PF_FROZEN, StuckTaskConfig, StuckTaskEvent, SweepStats,
+    TASK_WAKEKILL,
 };
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -153,8 +154,9 @@ pub fn decode(ev: &StuckTaskEvent, symbols: &Symbols) -> Result<StuckTaskSample,
     })
 }
 
-/// What one sweep did: the walk's own figures, exported as the agent's metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// What one sweep did: the walk's own figures, exported as the agent's metrics, and the tasks it
+/// found asleep uninterruptibly.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Sweep {
     pub tasks: u64,
     pub uninterruptible: u64,
@@ -162,6 +164,9 @@ pub struct Sweep {
     pub over_limit: u64,
     /// CPU time of the read that ran the walk: the sweep's cost in the kernel.
     pub kernel_cpu: Duration,
+    /// (tgid, tid) of every task asleep uninterruptibly (idle kernel threads and frozen tasks
+    /// aside), stuck for the threshold or not: a stuck task not among them ran or exited.
+    pub asleep: Vec<(u32, u32)>,
 }
 
 /// The loaded iterator: a link to it (each sweep opens a new iterator from the link) and the
@@ -200,10 +205,11 @@ impl Sampler {
             iter_create(self.link.as_raw_fd()).map_err(|e| format!("opening the task iterator: {e}"))?;
         let mut file = File::from(iter);
         let started = thread_cpu_time();
-        // The program writes nothing to the iterator: one read walks every task and returns 0.
+        // The program writes one record per task asleep; the reads walk every task.
         let mut out = Vec::new();
         file.read_to_end(&mut out).map_err(|e| format!("reading the task iterator: {e}"))?;
         let kernel_cpu = thread_cpu_time().saturating_sub(started);
+        let asleep = asleep_tasks(&out)?;
         let now = self.stats.get(&0, 0).map_err(|e| format!("reading the sweep counters: {e}"))?;
         let sweep = Sweep {
             tasks: now.walked.wrapping_sub(self.last.walked),
@@ -211,20 +217,38 @@ impl Sampler {
             reported: now.reported.wrapping_sub(self.last.reported),
             over_limit: now.over_limit.wrapping_sub(self.last.over_limit),
             kernel_cpu,
+            asleep,
         };
         self.last = now;
         Ok(sweep)
     }
 }
 
-/// Sweeps every `interval` until `stop`, each on the blocking pool; every result goes to
-/// `swept`. A sweep is never run twice at once, so a slow one delays the next.
+/// The iterator's output: one [`AsleepTask`] per task asleep.
+fn asleep_tasks(out: &[u8]) -> Result<Vec<(u32, u32)>, String> {
+    let size = size_of::<AsleepTask>();
+    if !out.len().is_multiple_of(size) {
+        return Err(format!("the task iterator wrote {} bytes, not whole records of {size}", out.len()));
+    }
+    out.chunks_exact(size)
+        .map(|record| {
+            crate::decode::read_record::<AsleepTask>(record, "asleep task")
+                .map(|t| (t.tgid, t.tid))
+                .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+/// Sweeps every `interval` until `stop`, each on the blocking pool, where `swept` gets its
+/// result (it may read `/proc` or wait on a lock there). A sweep is never run twice at once, so
+/// a slow one delays the next.
 pub async fn sweep_every(
     mut sampler: Sampler,
     interval: Duration,
-    swept: impl Fn(Result<Sweep, String>) + Send,
+    swept: impl Fn(Result<Sweep, String>) + Send + Sync + 'static,
     stop: CancellationToken,
 ) {
+    let swept = std::sync::Arc::new(swept);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -232,15 +256,13 @@ pub async fn sweep_every(
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
+        let swept = swept.clone();
         let run = tokio::task::spawn_blocking(move || {
-            let result = sampler.sweep();
-            (sampler, result)
+            swept(sampler.sweep());
+            sampler
         });
         match run.await {
-            Ok((back, result)) => {
-                sampler = back;
-                swept(result);
-            }
+            Ok(back) => sampler = back,
             Err(e) => {
                 tracing::error!(error = %e, "the stuck-task sweep panicked; sampling stops");
                 return;
@@ -332,6 +354,17 @@ mod tests {
         // A since after the sweep (a corrupt record) is not a huge blocked time.
         writer.blocked_since_ns = u64::MAX;
         assert_eq!(decode(&writer, &symbols).unwrap().blocked_secs, 0);
+    }
+
+    #[test]
+    fn the_iterator_output_is_whole_records() {
+        let mut out = Vec::new();
+        for t in [AsleepTask { tgid: 10, tid: 11 }, AsleepTask { tgid: 20, tid: 20 }] {
+            out.extend(crate::decode::bytes_of(&t));
+        }
+        assert_eq!(asleep_tasks(&out), Ok(vec![(10, 11), (20, 20)]));
+        assert_eq!(asleep_tasks(&[]), Ok(vec![]));
+        assert!(asleep_tasks(&out[..12]).unwrap_err().contains("not whole records of 8"));
     }
 
     #[test]

@@ -24,7 +24,7 @@ use kstall_common::{
 use crate::{
     maps::{Filtered, reserve, submit},
     read::at,
-    task::fill_header,
+    task::task_header,
 };
 
 /// Filled by the agent from the running kernel's BTF before load.
@@ -42,6 +42,8 @@ pub fn sched_process_hang(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
     let task: *const u8 = ctx.arg(0);
+    let stamp = (kind::HUNG_TASK, VERSION, unsafe { bpf_ktime_get_boot_ns() });
+    let Ok((header, flags)) = task_header(&cfg.task, task, stamp, FLAG_NO_NSPROXY) else { return 0 };
     let Some(mut entry) = reserve::<HungTaskEvent>(kind::HUNG_TASK) else {
         return 0;
     };
@@ -51,17 +53,8 @@ pub fn sched_process_hang(ctx: BtfTracePointContext) -> u32 {
     unsafe {
         core::ptr::write_bytes(ev, 0, 1);
         let ev = &mut *ev;
-        ev.header.kind = kind::HUNG_TASK;
-        ev.header.version = VERSION;
-        ev.header.timestamp_ns = bpf_ktime_get_boot_ns();
-        match fill_header(&cfg.task, task, &mut ev.header) {
-            Ok(true) => {}
-            Ok(false) => ev.flags |= FLAG_NO_NSPROXY,
-            Err(_) => {
-                entry.discard(0);
-                return 0;
-            }
-        }
+        ev.header = header;
+        ev.flags = flags;
         if at::<u32>(task, cfg.task_flags).unwrap_or(0) & PF_EXITING != 0 {
             ev.flags |= FLAG_EXITING;
         }

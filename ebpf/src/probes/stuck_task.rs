@@ -10,22 +10,23 @@
 //! `bpf_get_task_stack` requires.
 
 use aya_ebpf::{
-    helpers::{bpf_get_task_stack, bpf_ktime_get_boot_ns},
+    bindings::seq_file,
+    helpers::{bpf_get_task_stack, bpf_ktime_get_boot_ns, bpf_seq_write},
     macros::map,
     maps::{Array, LruHashMap},
 };
 use kstall_common::{
     EventHeader, kind,
     stuck_task::{
-        FLAG_EXITING, FLAG_NO_NSPROXY, STACK_DEPTH, StuckTaskConfig, StuckTaskEvent, SweepStats, TASK_FROZEN,
-        TASK_NOLOAD, TASK_UNINTERRUPTIBLE, VERSION,
+        AsleepTask, FLAG_EXITING, FLAG_NO_NSPROXY, STACK_DEPTH, StuckTaskConfig, StuckTaskEvent, SweepStats,
+        TASK_FROZEN, TASK_NOLOAD, TASK_UNINTERRUPTIBLE, VERSION,
     },
 };
 
 use crate::{
     maps::{Filtered, reserve, submit},
     read::at,
-    task::fill_header,
+    task::task_header,
 };
 
 /// Filled by the agent from the running kernel's BTF before load.
@@ -60,8 +61,14 @@ static SWEEP: Array<SweepStats> = Array::with_max_entries(1, 0);
 /// call after the last task).
 #[repr(C)]
 pub struct TaskIterContext {
-    _meta: *const u8,
+    meta: *const IterMeta,
     task: *const u8,
+}
+
+/// `struct bpf_iter_meta`, whose first field is the iterator's output.
+#[repr(C)]
+pub struct IterMeta {
+    seq: *mut seq_file,
 }
 
 /// Written without a macro: aya-ebpf has none for iterators.
@@ -77,24 +84,42 @@ pub fn stuck_task_sweep(ctx: *const TaskIterContext) -> i32 {
     if cfg.valid == 0 || task.is_null() {
         return 0;
     }
-    stats.walked += 1;
-    let Ok(state) = at::<u32>(task, cfg.task_state) else { return 0 };
+    // Most tasks end here, after one read.
+    let state = at::<u32>(task, cfg.task_state).unwrap_or(0);
     if state & TASK_UNINTERRUPTIBLE == 0 || state & (TASK_NOLOAD | TASK_FROZEN) != 0 {
+        stats.walked += 1;
         return 0;
     }
     let task_flags = at::<u32>(task, cfg.task_flags).unwrap_or(0);
     if task_flags & cfg.pf_frozen != 0 {
+        stats.walked += 1;
         return 0;
     }
-    stats.uninterruptible += 1;
-    let (Ok(tid), Ok(nvcsw), Ok(nivcsw), Ok(start_time)) = (
+    let (Ok(tid), Ok(tgid), Ok(nvcsw), Ok(nivcsw), Ok(start_time)) = (
         at::<u32>(task, cfg.task.pid),
+        at::<u32>(task, cfg.task.tgid),
         at::<u64>(task, cfg.task_nvcsw),
         at::<u64>(task, cfg.task_nivcsw),
         at::<u64>(task, cfg.task_start_time),
     ) else {
+        stats.walked += 1;
         return 0;
     };
+    // Every task asleep goes to the iterator's output: the agent learns from it which stuck tasks
+    // still are. A full output buffer fails the write, and the kernel runs the program for this
+    // task again in the agent's next read: so nothing is counted or changed before it.
+    let listed = AsleepTask { tgid, tid };
+    // SAFETY: `meta` and its `seq` come from the iterator's context (BTF-typed, checked by the
+    // verifier); `listed` is on the stack for the size given.
+    let written = unsafe {
+        let seq = core::ptr::read_volatile(&(*core::ptr::read_volatile(&(*ctx).meta)).seq);
+        bpf_seq_write(seq, (&raw const listed).cast(), size_of::<AsleepTask>() as u32)
+    };
+    if written != 0 {
+        return 0;
+    }
+    stats.walked += 1;
+    stats.uninterruptible += 1;
     let switches = nvcsw.wrapping_add(nivcsw);
     let now = unsafe { bpf_ktime_get_boot_ns() };
     let seen = match STUCK_SEEN.get_ptr_mut(tid) {
@@ -114,6 +139,10 @@ pub fn stuck_task_sweep(ctx: *const TaskIterContext) -> i32 {
         stats.over_limit += 1;
         return 0;
     }
+    let Ok((header, flags)) = task_header(&cfg.task, task, (kind::STUCK_TASK, VERSION, now), FLAG_NO_NSPROXY)
+    else {
+        return 0;
+    };
     // Not marked reported when the ring buffer is full: the next sweep tries again.
     let Some(mut entry) = reserve::<StuckTaskEvent>(kind::STUCK_TASK) else { return 0 };
     let ev = entry.as_mut_ptr();
@@ -122,17 +151,8 @@ pub fn stuck_task_sweep(ctx: *const TaskIterContext) -> i32 {
     unsafe {
         core::ptr::write_bytes(ev, 0, 1);
         let ev = &mut *ev;
-        ev.header.kind = kind::STUCK_TASK;
-        ev.header.version = VERSION;
-        ev.header.timestamp_ns = now;
-        match fill_header(&cfg.task, task, &mut ev.header) {
-            Ok(true) => {}
-            Ok(false) => ev.flags |= FLAG_NO_NSPROXY,
-            Err(_) => {
-                entry.discard(0);
-                return 0;
-            }
-        }
+        ev.header = header;
+        ev.flags = flags;
         if task_flags & PF_EXITING != 0 {
             ev.flags |= FLAG_EXITING;
         }
