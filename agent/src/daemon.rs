@@ -140,15 +140,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Some(sampler) => {
             let (metrics, stuck) = (metrics.clone(), stuck.clone());
             let swept = move |sweep: Result<probes::stuck_task::Sweep, String>| {
-                match &sweep {
-                    Ok(sweep) => {
-                        let tracked = crate::state::lock(&stuck).tracked();
-                        if !tracked.is_empty() {
-                            // Full: the pipeline has the previous sweep's still to apply.
-                            let _ = states_tx.try_send(stuck::states_after_sweep(tracked, &sweep.asleep));
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = %e, "stuck-task sweep failed"),
+                if let Err(e) = &sweep {
+                    tracing::warn!(error = %e, "stuck-task sweep failed; stuck tasks checked in /proc instead");
+                }
+                let tracked = crate::state::lock(&stuck).tracked();
+                if !tracked.is_empty() {
+                    // A failed sweep lists no task: each stuck one is then read in /proc.
+                    let asleep = sweep.as_ref().map(|s| s.asleep.as_slice()).unwrap_or_default();
+                    // Full: the pipeline has the previous sweep's still to apply.
+                    let _ = states_tx.try_send(stuck::states_after_sweep(tracked, asleep));
                 }
                 metrics.stuck_task_sweep(&sweep);
             };
