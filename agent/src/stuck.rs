@@ -385,6 +385,7 @@ mod tests {
         sample.event.header.probe = "stuck-task";
         sample.event.payload = Payload::StuckTask(StuckTaskSample {
             blocked_secs: 45,
+            wakeups: 0,
             wait: WaitClass::Nfs,
             wait_kind: WaitKind::Killable,
             stack: Stack::from_names(&["rpc_wait_bit_killable"]),

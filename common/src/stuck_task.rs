@@ -1,11 +1,12 @@
 //! Stuck tasks as the D-state sampler finds them: a task iterator run by the agent every few
 //! seconds reports each task in an uninterruptible sleep (plain or killable) whose context-switch
-//! count has not moved for the threshold. Kernel half: `ebpf/src/probes/stuck_task.rs`; agent half:
+//! count has not moved for the threshold, or that every sweep for the threshold found asleep and
+//! that woke at most once a second (a retry loop). Kernel half: `ebpf/src/probes/stuck_task.rs`; agent half:
 //! `agent/src/probes/stuck_task.rs`.
 
 use crate::{header::EventHeader, task::TaskOffsets};
 
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Kernel stack frames kept per report, as for the hung-task detector's reports.
 pub const STACK_DEPTH: usize = crate::hung_task::STACK_DEPTH;
 
@@ -24,24 +25,27 @@ pub const PF_FROZEN: u32 = 0x10000;
 pub const FLAG_NO_NSPROXY: u32 = crate::hung_task::FLAG_NO_NSPROXY;
 pub const FLAG_EXITING: u32 = crate::hung_task::FLAG_EXITING;
 
-/// One stuck task, reported once per stuck spell (until its switch count moves).
+/// One stuck task, reported once per stuck spell (until a sweep finds it awake, or it wakes more
+/// than once a second).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StuckTaskEvent {
     pub header: EventHeader,
-    /// `CLOCK_BOOTTIME` of the first sweep that saw the task asleep with its current switch count.
+    /// `CLOCK_BOOTTIME` of the first sweep of this spell that saw the task asleep.
     pub blocked_since_ns: u64,
     /// Raw `task->__state`.
     pub state: u32,
     pub flags: u32,
     /// `nvcsw + nivcsw` (what tells that it has not run, as khungtaskd uses it).
     pub switches: u64,
+    /// Times it woke (and slept again) since `blocked_since_ns`: 0 when it has not run at all.
+    pub wakeups: u64,
     /// Bytes `bpf_get_task_stack` wrote into `stack`, or a negative errno.
     pub stack_bytes: i64,
     pub stack: [u64; STACK_DEPTH],
 }
 
-const _: () = assert!(size_of::<StuckTaskEvent>() == 56 + 8 * 4 + 8 * STACK_DEPTH);
+const _: () = assert!(size_of::<StuckTaskEvent>() == 56 + 8 * 5 + 8 * STACK_DEPTH);
 
 /// A task asleep uninterruptibly at the sweep, stuck yet or not: what each sweep writes to the
 /// iterator's output for each such task, so the agent knows which stuck tasks still are.
@@ -68,7 +72,7 @@ pub struct StuckTaskConfig {
     pub task_start_time: u32,
     /// Reports per sweep at most; the tasks beyond are counted (`SweepStats::over_limit`).
     pub max_reports: u32,
-    /// Nanoseconds a task's switch count must stay still before it is reported.
+    /// Nanoseconds a task must stay asleep (see the module) before it is reported.
     pub threshold_ns: u64,
 }
 
@@ -88,6 +92,9 @@ pub struct SweepStats {
     pub over_limit: u64,
     /// Reports of the sweep under way (zeroed by the agent before each sweep).
     pub this_sweep: u64,
+    /// The number of the sweep under way (set by the agent before each sweep): a task asleep at
+    /// consecutive sweeps was asleep whenever looked at.
+    pub sweep: u64,
 }
 
 #[cfg(feature = "user")]

@@ -64,15 +64,18 @@ pub fn emit<T: Filtered + 'static>(kind: u32, event: &T) {
     }
 }
 
-/// Room for an event too large for the BPF stack, written in place; `None` (counted as lost for
-/// `kind`) when the ring buffer is full. Finish with [`submit`].
+/// Room for an event too large for the BPF stack, zeroed (padding and the fields a kernel cannot
+/// fill stay defined) to be written in place; `None` (counted as lost for `kind`) when the ring
+/// buffer is full. Finish with [`submit`].
 #[inline(always)]
 pub fn reserve<T: 'static>(kind: u32) -> Option<RingBufEntry<T>> {
-    let entry = EVENTS.reserve::<T>(0);
-    if entry.is_none() {
+    let Some(mut entry) = EVENTS.reserve::<T>(0) else {
         count_lost(kind);
-    }
-    entry
+        return None;
+    };
+    // SAFETY: the entry is reserved ring buffer memory of `T`'s size.
+    unsafe { core::ptr::write_bytes(entry.as_mut_ptr(), 0, 1) };
+    Some(entry)
 }
 
 /// Submits a written entry (or discards it when the capture filter does not keep it).

@@ -62,8 +62,18 @@ fn start_server() {
     run("rpcbind", &["-w"]);
     run("rpc.mountd", &["-N", "2", "-N", "3", "-u"]);
     run("exportfs", &["-ra"]);
-    // v4 only, with a 10 s lease and grace period: recovery and the first OPEN are quick.
-    run("rpc.nfsd", &["-N", "3", "-V", "4", "-L", "10", "-G", "10", "4"]);
+    run("rpc.nfsd", &NFSD);
+}
+
+/// v4 only, with a 10 s lease and grace period: a client cut off for longer loses its lease,
+/// and recovery and the first OPEN are quick.
+const NFSD: [&str; 9] = ["-N", "3", "-V", "4", "-L", "10", "-G", "10", "4"];
+
+/// The server restarts, as in a failover: nfsd forgets every client's state and comes back in its
+/// grace period, so a client must establish a new client ID and session and reclaim what it held.
+pub fn restart_server() {
+    run("rpc.nfsd", &["0"]);
+    run("rpc.nfsd", &NFSD);
 }
 
 /// Makes the server unreachable from every pod: an iptables DROP of tcp/2049 in the VM's root
@@ -147,6 +157,28 @@ impl NfsPod {
         self.mounted = true;
     }
 
+    /// Mounts the pod's own directory of the export as the kubelet mounts a static NFS volume:
+    /// `hard`, from the node's network namespace. Every such mount of the server shares the
+    /// node's one NFSv4 client, its lease and its state recovery. Attributes are cached for 5
+    /// minutes (`actimeo`, a common PV mount option): an open of a file looked up before goes
+    /// straight to its OPEN, not to a revalidation of the directory first.
+    pub fn mount_from_node(&mut self) {
+        std::fs::create_dir_all(self.on_server("")).expect("the pod's directory on the server");
+        let options = "vers=4.1,hard,proto=tcp,timeo=10,retrans=2,actimeo=300";
+        let status = Command::new("timeout")
+            .args(["90", "mount", "-t", "nfs4", "-o", options])
+            .arg(format!("{SERVER}:/{}", self.name))
+            .arg(&self.mountpoint)
+            .status()
+            .expect("mount");
+        assert!(status.success(), "mount pod {}'s volume from the node: {status}", self.name);
+        self.mounted = true;
+    }
+
+    fn on_server(&self, file: &str) -> PathBuf {
+        Path::new(WORK).join("export").join(&self.name).join(file)
+    }
+
     /// The sidecar's rules, shaped as istio-iptables writes them: all of the pod's outgoing TCP
     /// jumps to ISTIO_OUTPUT, which returns the proxy's own (uid 65534 here, 1337 in Istio) and
     /// sends the rest through ISTIO_REDIRECT to the proxy's port 15001.
@@ -204,6 +236,45 @@ impl Drop for Sidecar {
         // group cannot have been reused, socat is not reaped yet.
         unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
         let _ = self.child.wait();
+    }
+}
+
+/// A process of a pod's init container: one command, in the pod's network namespace and cgroup.
+/// Killed on drop if still running (it cannot die before its NFS call returns: not waited for).
+pub struct InitContainer {
+    child: Child,
+}
+
+impl InitContainer {
+    pub fn start(pod: &NfsPod, command: &[&str]) -> Self {
+        let child = Command::new("nsenter")
+            .arg(format!("--net={}", pod.netns.path().display()))
+            .args([
+                "sh",
+                "-c",
+                &format!("echo $$ > {} && exec \"$@\"", pod.container.procs().display()),
+                "sh",
+            ])
+            .args(command)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the init container");
+        InitContainer { child }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits up to `timeout` for the command to end; its exit status.
+    pub fn finished(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        wait_for(timeout, || self.child.try_wait().ok().flatten())
+    }
+}
+
+impl Drop for InitContainer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
     }
 }
 
@@ -318,5 +389,64 @@ impl Drop for Writer {
         while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
             thread::sleep(Duration::from_millis(100));
         }
+    }
+}
+
+/// The pid of the NFSv4 client's state manager for the server (`<server>-manager`, a kernel
+/// thread that exists while it recovers), when it is asleep in its recovery, as `/proc` shows it.
+pub fn stuck_state_manager() -> Option<u32> {
+    let name = format!("{SERVER}-manager");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
+        // The name is cut to 15 characters on kernels that do not keep a kernel thread's whole name.
+        let named = name.starts_with(comm.trim()) && comm.trim().len() >= 15.min(name.len());
+        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+        let asleep = stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('D'));
+        let stack = std::fs::read_to_string(entry.path().join("stack")).unwrap_or_default();
+        (named && asleep && stack.contains("nfs4_run_state_manager")).then_some(pid)
+    })
+}
+
+/// The NFSv4 client's recovery as the kernel's own tracepoints show it, in a tracefs instance of
+/// its own (removed on drop): the scenario's proof that the client did recover its state.
+pub struct StateRecoveryTrace {
+    instance: PathBuf,
+}
+
+const RECOVERY_EVENTS: [&str; 3] = ["nfs4_exchange_id", "nfs4_create_session", "nfs4_reclaim_complete"];
+
+impl StateRecoveryTrace {
+    pub fn start() -> Self {
+        let instance = Path::new("/sys/kernel/tracing/instances/kstall-nfs-recovery").to_path_buf();
+        let _ = std::fs::remove_dir(&instance);
+        std::fs::create_dir(&instance).expect("a tracefs instance");
+        let trace = StateRecoveryTrace { instance };
+        for event in RECOVERY_EVENTS {
+            std::fs::write(trace.instance.join("events/nfs4").join(event).join("enable"), "1")
+                .unwrap_or_else(|e| panic!("enable nfs4:{event}: {e}"));
+        }
+        trace
+    }
+
+    /// The recovery steps that succeeded since the start, in order: `nfs4_exchange_id`, ...
+    pub fn steps(&self) -> Vec<String> {
+        let trace = std::fs::read_to_string(self.instance.join("trace")).expect("read the trace");
+        trace
+            .lines()
+            .filter(|l| !l.starts_with('#') && l.contains("error=0 "))
+            .filter_map(|l| {
+                RECOVERY_EVENTS.iter().find(|e| l.contains(&format!(" {e}:"))).map(|e| e.to_string())
+            })
+            .collect()
+    }
+}
+
+impl Drop for StateRecoveryTrace {
+    fn drop(&mut self) {
+        for event in RECOVERY_EVENTS {
+            let _ = std::fs::write(self.instance.join("events/nfs4").join(event).join("enable"), "0");
+        }
+        let _ = std::fs::remove_dir(&self.instance);
     }
 }

@@ -69,6 +69,9 @@ enum Command {
         /// Run the matrix this many times back to back; a flake hunt.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
         repeat: u32,
+        /// Only the scenarios whose test name contains this (libtest's filter) [default: all].
+        #[arg(long, value_name = "FILTER")]
+        scenario: Option<String>,
     },
 }
 
@@ -83,7 +86,7 @@ fn main() -> ExitCode {
         Command::Imports => imports::run(),
         Command::Bench => bench::run(),
         Command::Dashboards => dashboards::run(),
-        Command::VmTest { kernels, repeat } => vm::run(&kernels, repeat),
+        Command::VmTest { kernels, repeat, scenario } => vm::run(&kernels, repeat, scenario.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -77,7 +77,7 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     }
     if required && with_matrix {
         println!("==> the kernel matrix in VMs (cargo xtask vm-test)");
-        vm::matrix(&env, &[], repeat)?;
+        vm::matrix(&env, &[], repeat, None)?;
     }
     Ok(())
 }

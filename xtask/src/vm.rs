@@ -8,7 +8,8 @@
 //!
 //! Prints per kernel: boot seconds, each probe's hooks, each scenario's result, wall time, and a
 //! line per failure naming the scenario and its assertion. `--repeat N` runs it N times back to
-//! back and ends with each run's wall time and the pass rate of every test that failed. (The
+//! back and ends with each run's wall time and the pass rate of every test that failed;
+//! `--scenario FILTER` runs only the scenarios whose name contains FILTER. (The
 //! host's 6.18 is the ordinary kernel tests'.)
 //!
 //! Installs what it needs first, idempotently: the bookworm-backports suite (a qemu matching the
@@ -41,15 +42,18 @@ const BOOT_TIMEOUT_SECS: u32 = SCENARIOS_TIMEOUT_SECS + 300;
 /// Small, so the system-OOM scenario fills it quickly.
 const VM_MEMORY: &str = "1G";
 
-pub fn run(kernels: &[String], repeat: u32) -> anyhow::Result<()> {
+pub fn run(kernels: &[String], repeat: u32, scenario: Option<&str>) -> anyhow::Result<()> {
+    if let Some(bad) = scenario.filter(|s| !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')) {
+        bail!("--scenario {bad:?}: a part of a test name (letters, digits, _)");
+    }
     let env = bootstrap::run()?;
     build::release(&env)?;
-    matrix(&env, kernels, repeat)
+    matrix(&env, kernels, repeat, scenario)
 }
 
 /// Boots each kernel, `repeat` times over, with the release binary already built. A failure
 /// prints one line per failed scenario or probe, naming the kernel, the test and the assertion.
-pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32) -> anyhow::Result<()> {
+pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<&str>) -> anyhow::Result<()> {
     let vm_dir = build::workspace_root().join("target/vm");
     let vng = install(&vm_dir)?;
     let scenarios = scenarios_binary(env)?;
@@ -70,7 +74,7 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32) -> anyhow::Result
         let started = Instant::now();
         let (mut passed, mut failed) = (Vec::new(), Vec::new());
         for version in &versions {
-            let kernel = boot_and_check(&vng, &vm_dir, &guest, &scenarios, version)?;
+            let kernel = boot_and_check(&vng, &vm_dir, &guest, &scenarios, scenario.unwrap_or(""), version)?;
             print!("{}", kernel.report);
             for failure in &kernel.failed {
                 println!("vm-test {version}: FAILED {}: {}", failure.test, failure.why);
@@ -246,6 +250,7 @@ fn boot_and_check(
     vm_dir: &Path,
     guest: &Path,
     scenarios: &Path,
+    filter: &str,
     version: &str,
 ) -> anyhow::Result<KernelRun> {
     let out = vm_dir.join("out").join(version);
@@ -273,7 +278,7 @@ fn boot_and_check(
             .arg(format!("/boot/vmlinuz-{version}"))
             .arg("--exec")
             .arg(format!(
-                "bash {} {} {} {} {SCENARIOS_TIMEOUT_SECS}",
+                "bash {} {} {} {} {SCENARIOS_TIMEOUT_SECS} '{filter}'",
                 guest.display(),
                 out.display(),
                 kstall.display(),
@@ -355,12 +360,12 @@ fn boot_and_check(
     Ok(KernelRun { report, passed: results.passed, failed })
 }
 
-/// Runs inside the VM as root: `guest.sh OUT KSTALL SCENARIOS TIMEOUT`. Loads the modules the NFS
+/// Runs inside the VM as root: `guest.sh OUT KSTALL SCENARIOS TIMEOUT [FILTER]`. Loads the modules the NFS
 /// and tcp-reset probes wait for (the first NFS mount and the first NAT rule load them on a node),
 /// runs the agent until its module watcher has attached everything and saves its status; then runs
 /// the scenario tests, each of which starts its own agent.
 const GUEST_SCRIPT: &str = r#"#!/bin/bash
-OUT=$1 KSTALL=$2 SCENARIOS=$3 TIMEOUT=$4
+OUT=$1 KSTALL=$2 SCENARIOS=$3 TIMEOUT=$4 FILTER=$5
 exec > "$OUT/guest.log" 2>&1
 cut -d' ' -f1 /proc/uptime > "$OUT/boot_secs"
 mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing
@@ -380,7 +385,7 @@ kill -TERM "$AGENT"; wait "$AGENT"
 echo "agent exit $?" >> "$OUT/guest.log"
 START=$(cut -d' ' -f1 /proc/uptime)
 KSTALL_VM_GUEST=1 KSTALL_KERNEL_TESTS=require KSTALL_BIN="$KSTALL" \
-    timeout "$TIMEOUT" "$SCENARIOS" --ignored --test-threads=1 --show-output > "$OUT/scenarios.log" 2>&1
+    timeout "$TIMEOUT" "$SCENARIOS" --ignored --test-threads=1 --show-output $FILTER > "$OUT/scenarios.log" 2>&1
 echo $? > "$OUT/scenarios.rc"
 awk -v start="$START" '{ print $1 - start }' /proc/uptime > "$OUT/scenarios_secs"
 dmesg > "$OUT/dmesg.log"

@@ -131,10 +131,12 @@ pub fn plan(vmlinux: &KernelBtf, settings: &Settings) -> Result<Plan, String> {
 /// A stuck task as one sweep found it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StuckTaskSample {
-    /// Since the first sweep that saw it asleep with its current switch count: at least the
-    /// threshold, short of the true time by up to one interval (or by how long it slept before
-    /// the agent started).
+    /// Since the first sweep of this spell that saw it asleep: at least the threshold, short of
+    /// the true time by up to one interval (or by how long it slept before the agent started).
     pub blocked_secs: u64,
+    /// Times it woke and slept again meanwhile: 0 when it has not run at all, a few in a retry
+    /// loop (at most one a second, or it would not be stuck).
+    pub wakeups: u64,
     pub wait: WaitClass,
     /// Named so, not `kind`: that key is the event's kind in JSON.
     pub wait_kind: WaitKind,
@@ -147,6 +149,7 @@ pub fn decode(ev: &StuckTaskEvent, symbols: &Symbols) -> Result<StuckTaskSample,
     let stack = symbols.kernel_stack(&ev.stack, ev.stack_bytes);
     Ok(StuckTaskSample {
         blocked_secs: ev.header.timestamp_ns.saturating_sub(ev.blocked_since_ns) / 1_000_000_000,
+        wakeups: ev.wakeups,
         wait: classify(stack.names()),
         wait_kind: if ev.state & TASK_WAKEKILL != 0 { WaitKind::Killable } else { WaitKind::Uninterruptible },
         stack,
@@ -199,7 +202,7 @@ impl Sampler {
     /// Walks every task once (blocking: run off the async runtime).
     pub fn sweep(&mut self) -> Result<Sweep, String> {
         // The per-sweep report count starts at 0 (no sweep runs meanwhile: this one is the only).
-        let start = SweepStats { this_sweep: 0, ..self.last };
+        let start = SweepStats { this_sweep: 0, sweep: self.last.sweep.wrapping_add(1), ..self.last };
         self.stats.set(0, start, 0).map_err(|e| format!("resetting the sweep counters: {e}"))?;
         let iter =
             iter_create(self.link.as_raw_fd()).map_err(|e| format!("opening the task iterator: {e}"))?;
@@ -324,6 +327,7 @@ mod tests {
             state,
             flags: 0,
             switches: 12,
+            wakeups: 3,
             stack_bytes: (stack.len() * 8) as i64,
             stack: [0; kstall_common::stuck_task::STACK_DEPTH],
         };
@@ -340,7 +344,10 @@ mod tests {
         // The killable read of this host's recipe (state 0x102).
         let read = event(TASK_UNINTERRUPTIBLE | TASK_WAKEKILL, &[0xffffffff81100010, 0xffffffff81200020]);
         let sample = decode(&read, &symbols).unwrap();
-        assert_eq!((sample.wait_kind, sample.blocked_secs, sample.exiting), (WaitKind::Killable, 45, false));
+        assert_eq!(
+            (sample.wait_kind, sample.blocked_secs, sample.wakeups, sample.exiting),
+            (WaitKind::Killable, 45, 3, false)
+        );
         assert_eq!(
             sample.stack.texts().collect::<Vec<_>>(),
             ["folio_wait_bit_common+0x10", "filemap_read+0x20"]

@@ -78,7 +78,7 @@ pub fn classify<'a>(frames: impl Iterator<Item = &'a str>) -> WaitClass {
 }
 
 /// `folio_wait_writeback+0x12 [mod]` -> `folio_wait_writeback`.
-fn frame_name(frame: &str) -> &str {
+pub fn frame_name(frame: &str) -> &str {
     frame.split(['+', ' ']).next().unwrap_or(frame)
 }
 

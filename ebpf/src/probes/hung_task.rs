@@ -47,12 +47,10 @@ pub fn sched_process_hang(ctx: BtfTracePointContext) -> u32 {
     let Some(mut entry) = reserve::<HungTaskEvent>(kind::HUNG_TASK) else {
         return 0;
     };
-    let ev = entry.as_mut_ptr();
-    // SAFETY: `ev` points at reserved ring buffer memory of the right size; every field is written
-    // before submit (zeroing first keeps padding and untouched fields defined).
+    // SAFETY: the entry is zeroed, a valid event (plain integers); the task pointer is the
+    // tracepoint's own.
     unsafe {
-        core::ptr::write_bytes(ev, 0, 1);
-        let ev = &mut *ev;
+        let ev = entry.assume_init_mut();
         ev.header = header;
         ev.flags = flags;
         if at::<u32>(task, cfg.task_flags).unwrap_or(0) & PF_EXITING != 0 {

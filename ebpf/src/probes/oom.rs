@@ -75,11 +75,9 @@ fn emit_kill<C: EbpfContext>(ctx: &C, victim: Victim) {
         return;
     }
     let Some(mut entry) = reserve::<OomKillEvent>(kind::OOM_KILL) else { return };
-    let ev = entry.as_mut_ptr();
-    // SAFETY: `ev` is reserved ring buffer memory of the right size, zeroed before use.
+    // SAFETY: the entry is zeroed, a valid event (plain integers).
     unsafe {
-        core::ptr::write_bytes(ev, 0, 1);
-        let ev = &mut *ev;
+        let ev = entry.assume_init_mut();
         ev.header.kind = kind::OOM_KILL;
         ev.header.version = VERSION;
         ev.header.timestamp_ns = bpf_ktime_get_boot_ns();

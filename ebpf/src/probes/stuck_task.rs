@@ -3,9 +3,12 @@
 //!
 //! Hook: `iter/task`, never attached to an event: the agent reads the iterator every few seconds,
 //! and each read walks every task once. A task asleep uninterruptibly (plain `D` or killable, not
-//! an idle kernel thread or a frozen task) is remembered with its context-switch count; when the
-//! count is still the same `threshold_ns` later, it has not run since, and is reported once for
-//! that spell. Only reported tasks leave the kernel, so a sweep costs a walk plus the stuck tasks.
+//! an idle kernel thread or a frozen task) is remembered with its context-switch count. It is
+//! stuck, and reported once for that spell, when `threshold_ns` later either the count is still
+//! the same (it has not run: what khungtaskd checks) or every sweep since found it asleep and it
+//! woke at most once a second on average: a retry loop, such as an NFS client's state manager
+//! checking its lease again every few seconds, which khungtaskd never reports. Only reported tasks
+//! leave the kernel, so a sweep costs a walk plus the stuck tasks.
 //! The task pointer comes from the iterator's context: a trusted BTF pointer, as
 //! `bpf_get_task_stack` requires.
 
@@ -37,16 +40,19 @@ static STUCK_TASK_CONFIG: StuckTaskConfig = unsafe { core::mem::zeroed() };
 /// `PF_EXITING` in `task->flags`.
 const PF_EXITING: u32 = kstall_common::hung_task::PF_EXITING;
 
-/// A task seen asleep: since when with this switch count, and whether this spell was reported.
-/// `start_time` tells a reused tid from the task it was.
+/// A task seen asleep: since when, with which switch count then, at which sweep last, and
+/// whether this spell was reported. `start_time` tells a reused tid from the task it was.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Seen {
     start_time: u64,
     switches: u64,
     since_ns: u64,
+    last_sweep: u64,
     reported: u64,
 }
+
+const SEC: u64 = 1_000_000_000;
 
 /// Tasks seen asleep, by tid. Least recently seen go first when full: a task that ran again is not
 /// looked up any more and ages out.
@@ -122,16 +128,26 @@ pub fn stuck_task_sweep(ctx: *const TaskIterContext) -> i32 {
     stats.uninterruptible += 1;
     let switches = nvcsw.wrapping_add(nivcsw);
     let now = unsafe { bpf_ktime_get_boot_ns() };
+    let sweep = stats.sweep;
+    // Still the same spell: it has not run, or it woke now and then but every sweep found it
+    // asleep, no more than once a second on average.
+    let same_spell = |seen: &Seen| {
+        let woke = switches.wrapping_sub(seen.switches);
+        seen.start_time == start_time
+            && (woke == 0
+                || (seen.last_sweep.wrapping_add(1) == sweep
+                    && woke <= now.wrapping_sub(seen.since_ns) / SEC))
+    };
     let seen = match STUCK_SEEN.get_ptr_mut(tid) {
-        Some(seen) if unsafe { (*seen).start_time == start_time && (*seen).switches == switches } => seen,
+        // SAFETY: a map value pointer, valid for this program run.
+        Some(seen) if same_spell(unsafe { &*seen }) => unsafe { &mut *seen },
         _ => {
-            let first = Seen { start_time, switches, since_ns: now, reported: 0 };
+            let first = Seen { start_time, switches, since_ns: now, last_sweep: sweep, reported: 0 };
             let _ = STUCK_SEEN.insert(tid, first, 0);
             return 0;
         }
     };
-    // SAFETY: a map value pointer, valid for this program run.
-    let seen = unsafe { &mut *seen };
+    seen.last_sweep = sweep;
     if seen.reported != 0 || now.wrapping_sub(seen.since_ns) < cfg.threshold_ns {
         return 0;
     }
@@ -145,12 +161,10 @@ pub fn stuck_task_sweep(ctx: *const TaskIterContext) -> i32 {
     };
     // Not marked reported when the ring buffer is full: the next sweep tries again.
     let Some(mut entry) = reserve::<StuckTaskEvent>(kind::STUCK_TASK) else { return 0 };
-    let ev = entry.as_mut_ptr();
-    // SAFETY: `ev` points at reserved ring buffer memory of the right size; every field is written
-    // before submit (zeroing first keeps padding and untouched fields defined).
+    // SAFETY: the entry is zeroed, a valid event (plain integers); the task pointer is the
+    // iterator's own.
     unsafe {
-        core::ptr::write_bytes(ev, 0, 1);
-        let ev = &mut *ev;
+        let ev = entry.assume_init_mut();
         ev.header = header;
         ev.flags = flags;
         if task_flags & PF_EXITING != 0 {
@@ -159,6 +173,7 @@ pub fn stuck_task_sweep(ctx: *const TaskIterContext) -> i32 {
         ev.blocked_since_ns = seen.since_ns;
         ev.state = state;
         ev.switches = switches;
+        ev.wakeups = switches.wrapping_sub(seen.switches);
         ev.stack_bytes =
             bpf_get_task_stack(task as *mut _, ev.stack.as_mut_ptr().cast(), (STACK_DEPTH * 8) as u32, 0);
     }

@@ -44,8 +44,9 @@ pub(crate) mod tests {
             hung_task::HungTask,
             nfs::{Nfs, What},
             oom::{Invoker, OomKill, Scope},
+            stuck_task::StuckTaskSample,
             tcp_reset::{Direction, TcpReset},
-            wait::WaitClass,
+            wait::{WaitClass, WaitKind, classify},
         },
         stuck::StuckSet,
         symbols::Stack,
@@ -151,6 +152,27 @@ pub(crate) mod tests {
             exiting: true,
         };
         event(t, tid, "java", Payload::HungTask(h), who)
+    }
+
+    /// A sampler's report of task `tid` named `comm`, asleep (killable) in `stack` for `blocked` s.
+    pub fn sampled(
+        t: u64,
+        tid: u32,
+        comm: &str,
+        stack: &[&str],
+        blocked: u64,
+        who: &Arc<Attribution>,
+    ) -> Attributed {
+        let names: Vec<&str> = stack.to_vec();
+        let s = StuckTaskSample {
+            blocked_secs: blocked,
+            wakeups: 0,
+            wait: classify(names.iter().copied()),
+            wait_kind: WaitKind::Killable,
+            stack: Stack::from_names(&names),
+            exiting: false,
+        };
+        event(t, tid, comm, Payload::StuckTask(s), who)
     }
 
     pub fn oom(

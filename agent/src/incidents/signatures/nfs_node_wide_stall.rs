@@ -4,10 +4,21 @@
 //! critical incident instead of one per pod, with "drain this node" guidance.
 //!
 //! Which server: the one the stuck pods' namespaces talked to when known; else the one server
-//! this node has seen RPC errors from (volumes mounted by the kubelet use the host's namespace).
+//! this node has seen RPC errors from (volumes mounted by the kubelet use the host's namespace);
+//! else the one whose NFSv4 state manager is stuck.
+//!
+//! The recovery: the NFSv4 client runs state recovery (lease check, new client ID and session,
+//! reclaim) in one kernel thread per server, `<server>-manager`. While it is stuck, every call of
+//! every mount of that server waits behind it. The sampler sees that thread (its waits are
+//! killable, so the hung-task detector never does); the incident names it and the step it is
+//! stuck in, and does not count it as a pod.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
+};
 
+use serde::Serialize;
 use serde_json::json;
 
 use super::{human_secs, pod_name};
@@ -15,7 +26,10 @@ use crate::{
     attribution::Attributed,
     events::Payload,
     incidents::{Finding, NodeView, Remediation, Settings, Severity, Signature, Step},
-    probes::{nfs::What, wait::WaitClass},
+    probes::{
+        nfs::What,
+        wait::{WaitClass, WaitKind, frame_name},
+    },
     stuck::StuckTask,
 };
 
@@ -66,7 +80,9 @@ impl Signature for NfsNodeWideStall {
     }
 
     fn evaluate(&mut self, now: u64, node: &NodeView) -> Vec<Finding> {
-        let tasks: Vec<_> = node.stuck.all(now).into_iter().filter(|t| t.wait == WaitClass::Nfs).collect();
+        let stuck = node.stuck.all(now);
+        let (managers, tasks): (Vec<&StuckTask>, Vec<&StuckTask>) =
+            stuck.iter().filter(|t| t.wait == WaitClass::Nfs).partition(|t| recovery_step(t).is_some());
         // Pods (or the host) with a task stuck in NFS.
         let mut by_pod: BTreeMap<String, Vec<&StuckTask>> = BTreeMap::new();
         for t in &tasks {
@@ -78,14 +94,34 @@ impl Signature for NfsNodeWideStall {
         }
         let named: BTreeSet<&String> =
             by_pod.keys().filter_map(|uid| self.servers_of_pod.get(uid)).flatten().collect();
-        let server = match (named.len(), self.failing.len()) {
-            (1, _) => named.first().map(|s| s.to_string()),
-            (0, 1) => self.failing.first().cloned(),
+        let managing: BTreeSet<String> = managers.iter().filter_map(|m| managed_server(&m.comm)).collect();
+        let server = match (named.len(), self.failing.len(), managing.len()) {
+            (1, _, _) => named.first().map(|s| s.to_string()),
+            (0, 1, _) => self.failing.first().cloned(),
+            (0, 0, 1) => managing.first().cloned(),
             _ => None,
         };
+        // The server's recovery when its thread is known; the longest stuck one otherwise.
+        let recovery = managers
+            .iter()
+            .find(|m| server.is_some() && managed_server(&m.comm) == server)
+            .or(managers.first())
+            .map(|m| Recovery::of(m));
+        let waiting_on_recovery: Vec<u32> =
+            tasks.iter().filter(|t| t.stack.iter().any(|f| waits_for_recovery(f))).map(|t| t.pid).collect();
         let longest = tasks[0].blocked_secs;
         let pods: Vec<String> = by_pod.values().map(|ts| pod_name(&ts[0].who)).collect();
         let server_text = server.clone().unwrap_or_else(|| "its NFS server".into());
+        let recovery_text = recovery.as_ref().map_or(String::new(), |r| {
+            format!(
+                " Its NFSv4 state recovery (kernel thread {}, pid {}) has been stuck for {} {}: every call to \
+                 that server waits behind it.",
+                r.comm,
+                r.pid,
+                human_secs(r.blocked_secs),
+                r.step
+            )
+        });
         vec![Finding {
             key: server.clone().unwrap_or_else(|| "node".into()),
             severity: Severity::Critical,
@@ -94,8 +130,8 @@ impl Signature for NfsNodeWideStall {
             last_seen_unix_ns: now,
             summary: format!(
                 "Tasks of {} pods are stuck in NFS at once on this node ({}; longest {}): the node's NFS \
-                 client for {server_text} is stalled, not one volume. Every mount of that server on this \
-                 node is affected; drain the node.",
+                 client for {server_text} is stalled, not one volume.{recovery_text} Every mount of that \
+                 server on this node is affected; drain the node.",
                 by_pod.len(),
                 pods.join(", "),
                 human_secs(longest),
@@ -104,6 +140,8 @@ impl Signature for NfsNodeWideStall {
                 "server": server,
                 "pods": pods,
                 "stuck_tasks": tasks,
+                "recovery": recovery,
+                "waiting_on_recovery": waiting_on_recovery,
                 "servers_with_errors": self.failing,
             }),
             remediation: Remediation {
@@ -132,10 +170,86 @@ impl Signature for NfsNodeWideStall {
     }
 }
 
+/// The NFSv4 state manager of one server, stuck.
+#[derive(Serialize)]
+struct Recovery {
+    pid: u32,
+    comm: String,
+    /// What it is stuck doing, in words.
+    step: &'static str,
+    blocked_secs: u64,
+    wait_kind: WaitKind,
+    stack: Vec<String>,
+}
+
+impl Recovery {
+    fn of(task: &StuckTask) -> Self {
+        Recovery {
+            pid: task.pid,
+            comm: task.comm.clone(),
+            step: recovery_step(task).unwrap_or_default(),
+            blocked_secs: task.blocked_secs,
+            wait_kind: task.wait_kind,
+            stack: task.stack.clone(),
+        }
+    }
+}
+
+/// The step of state recovery a stuck task is in, when it is a state manager: the innermost
+/// frame that names one (nfs4state.c's sections), else "recovering state".
+fn recovery_step(task: &StuckTask) -> Option<&'static str> {
+    let names = || task.stack.iter().map(|f| frame_name(f));
+    if !names().any(|n| n == "nfs4_run_state_manager" || n == "nfs4_state_manager") {
+        return None;
+    }
+    let step = names().find_map(|name| {
+        RECOVERY_STEPS.iter().find(|(functions, _)| functions.contains(&name)).map(|(_, step)| *step)
+    });
+    Some(step.unwrap_or("recovering state"))
+}
+
+const RECOVERY_STEPS: &[(&[&str], &str)] = &[
+    (
+        &["nfs4_proc_sequence", "nfs4_proc_renew", "nfs4_check_lease"],
+        "checking its lease (SEQUENCE: the server does not answer)",
+    ),
+    (
+        &["nfs4_proc_exchange_id", "nfs4_establish_lease", "nfs41_init_clientid"],
+        "establishing a new client ID (EXCHANGE_ID)",
+    ),
+    (&["nfs4_proc_create_session"], "creating a new session (CREATE_SESSION)"),
+    (&["nfs4_proc_destroy_session", "nfs4_reset_session"], "resetting its session"),
+    (&["nfs4_begin_drain_session", "nfs4_drain_slot_tbl"], "waiting for the calls in flight to drain"),
+    (
+        &["nfs4_proc_reclaim_complete", "nfs41_proc_reclaim_complete"],
+        "finishing its reclaim (RECLAIM_COMPLETE)",
+    ),
+    (
+        &["nfs4_do_reclaim", "nfs4_reclaim_open_state", "nfs4_open_reclaim", "nfs4_reclaim_locks"],
+        "reclaiming open and lock state",
+    ),
+];
+
+/// A task that waits for its client's state recovery to finish before it may send its call.
+fn waits_for_recovery(frame: &str) -> bool {
+    matches!(frame_name(frame), "nfs4_wait_clnt_recover" | "nfs4_client_recover_expired_lease")
+}
+
+/// The server a state manager thread works for: its name is `<server>-manager`, cut to the 15
+/// characters of a task name, so only a name that still holds a whole address gives one.
+fn managed_server(comm: &str) -> Option<String> {
+    let server = comm.split_once("-manag")?.0;
+    server.parse::<IpAddr>().ok().map(|a| a.to_string())
+}
+
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use serde_json::Value;
+
     use super::*;
-    use crate::{incidents::signatures::tests::*, stuck::TaskState};
+    use crate::{attribution::Attribution, incidents::signatures::tests::*, stuck::TaskState};
 
     #[test]
     fn two_pods_stuck_on_one_server_are_one_node_incident() {
@@ -152,5 +266,49 @@ mod tests {
         assert_eq!(f[0].evidence["pods"], json!(["shop/web-1", "shop/db-0"]));
         stuck.clear(&[((21, 21), TaskState::Other)], 8 * SEC);
         assert!(s.evaluate(9 * SEC, &node(&stuck)).is_empty());
+    }
+
+    /// Incident 3 as the sampler sees it: kubelet-mounted volumes (no pod namespace names the
+    /// server, no RPC error seen), an init container's stat and a writer stuck, and the server's
+    /// state manager stuck checking its lease.
+    #[test]
+    fn a_stuck_state_recovery_is_named_and_names_the_server() {
+        let (init, app, host) = (
+            pod("u1", "billing-0"),
+            pod("u2", "orders-0"),
+            Arc::new(Attribution { host: true, ..Default::default() }),
+        );
+        let rpc = ["rpc_wait_bit_killable", "__rpc_execute", "rpc_run_task"];
+        let manager = [&rpc[..1], &["nfs4_proc_sequence", "nfs4_run_state_manager", "kthread"][..]].concat();
+        let stat = [&rpc[..], &["nfs4_do_call_sync", "nfs4_proc_getattr", "vfs_statx"][..]].concat();
+        let open =
+            ["nfs4_wait_clnt_recover", "nfs4_client_recover_expired_lease", "nfs4_do_open", "path_openat"];
+        let mut s = NfsNodeWideStall::new(&Settings::default());
+        let mut stuck = stuck(&[
+            sampled(10 * SEC, 300, "10.55.0.1-manag", &manager, 40, &host),
+            sampled(11 * SEC, 301, "stat", &stat, 30, &init),
+        ]);
+        assert!(s.evaluate(12 * SEC, &node(&stuck)).is_empty(), "the state manager is not a second pod");
+        stuck.report(&sampled(13 * SEC, 302, "python3", &open, 20, &app));
+        let f = s.evaluate(14 * SEC, &node(&stuck));
+        assert_eq!((f.len(), f[0].key.as_str()), (1, SERVER), "the server from the manager's name: {f:?}");
+        let evidence = &f[0].evidence;
+        assert_eq!(evidence["pods"], json!(["shop/billing-0", "shop/orders-0"]));
+        assert_eq!(evidence["recovery"]["pid"], 300);
+        assert_eq!(evidence["recovery"]["step"], "checking its lease (SEQUENCE: the server does not answer)");
+        assert_eq!(evidence["recovery"]["wait_kind"], "killable");
+        assert_eq!(evidence["waiting_on_recovery"], json!([302]));
+        let pids: Vec<&Value> =
+            evidence["stuck_tasks"].as_array().unwrap().iter().map(|t| &t["pid"]).collect();
+        assert_eq!(pids, [&json!(301), &json!(302)], "the manager is the recovery, not a stuck pod task");
+        assert!(
+            f[0].summary.contains("state recovery (kernel thread 10.55.0.1-manag, pid 300)"),
+            "{}",
+            f[0].summary
+        );
+        // A name cut before the whole address names nothing.
+        assert_eq!(managed_server("10.55.0.1-manag").as_deref(), Some(SERVER));
+        assert_eq!(managed_server("192.168.100.20-"), None);
+        assert_eq!(managed_server("kworker/u4:1"), None);
     }
 }
