@@ -291,3 +291,57 @@ pub fn write_pods_file(path: &Path, pods: &[Value]) {
     std::fs::write(&tmp, list.to_string()).expect("write pods file");
     std::fs::rename(&tmp, path).expect("replace pods file");
 }
+
+/// `kstall trace` as a user runs it, once it says it is capturing: from then on nothing is missed.
+pub struct TraceCapture {
+    child: Child,
+    stderr: thread::JoinHandle<String>,
+}
+
+impl TraceCapture {
+    pub fn start(socket: &Path, args: &[&str]) -> Self {
+        let mut child = Command::new(agent_binary())
+            .arg("trace")
+            .arg("--api-socket")
+            .arg(socket)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kstall trace");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut before = String::new();
+        loop {
+            let mut line = String::new();
+            if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+                panic!("kstall trace ended before capturing: {before}");
+            }
+            if line.starts_with("kstall: capturing ") {
+                break;
+            }
+            before.push_str(&line);
+        }
+        let stderr = thread::spawn(move || {
+            let mut rest = before;
+            let _ = stderr.read_to_string(&mut rest);
+            rest
+        });
+        TraceCapture { child, stderr }
+    }
+
+    pub fn of(agent: &Agent, args: &[&str]) -> Self {
+        Self::start(&agent.socket, args)
+    }
+
+    /// The `kstall trace` process.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the end of the capture: exit code, stdout lines, stderr.
+    pub fn lines(self) -> (Option<i32>, Vec<String>, String) {
+        let out = self.child.wait_with_output().expect("trace output");
+        let stdout = String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect();
+        (out.status.code(), stdout, self.stderr.join().unwrap_or_default())
+    }
+}

@@ -1,12 +1,13 @@
 //! The stuck-task sampler against the real kernel, with the hung-task detector off
 //! (`kernel.hung_task_timeout_secs=0`, restored after): a writer stuck in writeback and a reader in
 //! a killable wait on the same frozen disk, each in its own pod, are found by the sampler alone,
-//! with stack, wait class and kind, attributed to their pods, and cleared when the disk thaws.
+//! with stack, wait class and kind, attributed to their pods (and in `kstall trace --probe
+//! stuck-task`), and cleared when the disk thaws.
 
 use std::time::Duration;
 
 use kstall_tests::{
-    agent::{Agent, pod_json, write_pods_file},
+    agent::{Agent, TraceCapture, pod_json, write_pods_file},
     cgroup::Cgroup,
     host::Sysctl,
     kernel_tests_can_run,
@@ -54,6 +55,22 @@ fn sampler_finds_uninterruptible_and_killable_waits_with_the_detector_off() {
     let hung = status["probes"].as_array().unwrap().iter().find(|p| p["name"] == "hung-task").unwrap();
     assert!(hung.to_string().contains("stuck-task (the sampler) still finds stuck tasks"), "{hung}");
     let events = agent.subscribe();
+    // `kstall trace` as a user runs it for the reader's pod, capturing before it gets stuck.
+    let trace = TraceCapture::of(
+        &agent,
+        &[
+            "--probe",
+            "stuck-task",
+            "--pod",
+            "reader-init-4c2b",
+            "--count",
+            "1",
+            "--duration",
+            "60s",
+            "--output",
+            "json",
+        ],
+    );
 
     disk.freeze();
     let writer = disk.start_writer(&writer_cgroup.procs());
@@ -76,6 +93,14 @@ fn sampler_finds_uninterruptible_and_killable_waits_with_the_detector_off() {
     assert!(w["blocked_secs"].as_u64().is_some_and(|s| s >= 3), "{w}");
     assert!(stack(w).iter().any(|f| f.starts_with("folio_wait")), "{w}");
 
+    let (code, traced, stderr) = trace.lines();
+    assert_eq!((code, traced.len()), (Some(0), 1), "kstall trace: {traced:#?} {stderr}");
+    let t: Value = serde_json::from_str(&traced[0]).expect("one JSON event");
+    assert_eq!(
+        (&t["kind"], &t["tgid"], &t["wait_kind"], &t["pod"]),
+        (&"stuck_task".into(), &reader.into(), &"killable".into(), &"reader-init-4c2b".into()),
+        "the trace has the reader's report, as the event stream: {t:#}"
+    );
     let r = &reader_found[0];
     assert_eq!(r["comm"], "cat", "{r}");
     assert_eq!(r["wait_kind"], "killable", "the detector skips this sleep: {r}");

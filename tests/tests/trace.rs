@@ -4,17 +4,16 @@
 
 use std::{
     collections::BTreeSet,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
+    io::{BufRead as _, BufReader, Write as _},
     net::{Ipv4Addr, SocketAddr},
     os::unix::net::UnixStream,
     path::Path,
-    process::{Child, Command, Stdio},
-    thread,
+    process::Command,
     time::Duration,
 };
 
 use kstall_tests::{
-    agent::{Agent, agent_binary, pod_json, write_pods_file},
+    agent::{Agent, TraceCapture, agent_binary, pod_json, write_pods_file},
     bpf::{loaded_program_ids, program_ids_of, still_loaded_after_grace},
     cgroup::{Cgroup, PodProcess},
     host::{child_pids, wait_for},
@@ -26,55 +25,6 @@ use serde_json::Value;
 const UID: &str = "7c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f";
 const CONTAINER: &str = "1f2e3d4c5b6a79880f1e2d3c4b5a69788f9e0d1c2b3a49586f7e8d9c0b1a2f3e";
 const POD: &str = "tenant-api-5d8c7b9f4-t9r2p";
-
-/// `kstall trace` as a user runs it, once it says it is capturing: from then on nothing is missed.
-struct Capture {
-    child: Child,
-    stderr: thread::JoinHandle<String>,
-}
-
-impl Capture {
-    fn start(socket: &Path, args: &[&str]) -> Self {
-        let mut child = Command::new(agent_binary())
-            .arg("trace")
-            .arg("--api-socket")
-            .arg(socket)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kstall trace");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut before = String::new();
-        loop {
-            let mut line = String::new();
-            if stderr.read_line(&mut line).unwrap_or(0) == 0 {
-                panic!("kstall trace ended before capturing: {before}");
-            }
-            if line.starts_with("kstall: capturing ") {
-                break;
-            }
-            before.push_str(&line);
-        }
-        let stderr = thread::spawn(move || {
-            let mut rest = before;
-            let _ = stderr.read_to_string(&mut rest);
-            rest
-        });
-        Capture { child, stderr }
-    }
-
-    fn of(agent: &Agent, args: &[&str]) -> Self {
-        Self::start(&agent.socket, args)
-    }
-
-    /// Waits for the end of the capture: exit code, stdout lines, stderr.
-    fn lines(self) -> (Option<i32>, Vec<String>, String) {
-        let out = self.child.wait_with_output().expect("trace output");
-        let stdout = String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect();
-        (out.status.code(), stdout, self.stderr.join().unwrap_or_default())
-    }
-}
 
 #[test]
 fn trace_captures_the_pods_redirected_nfs_resets_only() {
@@ -91,11 +41,12 @@ fn trace_captures_the_pods_redirected_nfs_resets_only() {
     netns.redirect_tcp("iptables", 2049, 15001);
 
     // Both end by their count; any event of another port would come first and be among them.
-    let json = Capture::of(
+    let json = TraceCapture::of(
         &agent,
         &["--probe", "tcp-reset", "--port", "2049", "--count", "6", "--duration", "60s", "--output", "json"],
     );
-    let text = Capture::of(&agent, &["--pod", POD, "--port", "2049", "--count", "3", "--duration", "60s"]);
+    let text =
+        TraceCapture::of(&agent, &["--pod", POD, "--port", "2049", "--count", "3", "--duration", "60s"]);
     // Connects to another closed port in the pod's namespace, then redirected NFS connects.
     netns.run_inside(|| {
         refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2050)), 3);
@@ -189,7 +140,7 @@ fn concurrent_captures_get_everything_while_a_stalled_client_is_cut_off() {
     // Each ends at its count: 2052's resets come first and would be counted if they got through.
     let captures: Vec<_> = (0..2)
         .map(|_| {
-            Capture::of(
+            TraceCapture::of(
                 &agent,
                 &[
                     "--probe",
@@ -255,7 +206,7 @@ fn a_standalone_capture_leaves_nothing_attached() {
     let netns = NetNs::new("trace-alone");
     netns.redirect_tcp("iptables", 2049, 15001);
     // It ends at its count: 16 redirected NFS connects, a sent and a received reset each.
-    let capture = Capture::start(
+    let capture = TraceCapture::start(
         Path::new("/nonexistent/kstall.sock"),
         &[
             "--probe",
@@ -279,7 +230,7 @@ fn a_standalone_capture_leaves_nothing_attached() {
         }
         refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2050)), 1);
     });
-    let socket = std::env::temp_dir().join(format!("kstall-trace-{}/kstall.sock", capture.child.id()));
+    let socket = std::env::temp_dir().join(format!("kstall-trace-{}/kstall.sock", capture.pid()));
     let ask_status = || {
         let mut status = UnixStream::connect(&socket).expect("the capture's agent");
         status.write_all(b"{\"request\":\"status\"}\n").unwrap();
@@ -307,7 +258,7 @@ fn a_standalone_capture_leaves_nothing_attached() {
     assert_eq!(received(&status), 30, "kernel-filtered: only 2049's of 62 resets reached the agent");
     // The capture's programs, taken while it runs: `kstall trace` holds them in the standalone
     // agent it started, its child.
-    let trace = capture.child.id();
+    let trace = capture.pid();
     let held: BTreeSet<u64> =
         std::iter::once(trace).chain(child_pids(trace)).flat_map(program_ids_of).collect();
     assert!(held.len() >= up.len(), "the capture holds programs {held:?} for probes {up:?}");

@@ -70,6 +70,10 @@ const METRICS: &[(&str, Scope)] = &[
     ("kstall_stuck_tasks", Scope::Pod),
     ("kstall_stuck_tasks_total", Scope::Pod),
     ("kstall_stuck_task_longest_blocked_seconds", Scope::Node),
+    ("kstall_stuck_task_sweep_kernel_seconds_sum", Scope::Node),
+    ("kstall_stuck_task_sweep_kernel_seconds_count", Scope::Node),
+    ("kstall_stuck_task_sweep_tasks", Scope::Node),
+    ("kstall_stuck_task_sweep_uninterruptible", Scope::Node),
     ("kstall_oom_kills_total", Scope::Pod),
     ("kstall_nfs_rpc_retransmits_total", Scope::Pod),
     ("kstall_nfs_rpc_timeouts_total", Scope::Pod),
@@ -935,6 +939,30 @@ fn hung_tasks() -> anyhow::Result<Dashboard> {
             "A",
             "sum by (node, namespace, pod, container, wait, kind, source) (kstall_stuck_tasks_total)",
         )?],
+    ))
+    .panel(Panel::timeseries(
+        "Sampler: kernel time per sweep",
+        "The stuck-task sampler's own cost: CPU time of one sweep (the kernel walking every task and \
+         running the sampler's program for each), per node. It grows with the node's task count \
+         (measured: 6.7 ms for 10,000 tasks on a 2-core 6.18 machine, every 5 s by default).",
+        "s",
+        vec![range(
+            "A",
+            "sum by (node) (rate(kstall_stuck_task_sweep_kernel_seconds_sum[$__rate_interval])) / sum by (node) \
+             (rate(kstall_stuck_task_sweep_kernel_seconds_count[$__rate_interval]))",
+            "{{node}}",
+        )?],
+    ))
+    .panel(Panel::timeseries(
+        "Sampler: tasks per sweep",
+        "Tasks the last sweep walked, and of those asleep uninterruptibly (stuck or not), per node. \
+         A node whose asleep count stays high while nothing is reported stuck has tasks that sleep \
+         in D briefly and often: slow I/O, not a stall.",
+        "short",
+        vec![
+            range("A", "max by (node) (kstall_stuck_task_sweep_tasks)", "{{node}} walked")?,
+            range("B", "max by (node) (kstall_stuck_task_sweep_uninterruptible)", "{{node}} asleep")?,
+        ],
     )))
 }
 
