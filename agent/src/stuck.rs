@@ -51,7 +51,8 @@ pub struct StuckTask {
     /// When it last ran, as its first report says: the same for every reader.
     pub blocked_since_unix_ns: u64,
     pub exiting: bool,
-    pub stack: Vec<String>,
+    /// Shared with the set's record: readers ask for every stuck task once a second.
+    pub stack: Arc<[String]>,
     #[serde(skip)]
     pub who: Arc<Attribution>,
 }
@@ -73,7 +74,7 @@ struct Tracked {
     wait_kind: WaitKind,
     sources: Vec<&'static str>,
     exiting: bool,
-    stack: Vec<String>,
+    stack: Arc<[String]>,
     who: Arc<Attribution>,
     /// When the task last ran, as its first report says: report time minus blocked time (the
     /// report time itself when the tick rate, hence the blocked time, is unknown).

@@ -149,7 +149,7 @@ pub fn explain(
             sources: task.sources.iter().map(|s| s.to_string()).collect(),
             blocked_secs: Some(task.blocked_secs),
             blocked_since_unix_ns: task.blocked_since_unix_ns,
-            stack: task.stack,
+            stack: task.stack.to_vec(),
         })
         .collect();
     let firing: Vec<&Incident> = incidents.iter().filter(|i| i.state == State::Firing).collect();

@@ -16,6 +16,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
+    sync::Arc,
 };
 
 use serde::Serialize;
@@ -179,7 +180,7 @@ struct Recovery {
     step: &'static str,
     blocked_secs: u64,
     wait_kind: WaitKind,
-    stack: Vec<String>,
+    stack: Arc<[String]>,
 }
 
 impl Recovery {
@@ -244,8 +245,6 @@ fn managed_server(comm: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use serde_json::Value;
 
     use super::*;
