@@ -35,8 +35,9 @@ pub struct AgentArgs {
     /// Log filter in tracing's env-filter syntax, e.g. `info` or `kstall=debug` [default: info].
     #[arg(long, env = "KSTALL_LOG_LEVEL", value_name = "FILTER")]
     pub log_level: Option<String>,
-    /// Hook for sent resets: auto, tcp-send-reset (>= 6.10) or kfree-skb (the pre-6.10 fallback
-    /// for socket-less resets) [default: auto].
+    /// Hook for resets sent without a socket: auto, tcp-send-reset (>= 6.10), kfree-skb (the
+    /// 5.17-6.9 fallback) or send-reset-function (fentry on tcp_v4/v6_send_reset, the fallback
+    /// where kfree_skb has no drop reason) [default: auto].
     #[arg(long, env = "KSTALL_TCP_RESET_HOOK", value_name = "HOOK")]
     pub tcp_reset_hook: Option<String>,
     /// Set kernel.hung_task_timeout_secs to this many seconds while the agent runs (restored at
@@ -263,10 +264,11 @@ impl Config {
             None | Some("auto") => probes::tcp_reset::Hook::Auto,
             Some("tcp-send-reset") => probes::tcp_reset::Hook::TcpSendReset,
             Some("kfree-skb") => probes::tcp_reset::Hook::KfreeSkb,
+            Some("send-reset-function") => probes::tcp_reset::Hook::SendResetFunction,
             Some(other) => {
                 return Err(invalid(
                     "tcp_reset_hook",
-                    format!("{other:?} is not one of auto, tcp-send-reset, kfree-skb"),
+                    format!("{other:?} is not one of auto, tcp-send-reset, kfree-skb, send-reset-function"),
                 ));
             }
         };

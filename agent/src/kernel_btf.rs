@@ -228,8 +228,9 @@ fn parse_component(component: &str) -> Option<(&str, Option<usize>)> {
 pub(crate) mod tests {
     use super::*;
 
-    /// BTF dumps of real kernels, copied from the team's reference set (shared/kernels), zstd
-    /// compressed: Debian 6.1.0-57, Debian 6.12.117 (conntrack as a module) and 6.18.44.
+    /// BTF dumps of real kernels, zstd compressed: Debian 6.1.0-57, Debian 6.12.117 (conntrack as
+    /// a module) and 6.18.44 from the team's reference set (shared/kernels); Debian 5.10.0-46 and
+    /// 7.3.4 from their packages' images and modules (agent/testdata/README.md).
     pub(crate) fn kernel(name: &str) -> KernelBtf {
         KernelBtf::from_bytes(&testdata(name, "vmlinux")).expect("parse vmlinux BTF")
     }
@@ -246,7 +247,7 @@ pub(crate) mod tests {
         out
     }
 
-    pub(crate) const KERNELS: [&str; 3] = ["6.1", "6.12", "6.18"];
+    pub(crate) const KERNELS: [&str; 5] = ["5.10", "6.1", "6.12", "6.18", "7.3"];
 
     #[test]
     fn resolves_socket_offsets_on_every_kernel() {
@@ -289,9 +290,11 @@ pub(crate) mod tests {
 
     #[test]
     fn tcp_send_reset_gained_its_reason_in_6_10() {
+        assert_eq!(kernel("5.10").tracepoint_arg_count("tcp_send_reset").unwrap(), 2);
         assert_eq!(kernel("6.1").tracepoint_arg_count("tcp_send_reset").unwrap(), 2);
         assert_eq!(kernel("6.12").tracepoint_arg_count("tcp_send_reset").unwrap(), 3);
         assert_eq!(kernel("6.18").tracepoint_arg_count("tcp_send_reset").unwrap(), 3);
+        assert_eq!(kernel("7.3").tracepoint_arg_count("tcp_send_reset").unwrap(), 3);
         for k in KERNELS {
             assert_eq!(kernel(k).tracepoint_arg_count("tcp_receive_reset").unwrap(), 1, "{k}");
         }

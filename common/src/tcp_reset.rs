@@ -12,6 +12,8 @@ pub const DIRECTION_RECEIVED: u8 = 1;
 pub const HOOK_TCP_SEND_RESET: u8 = 1;
 pub const HOOK_TCP_RECEIVE_RESET: u8 = 2;
 pub const HOOK_KFREE_SKB_NO_SOCKET: u8 = 3;
+/// `fentry/tcp_v{4,6}_send_reset` with no socket (kernels without drop reasons): no reason.
+pub const HOOK_SEND_RESET_FUNCTION: u8 = 4;
 
 /// `flags` bits.
 pub const FLAG_HAS_SOCKET: u8 = 1 << 0;

@@ -91,6 +91,12 @@ fn render(report: &StatusReport) -> String {
         for note in &s.notes {
             out.push_str(&format!("{:<12} {:<6} {:>10} {:>8}  {note}\n", "", "", "", ""));
         }
+        for missing in &s.unavailable {
+            out.push_str(&format!(
+                "{:<12} {:<6} {:>10} {:>8}  unavailable: {} ({})\n",
+                "", "", "", "", missing.field, missing.why
+            ));
+        }
     }
     let a = &report.attribution;
     let state = match (&a.source.error, a.source.up) {
@@ -112,7 +118,10 @@ fn render(report: &StatusReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{api::ProbeReport, probes::plan::ProbeStatus};
+    use crate::{
+        api::ProbeReport,
+        probes::plan::{ProbeStatus, Unavailable},
+    };
 
     #[test]
     fn lists_up_and_down_probes_with_hook_or_reason() {
@@ -128,6 +137,7 @@ mod tests {
                         hook: Some("tp_btf/tcp_send_reset".into()),
                         reason: None,
                         notes: vec!["original destination: conntrack (vmlinux BTF)".into()],
+                        unavailable: vec![Unavailable::new("reason", "no reason before 6.10")],
                     },
                     events: 12,
                     lost: 0,
@@ -139,6 +149,7 @@ mod tests {
                         hook: None,
                         reason: Some("BTF has no tracepoint x".into()),
                         notes: vec![],
+                        unavailable: vec![],
                     },
                     events: 0,
                     lost: 0,
@@ -161,6 +172,7 @@ mod tests {
         let text = render(&report);
         assert!(text.contains("tcp-reset    up             12        0  tp_btf/tcp_send_reset"), "{text}");
         assert!(text.contains("original destination: conntrack"), "{text}");
+        assert!(text.contains("  unavailable: reason (no reason before 6.10)\n"), "{text}");
         assert!(text.contains("other        down            0        0  BTF has no tracepoint x"), "{text}");
         assert!(
             text.contains("source api (node node-a) (down: tcp connect error: Connection refused)"),

@@ -9,7 +9,7 @@ use kstall_common::hung_task::{
 use serde::Serialize;
 
 use super::{
-    plan::{Plan, ProgramSpec},
+    plan::{Plan, ProgramSpec, Unavailable},
     wait::{WaitClass, classify},
 };
 use crate::{
@@ -40,17 +40,21 @@ pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, String> {
             vmlinux.offset_of("rw_semaphore", "owner")?,
         ))
     })();
-    let notes = match blocker {
+    let (notes, unavailable) = match blocker {
         Ok((task_blocker, mutex_owner, rwsem_owner)) => {
             cfg.blocker = 1;
             cfg.task_blocker = task_blocker;
             cfg.mutex_owner = mutex_owner;
             cfg.rwsem_owner = rwsem_owner;
-            vec!["lock owner: from task->blocker (CONFIG_DETECT_HUNG_TASK_BLOCKER)".to_string()]
+            (vec!["lock owner: from task->blocker (CONFIG_DETECT_HUNG_TASK_BLOCKER)".to_string()], vec![])
         }
-        Err(_) => vec![
-            "lock owner: not tracked by this kernel (needs CONFIG_DETECT_HUNG_TASK_BLOCKER, 6.15+)".into(),
-        ],
+        Err(_) => (
+            vec![],
+            vec![Unavailable::new(
+                "blocker",
+                "the lock owner is not tracked by this kernel (needs CONFIG_DETECT_HUNG_TASK_BLOCKER, 6.15+)",
+            )],
+        ),
     };
     cfg.valid = 1;
     Ok(Plan {
@@ -59,6 +63,7 @@ pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, String> {
         programs: vec![PROG],
         hook: "tp_btf/sched_process_hang".into(),
         notes,
+        unavailable,
         fallback: None,
     })
 }
@@ -188,9 +193,9 @@ mod tests {
     #[test]
     fn plans_on_every_kernel_and_probes_the_blocker() {
         use crate::kernel_btf::tests::kernel;
-        for k in ["6.1", "6.12"] {
+        for k in ["5.10", "6.1", "6.12"] {
             let plan = plan(&kernel(k)).unwrap();
-            assert!(plan.notes[0].contains("not tracked"), "{k}: {:?}", plan.notes);
+            assert!(plan.unavailable[0].why.contains("not tracked"), "{k}: {:?}", plan.unavailable);
         }
         let plan = plan(&kernel("6.18")).unwrap();
         assert!(plan.notes[0].contains("task->blocker"), "{:?}", plan.notes);

@@ -20,7 +20,7 @@ use kstall_common::{capture::CaptureFilter, kind, tcp_reset::ConntrackOffsets};
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use self::plan::{Attach, Plan, ProbeStatus, ProgramSpec, error_chain, summarize};
+use self::plan::{Attach, Plan, ProbeStatus, ProgramSpec, Unavailable, error_chain, summarize};
 use crate::{kernel, kernel_btf::KernelBtf, symbols::Symbols};
 
 /// The kernel programs, built by build.rs (empty when built with `AYA_BUILD_SKIP=1`).
@@ -228,6 +228,8 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
             Err(e) => statuses[idx].reason = Some(e),
         }
     }
+    // NFS too when sunrpc is already loaded (an agent restarted on a node with mounts).
+    let nfs_resolved = if enabled(nfs::NAME) { nfs::resolve_loaded(&vmlinux) } else { None };
     // Offsets are resolved; the parsed BTF is large, don't hold it through the load.
     drop(vmlinux);
     if plans.is_empty() && !enabled(nfs::NAME) {
@@ -266,11 +268,14 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
     let mut attached: Vec<&'static str> = Vec::new();
     for (idx, plan) in plans {
         let mut notes = plan.notes;
+        let mut unavailable = plan.unavailable;
         let mut result =
             attach(&mut ebpf, &plan.programs, &aya_btf).map(|()| (plan.programs, plan.hook.clone()));
-        if let (Err(preferred), Some((programs, hook))) = (&result, plan.fallback) {
+        if let (Err(preferred), Some(fallback)) = (&result, plan.fallback) {
             notes.push(format!("preferred hook {} unavailable: {preferred}", plan.hook));
-            result = attach(&mut ebpf, &programs, &aya_btf).map(|()| (programs, hook));
+            unavailable.extend(fallback.unavailable);
+            result =
+                attach(&mut ebpf, &fallback.programs, &aya_btf).map(|()| (fallback.programs, fallback.hook));
         }
         match result {
             Ok((programs, hook)) => {
@@ -282,6 +287,7 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
                     hook: Some(hook),
                     reason: None,
                     notes,
+                    unavailable,
                 };
             }
             Err(e) => {
@@ -294,20 +300,26 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
     if let Some(rate) = &tick_rate
         && hung.up
     {
-        hung.notes.push(match rate {
-            Ok(hz) => format!("blocked times: jiffies at {hz} Hz (measured with BPF_PROG_TEST_RUN)"),
-            Err(e) => format!("blocked times unknown: {e}"),
-        });
+        match rate {
+            Ok(hz) => hung
+                .notes
+                .push(format!("blocked times: jiffies at {hz} Hz (measured with BPF_PROG_TEST_RUN)")),
+            Err(e) => hung
+                .unavailable
+                .push(Unavailable::new("blocked_secs", format!("the tick rate is unknown: {e}"))),
+        }
     }
     let mut nfs_attachment = nfs::Attachment::default();
     if enabled(nfs::NAME) {
         let idx = index_of(nfs::NAME);
         statuses[idx] = match nfs::load_programs(&mut ebpf) {
             Err(e) => ProbeStatus::down(nfs::NAME, e),
-            Ok(()) => nfs::attach_available(&mut ebpf, &mut nfs_attachment).unwrap_or_else(|| {
-                nfs_attachment.pending = true;
-                ProbeStatus::down(nfs::NAME, nfs::WAITING)
-            }),
+            Ok(()) => nfs_resolved
+                .and_then(|resolved| nfs::attach_resolved(&mut ebpf, &mut nfs_attachment, resolved))
+                .unwrap_or_else(|| {
+                    nfs_attachment.pending = true;
+                    ProbeStatus::down(nfs::NAME, nfs::WAITING)
+                }),
         };
     }
     let mut conntrack_pending = false;
@@ -331,6 +343,7 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
                 unload(&mut ebpf, stuck_task::PROGRAM);
                 *stuck = ProbeStatus {
                     notes: std::mem::take(&mut stuck.notes),
+                    unavailable: std::mem::take(&mut stuck.unavailable),
                     ..ProbeStatus::down(stuck_task::NAME, e)
                 };
             }

@@ -1,9 +1,11 @@
 //! NFS / SUNRPC client. Kernel half: `ebpf/src/probes/nfs.rs`; event: `common/src/nfs.rs`.
 //!
 //! sunrpc is a module loaded by the first NFS mount, possibly long after the agent started: the
-//! programs are loaded with the agent and attached by [`attach_available`] once
-//! `/sys/kernel/btf/sunrpc` appears, with offsets read from that module's BTF then. While the
-//! links exist the module cannot be unloaded (the kernel holds a reference for them).
+//! programs are loaded with the agent and attached by [`attach_available`] once `/sys/module/sunrpc`
+//! appears, with offsets read then from that module's BTF — or, before 5.11 (no module BTF), from
+//! vmlinux's, which carries the sunrpc and NFS client structs too (vmlinux code uses them; same
+//! headers and build, so the same layout). While the links exist the module cannot be unloaded
+//! (the kernel holds a reference for them).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -14,7 +16,7 @@ use kstall_common::nfs::{
 };
 use serde::Serialize;
 
-use super::plan::ProbeStatus;
+use super::plan::{ProbeStatus, Unavailable};
 use crate::{
     decode::DecodeError,
     kernel_btf::{BtfError, KernelBtf},
@@ -36,9 +38,14 @@ pub const PROGRAMS: &[(&str, &str, &str)] = &[
     ("nfs4_state_mgr_failed", "nfs4_state_mgr_failed", "nfsv4"),
 ];
 
+/// Retransmits where the kernel has no `xprt_retransmit` (5.10): its second transmissions.
+const RETRANSMIT_FALLBACK: (&str, &str, &str) = ("nfs_xprt_transmit", "xprt_transmit", "sunrpc");
+const RETRANSMIT_FALLBACK_NOTE: &str =
+    "retransmits: repeated sends that went out, seen by xprt_transmit (the kernel has no xprt_retransmit)";
+
 /// Loads (not attaches) the programs: a verifier rejection shows now, not at the first mount.
 pub fn load_programs(ebpf: &mut Ebpf) -> Result<(), String> {
-    for (program, _, _) in PROGRAMS {
+    for (program, _, _) in PROGRAMS.iter().chain([&RETRANSMIT_FALLBACK]) {
         let p: &mut RawTracePoint = ebpf
             .program_mut(program)
             .ok_or_else(|| format!("program {program} missing from the eBPF object"))?
@@ -98,69 +105,190 @@ pub struct Attachment {
     modules_seen: Vec<&'static str>,
 }
 
-/// Attaches what has become attachable since `att`: resolves offsets from the modules loaded now,
-/// hands them to the programs, attaches each program whose tracepoint exists. `None` while
-/// sunrpc is not loaded; otherwise the probe's status.
-pub fn attach_available(ebpf: &mut Ebpf, att: &mut Attachment) -> Option<ProbeStatus> {
-    let loaded: Vec<&'static str> = ["sunrpc", "nfsv4"]
-        .into_iter()
-        .filter(|m| std::path::Path::new("/sys/kernel/btf").join(m).exists())
-        .collect();
-    if !loaded.contains(&"sunrpc") || loaded == att.modules_seen {
+/// The modules the probe hooks, in load order.
+const MODULES: [&str; 2] = ["sunrpc", "nfsv4"];
+
+/// What the loaded modules' BTF gives, resolved while a parsed vmlinux is at hand (at start, the
+/// one the other probes were planned with: a parse costs seconds on a small node).
+pub struct Resolved {
+    modules: Vec<&'static str>,
+    /// Whether sunrpc has BTF of its own (5.11+), else the offsets came from vmlinux's.
+    module_btf: bool,
+    cfg: Result<NfsConfig, String>,
+    /// Per loaded module, the tracepoints its BTF defines; `None` without module BTF (then a
+    /// missing tracepoint shows as the attach's ENOENT).
+    tracepoints: Vec<(&'static str, Option<Vec<&'static str>>)>,
+}
+
+/// The modules of [`MODULES`] loaded now.
+fn loaded_modules() -> Vec<&'static str> {
+    MODULES.into_iter().filter(|m| std::path::Path::new("/sys/module").join(m).exists()).collect()
+}
+
+/// Resolves what the probe needs from the modules loaded now; `None` while sunrpc is not.
+pub fn resolve_loaded(vmlinux: &KernelBtf) -> Option<Resolved> {
+    let modules = loaded_modules();
+    if !modules.contains(&"sunrpc") {
         return None;
     }
-    att.modules_seen = loaded;
+    let own_btf = |module: &str| modules.contains(&module).then(|| vmlinux.module_from_sys_fs(module).ok());
+    let sunrpc = own_btf("sunrpc").flatten();
+    let nfsv4 = own_btf("nfsv4");
+    let module_btf = sunrpc.is_some();
+    let cfg =
+        resolve(sunrpc.as_ref().unwrap_or(vmlinux), nfsv4.as_ref().map(|b| b.as_ref().unwrap_or(vmlinux)))
+            .map_err(|e| {
+                if module_btf {
+                    e.to_string()
+                } else {
+                    format!("sunrpc has no BTF of its own and vmlinux's lacks its structs: {e}")
+                }
+            });
+    let defined = |module: &str, btf: &Option<KernelBtf>| {
+        btf.as_ref().map(|btf| {
+            PROGRAMS
+                .iter()
+                .chain([&RETRANSMIT_FALLBACK])
+                .filter(|(_, tp, m)| *m == module && btf.tracepoint_arg_count(tp).is_ok())
+                .map(|(_, tp, _)| *tp)
+                .collect()
+        })
+    };
+    let mut tracepoints = vec![("sunrpc", defined("sunrpc", &sunrpc))];
+    if let Some(nfsv4) = &nfsv4 {
+        tracepoints.push(("nfsv4", defined("nfsv4", nfsv4)));
+    }
+    Some(Resolved { modules, module_btf, cfg, tracepoints })
+}
+
+/// Attaches what has become attachable since `att`: resolves offsets from the modules loaded now
+/// and attaches as [`attach_resolved`]. `None` while sunrpc is not loaded or nothing changed.
+pub fn attach_available(ebpf: &mut Ebpf, att: &mut Attachment) -> Option<ProbeStatus> {
+    let modules = loaded_modules();
+    if !modules.contains(&"sunrpc") || modules == att.modules_seen {
+        return None;
+    }
+    match KernelBtf::vmlinux_from_sys_fs() {
+        Ok(vmlinux) => attach_resolved(ebpf, att, resolve_loaded(&vmlinux)?),
+        Err(e) => {
+            att.modules_seen = modules;
+            att.pending = false;
+            Some(ProbeStatus::down(NAME, e.to_string()))
+        }
+    }
+}
+
+/// Hands the offsets to the programs and attaches each program whose tracepoint exists (and has
+/// not been attached yet). `None` when the modules are those of the last look.
+pub fn attach_resolved(ebpf: &mut Ebpf, att: &mut Attachment, resolved: Resolved) -> Option<ProbeStatus> {
+    if resolved.modules == att.modules_seen {
+        return None;
+    }
+    att.modules_seen = resolved.modules.clone();
     let result = (|| -> Result<ProbeStatus, String> {
-        let vmlinux = KernelBtf::vmlinux_from_sys_fs().map_err(|e| e.to_string())?;
-        let sunrpc = vmlinux.module_from_sys_fs("sunrpc").map_err(|e| e.to_string())?;
-        let nfsv4 = vmlinux.module_from_sys_fs("nfsv4").ok();
-        let cfg = resolve(&sunrpc, nfsv4.as_ref()).map_err(|e| e.to_string())?;
+        let cfg = resolved.cfg?;
+        let mut notes = Vec::new();
+        let mut unavailable = Vec::new();
+        if !resolved.module_btf {
+            notes.push(VMLINUX_LAYOUTS.to_string());
+        }
         let mut map: Array<_, NfsConfig> =
             Array::try_from(ebpf.map_mut("NFS_CONFIG").ok_or("map NFS_CONFIG missing from the eBPF object")?)
                 .map_err(|e| e.to_string())?;
         map.set(0, cfg, 0).map_err(|e| e.to_string())?;
-        let mut notes = Vec::new();
         att.pending = false;
-        for (program, tracepoint, module) in PROGRAMS {
-            if att.programs.contains(program) {
+        let (fallback, fallback_tracepoint, _) = RETRANSMIT_FALLBACK;
+        for &(program, tracepoint, module) in PROGRAMS {
+            if att.programs.contains(&program) {
                 continue;
             }
-            let btf = if *module == "sunrpc" { Some(&sunrpc) } else { nfsv4.as_ref() };
-            match btf {
-                None => {
-                    att.pending = true;
-                    notes.push(format!(
-                        "{tracepoint}: waiting for the {module} module (attaches when it loads)"
-                    ));
-                }
-                Some(btf) if btf.tracepoint_arg_count(tracepoint).is_err() => {
-                    notes.push(format!("{tracepoint}: not in this kernel"));
-                }
-                Some(_) => {
-                    let p: &mut RawTracePoint = ebpf
-                        .program_mut(program)
-                        .and_then(|p| p.try_into().ok())
-                        .ok_or(format!("{program} missing"))?;
-                    p.attach(tracepoint)
-                        .map_err(|e| format!("{tracepoint}: attach: {}", super::plan::error_chain(&e)))?;
-                    att.programs.push(program);
-                }
+            if tracepoint == "xprt_retransmit" && att.programs.contains(&fallback) {
+                notes.push(RETRANSMIT_FALLBACK_NOTE.into());
+                continue;
             }
+            let Some((_, defined)) = resolved.tracepoints.iter().find(|(m, _)| *m == module) else {
+                att.pending = true;
+                notes.push(format!("{tracepoint}: waiting for the {module} module (attaches when it loads)"));
+                continue;
+            };
+            let defined = defined.as_deref();
+            if attach_if_present(ebpf, defined, program, tracepoint)? {
+                att.programs.push(program);
+                continue;
+            }
+            if tracepoint == "xprt_retransmit"
+                && attach_if_present(ebpf, defined, fallback, fallback_tracepoint)?
+            {
+                att.programs.push(fallback);
+                notes.push(RETRANSMIT_FALLBACK_NOTE.into());
+                continue;
+            }
+            unavailable.push(missing_tracepoint(tracepoint));
         }
-        let hooks: Vec<&str> =
-            PROGRAMS.iter().filter(|(p, _, _)| att.programs.contains(p)).map(|(_, tp, _)| *tp).collect();
+        let hooks: Vec<&str> = PROGRAMS
+            .iter()
+            .chain([&RETRANSMIT_FALLBACK])
+            .filter(|(p, _, _)| att.programs.contains(p))
+            .map(|(_, tp, _)| *tp)
+            .collect();
         Ok(ProbeStatus {
             name: NAME.into(),
             up: true,
             hook: Some(format!("raw_tracepoint/{{{}}}", hooks.join(","))),
             reason: None,
             notes,
+            unavailable,
         })
     })();
     Some(result.unwrap_or_else(|reason| {
         att.pending = false;
-        ProbeStatus { name: NAME.into(), up: false, hook: None, reason: Some(reason), notes: vec![] }
+        ProbeStatus::down(NAME, reason)
     }))
+}
+
+/// The events a tracepoint this kernel lacks would have given.
+fn missing_tracepoint(tracepoint: &str) -> Unavailable {
+    let events = match tracepoint {
+        "xprt_retransmit" => "retransmit events",
+        "nfs4_state_mgr_failed" => "state-manager failure events",
+        other => other,
+    };
+    Unavailable::new(events, format!("the kernel has no {tracepoint} tracepoint"))
+}
+
+/// Attaches `program` to the module's `tracepoint`; `false` when the kernel has no such tracepoint
+/// (known from the module's BTF, `defined`, or without one from the attach's ENOENT).
+fn attach_if_present(
+    ebpf: &mut Ebpf,
+    defined: Option<&[&str]>,
+    program: &str,
+    tracepoint: &str,
+) -> Result<bool, String> {
+    if defined.is_some_and(|d| !d.contains(&tracepoint)) {
+        return Ok(false);
+    }
+    let p: &mut RawTracePoint =
+        ebpf.program_mut(program).and_then(|p| p.try_into().ok()).ok_or(format!("{program} missing"))?;
+    match p.attach(tracepoint) {
+        Ok(_) => Ok(true),
+        Err(e) if is_not_found(&e) => Ok(false),
+        Err(e) => Err(format!("{tracepoint}: attach: {}", super::plan::error_chain(&e))),
+    }
+}
+
+/// The status note of a kernel without module BTF.
+pub const VMLINUX_LAYOUTS: &str =
+    "offsets: from vmlinux BTF (no module BTF before 5.11; sunrpc's structs are in vmlinux's)";
+
+fn is_not_found(e: &aya::programs::ProgramError) -> bool {
+    let mut source: Option<&dyn std::error::Error> = Some(e);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return io.raw_os_error() == Some(libc::ENOENT);
+        }
+        source = err.source();
+    }
+    false
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -276,7 +404,7 @@ pub(crate) mod tests {
     #[test]
     fn offsets_resolve_from_module_btf_on_debian_kernels() {
         let mut seen = Vec::new();
-        for k in ["6.1", "6.12"] {
+        for k in ["6.1", "6.12", "7.3"] {
             let vmlinux = kernel(k);
             let sunrpc = vmlinux.module_from_bytes(&testdata(k, "sunrpc")).unwrap();
             let nfsv4 = vmlinux.module_from_bytes(&testdata(k, "nfsv4")).unwrap();
@@ -291,6 +419,24 @@ pub(crate) mod tests {
         assert_ne!(seen[0], seen[1], "6.1 and 6.12 lay the RPC structs out differently");
         // 6.18 here has no sunrpc: its vmlinux alone cannot resolve them.
         assert!(resolve(&kernel("6.18"), None).is_err());
+    }
+
+    /// 5.10 has no module BTF: the offsets come from vmlinux's, which describes the RPC and NFS
+    /// client structs too. Where a kernel has both, they agree to the byte — what makes vmlinux's
+    /// a sound source where the module's is missing.
+    #[test]
+    fn vmlinux_btf_gives_the_module_layouts_where_modules_have_no_btf() {
+        let vmlinux = kernel("5.10");
+        let cfg = resolve(&vmlinux, Some(&vmlinux)).unwrap();
+        assert!(cfg.valid == 1 && cfg.nfs_client == 1);
+        for k in ["6.1", "6.12", "7.3"] {
+            let vmlinux = kernel(k);
+            let Ok(from_vmlinux) = resolve(&vmlinux, Some(&vmlinux)) else { continue };
+            let sunrpc = vmlinux.module_from_bytes(&testdata(k, "sunrpc")).unwrap();
+            let nfsv4 = vmlinux.module_from_bytes(&testdata(k, "nfsv4")).unwrap();
+            assert_eq!(from_vmlinux, resolve(&sunrpc, Some(&nfsv4)).unwrap(), "{k}");
+        }
+        assert!(resolve(&kernel("7.3"), Some(&kernel("7.3"))).is_ok(), "7.3's vmlinux describes them too");
     }
 
     pub(crate) fn event(what: u32, error: i32) -> NfsEvent {

@@ -13,7 +13,7 @@ use kstall_common::oom::{
 };
 use serde::Serialize;
 
-use super::plan::{Plan, ProgramSpec};
+use super::plan::{Fallback, Plan, ProgramSpec, Unavailable};
 use crate::{
     decode::{DecodeError, comm_string},
     kernel_btf::{BtfError, KernelBtf},
@@ -41,33 +41,46 @@ pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, String> {
     let mut cfg =
         OomConfig { task: super::task::resolve(vmlinux).map_err(|e| e.to_string())?, ..Default::default() };
     let victim_from_task = resolve_victim(vmlinux, &mut cfg);
-    let (program, hook, mut notes) = match (&victim_from_task, args >= 2) {
+    let mut notes = Vec::new();
+    let (program, hook, victim_unavailable) = match (&victim_from_task, args >= 2) {
         (Ok(()), true) => (PROG_TASK, "tp_btf/mark_victim (task, uid)", vec![]),
         _ => {
-            let note = "victim: pid only (mark_victim(int pid), before 6.9); comm and cgroup unknown";
-            (PROG_PID, "tp_btf/mark_victim (pid)", vec![note.to_string()])
+            let why = "mark_victim gives only the victim's pid before 6.9";
+            (PROG_PID, "tp_btf/mark_victim (pid)", vec![Unavailable::new("victim comm, cgroup, rss", why)])
         }
     };
+    // What the scope-from-the-call-path hook cannot say.
+    let mut call_path_unavailable = victim_unavailable;
+    call_path_unavailable.push(Unavailable::new(
+        "oom_cgroup_id, totalpages_bytes",
+        "only fentry/oom_kill_process sees the oom_control (scope comes from the call path)",
+    ));
     cfg.valid = 1;
     // fentry on oom_kill_process when the kernel has the function and its oom_control layout.
     let oom_control = victim_from_task.and_then(|()| resolve_oom_control(vmlinux, &mut cfg));
-    let (programs, hook, fallback) = match oom_control {
+    let (programs, hook, unavailable, fallback) = match oom_control {
         Ok(()) => {
-            let fallback_hook =
-                format!("{hook} (scope from the OOM-invoking call path; OOMing cgroup unknown)");
-            (
-                vec![PROG_OOM_CONTROL],
-                "fentry/oom_kill_process".to_string(),
-                Some((vec![program], fallback_hook)),
-            )
+            let fallback = Fallback {
+                programs: vec![program],
+                hook: format!("{hook} (scope from the OOM-invoking call path; OOMing cgroup unknown)"),
+                unavailable: call_path_unavailable,
+            };
+            (vec![PROG_OOM_CONTROL], "fentry/oom_kill_process".to_string(), Vec::new(), Some(fallback))
         }
         Err(e) => {
             notes.push(format!("fentry/oom_kill_process not planned: {e}"));
-            notes.push("scope: from the OOM-invoking call path; OOMing cgroup: unknown on this hook".into());
-            (vec![program], hook.to_string(), None)
+            (vec![program], hook.to_string(), call_path_unavailable, None)
         }
     };
-    Ok(Plan { global: GLOBAL, global_value: crate::decode::bytes_of(&cfg), programs, hook, notes, fallback })
+    Ok(Plan {
+        global: GLOBAL,
+        global_value: crate::decode::bytes_of(&cfg),
+        programs,
+        hook,
+        notes,
+        unavailable,
+        fallback,
+    })
 }
 
 fn resolve_oom_control(btf: &KernelBtf, cfg: &mut OomConfig) -> Result<(), BtfError> {
@@ -346,16 +359,20 @@ pub(crate) mod tests {
     fn plans_both_tracepoint_forms() {
         // fentry first everywhere; the fallback is the task form: Debian's 6.1.0-57 carries the 6.9
         // mark_victim (backported), detected from BTF, not the version.
-        for k in ["6.1", "6.12", "6.18"] {
+        // Debian's 5.10.0-46 has the backport too.
+        for k in ["5.10", "6.1", "6.12", "6.18", "7.3"] {
             let p = plan(&kernel(k)).unwrap();
             assert_eq!(p.programs[0].program, "oom_kill_process", "{k}");
             assert_eq!(p.programs[0].attach, crate::probes::plan::Attach::FEntry, "{k}");
-            let (fallback, hook) = p.fallback.expect("a fallback");
-            assert_eq!(fallback[0].program, "mark_victim", "{k}");
-            assert!(hook.starts_with("tp_btf/mark_victim (task, uid)"), "{k}: {hook}");
+            assert!(p.unavailable.is_empty(), "{k}: {:?}", p.unavailable);
+            let fallback = p.fallback.expect("a fallback");
+            assert_eq!(fallback.programs[0].program, "mark_victim", "{k}");
+            assert!(fallback.hook.starts_with("tp_btf/mark_victim (task, uid)"), "{k}: {}", fallback.hook);
+            let fields: Vec<&str> = fallback.unavailable.iter().map(|u| u.field.as_str()).collect();
+            assert_eq!(fields, ["oom_cgroup_id, totalpages_bytes"], "{k}");
         }
         // Both rss_stat layouts resolve (percpu_counter since 6.2, atomic_long_t before).
-        for k in ["6.1", "6.12", "6.18"] {
+        for k in ["5.10", "6.1", "6.12", "6.18", "7.3"] {
             let mut cfg = OomConfig::default();
             resolve_victim(&kernel(k), &mut cfg).unwrap_or_else(|e| panic!("{k}: {e}"));
             let stride = cfg.mm_rss_anon - cfg.mm_rss_file;

@@ -42,8 +42,32 @@ pub struct Plan {
     /// Human description of the hooks in use, for `kstall status`.
     pub hook: String,
     pub notes: Vec<String>,
-    /// Programs and hook description to use when `programs` cannot attach (e.g. fentry refused).
-    pub fallback: Option<(Vec<ProgramSpec>, String)>,
+    /// What this kernel's hooks cannot give.
+    pub unavailable: Vec<Unavailable>,
+    /// What to use when `programs` cannot attach (e.g. fentry refused).
+    pub fallback: Option<Fallback>,
+}
+
+/// A probe's second choice of hooks, and what it gives up.
+pub struct Fallback {
+    pub programs: Vec<ProgramSpec>,
+    pub hook: String,
+    /// Missing on the fallback hooks, in addition to the plan's own.
+    pub unavailable: Vec<Unavailable>,
+}
+
+/// A field a probe's events cannot carry on this kernel, and why: named by `kstall status` and the
+/// README's kernel table (generated from the matrix), never left as a silent empty value.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Unavailable {
+    pub field: String,
+    pub why: String,
+}
+
+impl Unavailable {
+    pub fn new(field: &str, why: impl Into<String>) -> Self {
+        Self { field: field.to_string(), why: why.into() }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -54,11 +78,21 @@ pub struct ProbeStatus {
     /// Why the probe is down.
     pub reason: Option<String>,
     pub notes: Vec<String>,
+    /// Fields its events cannot carry on this kernel.
+    #[serde(default)]
+    pub unavailable: Vec<Unavailable>,
 }
 
 impl ProbeStatus {
     pub fn down(name: &str, reason: impl Into<String>) -> Self {
-        Self { name: name.to_string(), up: false, hook: None, reason: Some(reason.into()), notes: Vec::new() }
+        Self {
+            name: name.to_string(),
+            up: false,
+            hook: None,
+            reason: Some(reason.into()),
+            notes: Vec::new(),
+            unavailable: Vec::new(),
+        }
     }
 }
 

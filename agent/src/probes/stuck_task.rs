@@ -124,6 +124,7 @@ pub fn plan(vmlinux: &KernelBtf, settings: &Settings) -> Result<Plan, String> {
         programs: vec![PROG],
         hook: "iter/task (read by the agent every sweep)".into(),
         notes,
+        unavailable: Vec::new(),
         fallback: None,
     })
 }

@@ -4,7 +4,9 @@
 //! Hook choice: on kernels whose `tcp_send_reset` tracepoint carries a reason (>= 6.10) it also
 //! fires for resets sent without a socket (the SYN redirected to a port where nothing listens), so
 //! it is used alone. Before that it fires only with a full socket, and the no-socket resets are
-//! caught as `kfree_skb` drops with reason NO_SOCKET.
+//! caught as `kfree_skb` drops with reason NO_SOCKET (5.17+), or, on kernels whose `kfree_skb` has
+//! no reason (5.10), by fentry on the function that sends them, `tcp_v{4,6}_send_reset` — those
+//! resets then have no reason, and the events and `kstall status` say so.
 
 use std::{
     collections::HashMap,
@@ -17,7 +19,7 @@ use kstall_common::tcp_reset::{
 };
 use serde::Serialize;
 
-use super::plan::{Plan, ProgramSpec};
+use super::plan::{Fallback, Plan, ProgramSpec, Unavailable};
 use crate::{decode::DecodeError, kernel_btf::KernelBtf};
 
 pub const NAME: &str = "tcp-reset";
@@ -28,6 +30,12 @@ const PROG_SEND: ProgramSpec = ProgramSpec::tp_btf("tcp_send_reset", "tcp_send_r
 const PROG_SEND_SK_ONLY: ProgramSpec = ProgramSpec::tp_btf("tcp_send_reset_sk_only", "tcp_send_reset");
 const PROG_RECEIVE: ProgramSpec = ProgramSpec::tp_btf("tcp_receive_reset", "tcp_receive_reset");
 const PROG_NO_SOCKET: ProgramSpec = ProgramSpec::tp_btf("kfree_skb_no_socket", "kfree_skb");
+/// Where `kfree_skb` has no drop reason (< 5.17): the no-socket resets where they are sent.
+const PROG_SEND_V4: ProgramSpec = ProgramSpec::fentry("tcp_v4_send_reset", "tcp_v4_send_reset");
+const PROG_SEND_V6: ProgramSpec = ProgramSpec::fentry("tcp_v6_send_reset", "tcp_v6_send_reset");
+/// Why sent resets have no reason before 6.10, and where drops have no reason either (< 5.17).
+const NO_SOCKET_REASON: &str = "tcp_send_reset has no reason before 6.10 (resets with a socket)";
+const NO_REASON_AT_ALL: &str = "tcp_send_reset has no reason before 6.10 and kfree_skb no drop reason before 5.17 (no sent reset has one)";
 
 /// Kernel enum names for the reason values the programs report, read from BTF.
 #[derive(Debug, Default, Clone)]
@@ -45,51 +53,101 @@ pub enum Conntrack {
     Unavailable,
 }
 
-/// Which hook sees resets: `Auto` picks `tcp_send_reset` where it carries a reason (6.10+), else
-/// `kfree_skb`'s NO_SOCKET drops; the other two force one (`--tcp-reset-hook`).
+/// Which hook sees resets without a socket: `Auto` picks `tcp_send_reset` where it carries a
+/// reason (6.10+), else `kfree_skb`'s NO_SOCKET drops where drops have reasons (5.17+), else fentry
+/// on `tcp_v{4,6}_send_reset`; the others force one (`--tcp-reset-hook`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hook {
     Auto,
     TcpSendReset,
     KfreeSkb,
+    SendResetFunction,
+}
+
+/// Where the resets sent without a socket are seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoSocket {
+    TcpSendReset,
+    KfreeSkb,
+    SendResetFunction,
 }
 
 /// Resolves everything the kernel half needs from BTF and picks the hooks.
 pub fn plan(vmlinux: &KernelBtf, hook: Hook) -> Result<(Plan, Names, Conntrack), String> {
     let send_has_reason = vmlinux.tracepoint_arg_count("tcp_send_reset").map_err(|e| e.to_string())? >= 3;
     vmlinux.tracepoint_arg_count("tcp_receive_reset").map_err(|e| e.to_string())?;
-    let use_kfree_skb = match hook {
-        Hook::Auto => !send_has_reason,
+    let drop_no_socket = drop_reason_no_socket(vmlinux);
+    let no_socket = match hook {
+        Hook::Auto if send_has_reason => NoSocket::TcpSendReset,
+        Hook::Auto if drop_no_socket.is_ok() => NoSocket::KfreeSkb,
+        Hook::Auto => NoSocket::SendResetFunction,
         Hook::TcpSendReset if !send_has_reason => {
             return Err(
                 "--tcp-reset-hook tcp-send-reset needs kernel >= 6.10 (tcp_send_reset without reason)".into(),
             );
         }
-        Hook::TcpSendReset => false,
-        Hook::KfreeSkb => true,
+        Hook::TcpSendReset => NoSocket::TcpSendReset,
+        Hook::KfreeSkb => NoSocket::KfreeSkb,
+        Hook::SendResetFunction => NoSocket::SendResetFunction,
     };
 
     let mut names = Names::default();
     let mut cfg = resolve_offsets(vmlinux).map_err(|e| e.to_string())?;
-    cfg.send_reset_skips_no_socket = u32::from(use_kfree_skb);
+    cfg.send_reset_skips_no_socket = u32::from(no_socket != NoSocket::TcpSendReset);
     if send_has_reason {
         names.rst_reasons = enum_names(vmlinux, "sk_rst_reason", "SK_RST_REASON_")?;
     }
     let mut notes = Vec::new();
-    if use_kfree_skb {
-        let drop_reasons = enum_names(vmlinux, "skb_drop_reason", "SKB_DROP_REASON_")?;
-        cfg.drop_reason_no_socket = *drop_reasons
-            .iter()
-            .find(|(_, name)| name.as_str() == "NO_SOCKET")
-            .ok_or("BTF enum skb_drop_reason has no SKB_DROP_REASON_NO_SOCKET")?
-            .0;
-        names.drop_reasons = drop_reasons;
-    }
+    let mut unavailable = Vec::new();
+    let mut programs = vec![if send_has_reason { PROG_SEND } else { PROG_SEND_SK_ONLY }, PROG_RECEIVE];
+    let (hook_desc, fallback) = match no_socket {
+        NoSocket::TcpSendReset => ("tp_btf/tcp_send_reset + tp_btf/tcp_receive_reset".to_string(), None),
+        NoSocket::KfreeSkb => {
+            if !send_has_reason {
+                unavailable.push(Unavailable::new("reason", NO_SOCKET_REASON));
+            }
+            let (no_socket, drop_reasons) = drop_no_socket?;
+            cfg.drop_reason_no_socket = no_socket;
+            names.drop_reasons = drop_reasons;
+            programs.push(PROG_NO_SOCKET);
+            let hook = "tp_btf/tcp_send_reset (socket resets) + tp_btf/kfree_skb reason=NO_SOCKET (no-socket \
+                        resets) + tp_btf/tcp_receive_reset";
+            (hook.to_string(), None)
+        }
+        NoSocket::SendResetFunction => {
+            let functions: Vec<ProgramSpec> =
+                [PROG_SEND_V4, PROG_SEND_V6].into_iter().filter(|p| vmlinux.has_function(p.target)).collect();
+            if functions.is_empty() {
+                return Err(
+                    "no hook for resets without a socket: kfree_skb has no drop reason and the kernel \
+                            has no function tcp_v4_send_reset"
+                        .into(),
+                );
+            }
+            unavailable.push(Unavailable::new("reason", NO_REASON_AT_ALL));
+            let targets: Vec<&str> = functions.iter().map(|p| p.target).collect();
+            let hook = format!(
+                "tp_btf/tcp_send_reset (socket resets) + fentry/{{{}}} (no-socket resets) + tp_btf/tcp_receive_reset",
+                targets.join(",")
+            );
+            // Without fentry only resets with a socket are seen: the REDIRECT case is not.
+            let fallback = Fallback {
+                programs: programs.clone(),
+                hook: "tp_btf/tcp_send_reset + tp_btf/tcp_receive_reset (fentry refused: resets without a \
+                       socket, the REDIRECT case, are not seen)"
+                    .to_string(),
+                unavailable: Vec::new(),
+            };
+            programs.extend(functions);
+            (hook, Some(fallback))
+        }
+    };
     cfg.skb_nfct = vmlinux.offset_of("sk_buff", "_nfct").unwrap_or(0);
     let conntrack = if cfg.skb_nfct == 0 {
-        notes.push(
-            "original destination: unavailable (kernel without conntrack); original_port stays empty".into(),
-        );
+        unavailable.push(Unavailable::new(
+            "original_dst_addr, original_dst_port, redirect_port",
+            "the kernel has no conntrack (sk_buff._nfct)",
+        ));
         Conntrack::Unavailable
     } else if vmlinux.has_field("nf_conn", "tuplehash") {
         let offsets = conntrack_offsets(vmlinux).map_err(|e| e.to_string())?;
@@ -112,21 +170,15 @@ pub fn plan(vmlinux: &KernelBtf, hook: Hook) -> Result<(Plan, Names, Conntrack),
         }
     };
 
-    let mut programs = vec![if send_has_reason { PROG_SEND } else { PROG_SEND_SK_ONLY }, PROG_RECEIVE];
-    let hook_desc = if use_kfree_skb {
-        programs.push(PROG_NO_SOCKET);
-        "tp_btf/tcp_send_reset (socket resets) + tp_btf/kfree_skb reason=NO_SOCKET (no-socket resets) + tp_btf/tcp_receive_reset"
-    } else {
-        "tp_btf/tcp_send_reset + tp_btf/tcp_receive_reset"
-    };
     cfg.valid = 1;
     let plan = Plan {
         global: GLOBAL,
         global_value: crate::decode::bytes_of(&cfg),
         programs,
-        hook: hook_desc.to_string(),
+        hook: hook_desc,
         notes,
-        fallback: None,
+        unavailable,
+        fallback,
     };
     Ok((plan, names, conntrack))
 }
@@ -147,6 +199,20 @@ pub fn conntrack_from_module(vmlinux: &KernelBtf) -> Option<Result<ConntrackOffs
             .and_then(|module| conntrack_offsets(&module))
             .map_err(|e| e.to_string()),
     )
+}
+
+/// `SKB_DROP_REASON_NO_SOCKET` and every drop reason's name, where `kfree_skb` carries one.
+fn drop_reason_no_socket(vmlinux: &KernelBtf) -> Result<(u32, HashMap<u32, String>), String> {
+    if vmlinux.tracepoint_arg_count("kfree_skb").map_err(|e| e.to_string())? < 3 {
+        return Err("kfree_skb has no drop reason (kernel < 5.17)".into());
+    }
+    let drop_reasons = enum_names(vmlinux, "skb_drop_reason", "SKB_DROP_REASON_")?;
+    let no_socket = *drop_reasons
+        .iter()
+        .find(|(_, name)| name.as_str() == "NO_SOCKET")
+        .ok_or("BTF enum skb_drop_reason has no SKB_DROP_REASON_NO_SOCKET")?
+        .0;
+    Ok((no_socket, drop_reasons))
 }
 
 fn enum_names(btf: &KernelBtf, name: &str, prefix: &str) -> Result<HashMap<u32, String>, String> {
@@ -227,6 +293,10 @@ pub struct TcpReset {
     pub reason: Option<String>,
     pub tcp_state: Option<&'static str>,
     pub has_socket: bool,
+    /// Fields this kernel's hook cannot give (a sent reset's `reason` before 6.10): never a
+    /// silent empty value.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<&'static str>,
 }
 
 pub fn decode(ev: &TcpResetEvent, names: &Names) -> Result<TcpReset, DecodeError> {
@@ -239,6 +309,8 @@ pub fn decode(ev: &TcpResetEvent, names: &Names) -> Result<TcpReset, DecodeError
         raw::HOOK_TCP_SEND_RESET => "tcp_send_reset",
         raw::HOOK_TCP_RECEIVE_RESET => "tcp_receive_reset",
         raw::HOOK_KFREE_SKB_NO_SOCKET => "kfree_skb",
+        raw::HOOK_SEND_RESET_FUNCTION if ev.family == FAMILY_INET6 => "tcp_v6_send_reset",
+        raw::HOOK_SEND_RESET_FUNCTION => "tcp_v4_send_reset",
         other => return Err(DecodeError::BadField { field: "tcp_reset.hook", value: other.into() }),
     };
     let addr = |bytes: &[u8; 16]| -> Result<IpAddr, DecodeError> {
@@ -278,6 +350,11 @@ pub fn decode(ev: &TcpResetEvent, names: &Names) -> Result<TcpReset, DecodeError
         reason,
         tcp_state: tcp_state_name(ev.state),
         has_socket: ev.flags & FLAG_HAS_SOCKET != 0,
+        unavailable: if direction == Direction::Sent && ev.flags & FLAG_HAS_REASON == 0 {
+            vec!["reason"]
+        } else {
+            vec![]
+        },
     })
 }
 
@@ -387,11 +464,54 @@ pub(crate) mod tests {
         assert!(plan_6_1.programs.iter().any(|p| p.program == "tcp_send_reset_sk_only"));
         assert!(!plan_6_1.programs.iter().any(|p| p.program == "tcp_send_reset"));
         assert_eq!(names.drop_reasons.get(&2).map(String::as_str), Some("NO_SOCKET"));
+        assert_eq!(plan_6_1.unavailable, [Unavailable::new("reason", NO_SOCKET_REASON)]);
         let (plan_6_12, ..) = plan(&kernel("6.12"), Hook::Auto).unwrap();
         assert!(!plan_6_12.programs.iter().any(|p| p.target == "kfree_skb"), "{:?}", plan_6_12.hook);
         assert!(plan(&kernel("6.1"), Hook::TcpSendReset).is_err());
         let (forced, ..) = plan(&kernel("6.18"), Hook::KfreeSkb).unwrap();
         assert!(forced.programs.iter().any(|p| p.target == "kfree_skb"));
+    }
+
+    /// 5.10: no reason on tcp_send_reset, none on kfree_skb: fentry where the resets are sent,
+    /// falling back to socket resets only (said so) where fentry is refused.
+    #[test]
+    fn without_drop_reasons_the_no_socket_resets_come_from_the_send_functions() {
+        let (p, names, conntrack) = plan(&kernel("5.10"), Hook::Auto).unwrap();
+        let targets: Vec<&str> = p.programs.iter().map(|p| p.target).collect();
+        assert_eq!(
+            targets,
+            ["tcp_send_reset", "tcp_receive_reset", "tcp_v4_send_reset", "tcp_v6_send_reset"]
+        );
+        assert!(p.programs.iter().any(|p| p.program == "tcp_send_reset_sk_only"));
+        assert_eq!(p.unavailable, [Unavailable::new("reason", NO_REASON_AT_ALL)]);
+        assert!(names.drop_reasons.is_empty());
+        let fallback = p.fallback.unwrap();
+        let targets: Vec<&str> = fallback.programs.iter().map(|p| p.target).collect();
+        assert_eq!(targets, ["tcp_send_reset", "tcp_receive_reset"]);
+        assert!(fallback.hook.contains("not seen"), "{}", fallback.hook);
+        // 5.10's vmlinux describes nf_conn: original destinations need no module BTF.
+        assert!(matches!(conntrack, Conntrack::Ready(_)), "{conntrack:?}");
+        assert!(plan(&kernel("5.10"), Hook::KfreeSkb).err().is_some_and(|e| e.contains("5.17")));
+        // Forced on a newer kernel (how the matrix tests the fallback on every kernel).
+        let (forced, ..) = plan(&kernel("6.12"), Hook::SendResetFunction).unwrap();
+        assert!(forced.programs.iter().any(|p| p.target == "tcp_v4_send_reset"));
+        let (auto_7_3, ..) = plan(&kernel("7.3"), Hook::Auto).unwrap();
+        assert_eq!(auto_7_3.hook, "tp_btf/tcp_send_reset + tp_btf/tcp_receive_reset");
+    }
+
+    #[test]
+    fn a_sent_reset_without_a_reason_says_it_is_unavailable() {
+        let mut ev = redirected_syn_reset();
+        ev.hook = raw::HOOK_SEND_RESET_FUNCTION;
+        ev.flags &= !FLAG_HAS_REASON;
+        let reset = decode(&ev, &Names::default()).unwrap();
+        assert_eq!((reset.hook, reset.reason.as_deref()), ("tcp_v4_send_reset", None));
+        assert_eq!(reset.unavailable, ["reason"]);
+        let json = serde_json::to_value(&reset).unwrap();
+        assert_eq!(json["unavailable"], serde_json::json!(["reason"]));
+        ev.flags |= FLAG_HAS_REASON;
+        ev.hook = raw::HOOK_TCP_SEND_RESET;
+        assert!(decode(&ev, &Names::default()).unwrap().unavailable.is_empty());
     }
 
     #[test]

@@ -6,6 +6,9 @@
 //! Hooks (match-proto, include/trace/events/sunrpc.h and fs/nfs/nfs4trace.h):
 //!
 //! - `xprt_retransmit`: `TP_PROTO(const struct rpc_rqst *rqst)`
+//! - `xprt_transmit`: `TP_PROTO(const struct rpc_rqst *rqst, int status)` — where the kernel has no
+//!   `xprt_retransmit` (5.10): it fires after each send, `rq_ntrans` already counting it (and
+//!   taken back when the send failed), so a successful send with `rq_ntrans > 1` is a retransmit
 //! - `rpc_timeout_status`: `TP_PROTO(const struct rpc_task *task)` — a major timeout, the
 //!   kernel's "server ... not responding"
 //! - `rpc_socket_connect`, `rpc_socket_error`, `rpc_socket_reset_connection`:
@@ -55,6 +58,24 @@ fn config() -> Option<NfsConfig> {
 pub fn nfs_xprt_retransmit(ctx: RawTracePointContext) -> i32 {
     let Some(cfg) = config() else { return 0 };
     let rqst: *const u8 = ctx.arg(0);
+    let mut ev = new_event(&ctx, WHAT_RETRANSMIT);
+    fill_request(&cfg, &mut ev, rqst);
+    if let Ok(task) = at::<*const u8>(rqst, cfg.rqst_task) {
+        fill_task(&cfg, &mut ev, task);
+    }
+    emit(kind::NFS, &ev);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "xprt_transmit")]
+pub fn nfs_xprt_transmit(ctx: RawTracePointContext) -> i32 {
+    let Some(cfg) = config() else { return 0 };
+    let rqst: *const u8 = ctx.arg(0);
+    let status: i64 = ctx.arg(1);
+    // Every RPC passes here: only a repeated transmission that went out is a retransmit.
+    if status as i32 != 0 || at::<i32>(rqst, cfg.rqst_ntrans).unwrap_or(0) < 2 {
+        return 0;
+    }
     let mut ev = new_event(&ctx, WHAT_RETRANSMIT);
     fill_request(&cfg, &mut ev, rqst);
     if let Ok(task) = at::<*const u8>(rqst, cfg.rqst_task) {

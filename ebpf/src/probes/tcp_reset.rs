@@ -8,20 +8,25 @@
 //! - `tp_btf/kfree_skb`: `TP_PROTO(struct sk_buff *skb, void *location, enum skb_drop_reason
 //!   reason[, struct sock *rx_sk])` (reason >= 5.17): a TCP segment dropped with NO_SOCKET that is
 //!   not itself a RST was answered with a RST by `tcp_v{4,6}_send_reset(NULL, skb)`.
+//! - `fentry/tcp_v4_send_reset`, `fentry/tcp_v6_send_reset`: `(const struct sock *sk, struct
+//!   sk_buff *skb[, enum sk_rst_reason reason])`, kernels whose `kfree_skb` has no drop reason
+//!   (< 5.17): the function that sends every reset, called with `sk == NULL` for the no-socket
+//!   case; only those calls are reported (the tracepoint has the ones with a socket).
 //! - `tp_btf/tcp_receive_reset`: `TP_PROTO(struct sock *sk)` (>= 4.15): the client side; its
 //!   `skc_dport` is the destination the application dialled (NAT is invisible to it).
 
 use aya_ebpf::{
-    macros::{btf_tracepoint, map},
+    EbpfContext,
+    macros::{btf_tracepoint, fentry, map},
     maps::Array,
-    programs::BtfTracePointContext,
+    programs::{BtfTracePointContext, FEntryContext},
 };
 use kstall_common::{
     EventHeader, kind,
     tcp_reset::{
         ConntrackOffsets, DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6, FLAG_HAS_CONNTRACK,
-        FLAG_HAS_REASON, FLAG_HAS_SOCKET, HOOK_KFREE_SKB_NO_SOCKET, HOOK_TCP_RECEIVE_RESET,
-        HOOK_TCP_SEND_RESET, TcpResetConfig, TcpResetEvent, VERSION,
+        FLAG_HAS_REASON, FLAG_HAS_SOCKET, HOOK_KFREE_SKB_NO_SOCKET, HOOK_SEND_RESET_FUNCTION,
+        HOOK_TCP_RECEIVE_RESET, HOOK_TCP_SEND_RESET, TcpResetConfig, TcpResetEvent, VERSION,
     },
 };
 
@@ -126,6 +131,34 @@ pub fn kfree_skb_no_socket(ctx: BtfTracePointContext) -> u32 {
     0
 }
 
+#[fentry(function = "tcp_v4_send_reset")]
+pub fn tcp_v4_send_reset(ctx: FEntryContext) -> u32 {
+    send_reset_without_socket(&ctx)
+}
+
+#[fentry(function = "tcp_v6_send_reset")]
+pub fn tcp_v6_send_reset(ctx: FEntryContext) -> u32 {
+    send_reset_without_socket(&ctx)
+}
+
+/// The reset a segment without a socket gets (the REDIRECT to a port where nothing listens).
+#[inline(always)]
+fn send_reset_without_socket(ctx: &FEntryContext) -> u32 {
+    let cfg = config();
+    let sk: *const u8 = ctx.arg(0);
+    if cfg.valid == 0 || !sk.is_null() {
+        return 0;
+    }
+    let skb: *const u8 = ctx.arg(1);
+    let mut ev = new_event(ctx, DIRECTION_SENT, HOOK_SEND_RESET_FUNCTION);
+    match fill_from_incoming_skb(&cfg, &mut ev, skb) {
+        // The function returns without sending when the segment is itself a RST.
+        Ok(tcp_flags) if tcp_flags & TCP_FLAG_RST == 0 => emit(kind::TCP_RESET, &ev),
+        _ => {}
+    }
+    0
+}
+
 #[btf_tracepoint(function = "tcp_receive_reset")]
 pub fn tcp_receive_reset(ctx: BtfTracePointContext) -> u32 {
     let cfg = config();
@@ -142,7 +175,7 @@ pub fn tcp_receive_reset(ctx: BtfTracePointContext) -> u32 {
 }
 
 #[inline(always)]
-fn new_event(ctx: &BtfTracePointContext, direction: u8, hook: u8) -> TcpResetEvent {
+fn new_event<C: EbpfContext>(ctx: &C, direction: u8, hook: u8) -> TcpResetEvent {
     let header = current_header(ctx, kind::TCP_RESET, VERSION);
     TcpResetEvent {
         header,

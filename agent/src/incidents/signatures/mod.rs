@@ -101,6 +101,7 @@ pub(crate) mod tests {
             reason: Some("NO_SOCKET".into()),
             tcp_state: None,
             has_socket: false,
+            unavailable: vec![],
         };
         event(t, 0, "swapper/1", Payload::TcpReset(reset), who)
     }
