@@ -15,7 +15,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{bpf, host::wait_for};
+use crate::{START_WITHIN, bpf, host::wait_for};
 
 /// The release agent: `KSTALL_BIN`, or target/release/kstall of this workspace.
 pub fn agent_binary() -> PathBuf {
@@ -68,8 +68,9 @@ impl Agent {
         agent
     }
 
+    /// Until the agent answers on its socket, or exits ([`START_WITHIN`] stops a hung start).
     fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + START_WITHIN;
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("agent exited early ({status}):\n{}", self.log());
@@ -79,7 +80,7 @@ impl Agent {
             }
             thread::sleep(Duration::from_millis(100));
         }
-        panic!("agent not ready after 30 s:\n{}", self.log());
+        panic!("agent not ready after {} s:\n{}", START_WITHIN.as_secs(), self.log());
     }
 
     pub fn log(&self) -> String {
@@ -231,7 +232,7 @@ pub fn subscribe(socket: &Path, log: impl Fn() -> String) -> EventStream {
         }
     });
     started
-        .recv_timeout(Duration::from_secs(30))
+        .recv_timeout(START_WITHIN)
         .unwrap_or_else(|_| panic!("the agent did not start the event stream\n{}", log()));
     EventStream { events, _stream: stream }
 }

@@ -31,12 +31,13 @@ impl Service {
             .spawn()
             .unwrap_or_else(|e| panic!("start {program} (Debian package installed by the bootstrap): {e}"));
         let mut service = Service { child, addr, dir };
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + crate::START_WITHIN;
         while http_get(addr, ready_path).is_none() {
             if let Ok(Some(status)) = service.child.try_wait() {
                 panic!("{program} exited ({status}) before it was ready:\n{}", service.log());
             }
-            assert!(Instant::now() < deadline, "{program} not ready after 30 s:\n{}", service.log());
+            let waited = crate::START_WITHIN.as_secs();
+            assert!(Instant::now() < deadline, "{program} not ready after {waited} s:\n{}", service.log());
             std::thread::sleep(Duration::from_millis(200));
         }
         service

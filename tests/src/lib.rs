@@ -4,9 +4,15 @@
 //! it on drop, also when the test fails. Each module holds one concern; this root only says whether
 //! the tests can run here.
 
-use std::path::Path;
+use std::{path::Path, time::Duration};
 
 use crate::agent::agent_binary;
+
+/// How long what a test starts (an agent, its event stream, Prometheus) may take to be ready
+/// before the test calls it hung. Only a guard: tests wait for readiness itself. Seconds on the
+/// host; in the kernel matrix, two emulated guests share two cores and the 5.10 verifier walks
+/// the NFS programs slowly, and an agent's start took 40 s, Prometheus's over 30 s.
+pub const START_WITHIN: Duration = Duration::from_secs(180);
 
 pub mod agent;
 pub mod alerting;

@@ -13,6 +13,7 @@ mod imports;
 mod libtest;
 mod repeat;
 mod run;
+mod support;
 mod test;
 mod vm;
 
@@ -60,10 +61,10 @@ enum Command {
     Bench,
     /// Write the Grafana dashboards, deploy/grafana/*.json, from their generator.
     Dashboards,
-    /// The kernel matrix (root): boot Debian 6.1 and 6.12 in VMs; in each, load every probe and
-    /// run the incident scenarios (real NFS, a real global OOM).
+    /// The kernel matrix (root): boot Debian 5.10, 6.1, 6.12 and 7.3 in VMs; in each, load every
+    /// probe and run the incident scenarios (real NFS, a real global OOM).
     VmTest {
-        /// Only these kernels (6.1, 6.12) [default: all].
+        /// Only these kernels (5.10, 6.1, 6.12, 7.3) [default: all].
         #[arg(long = "kernel")]
         kernels: Vec<String>,
         /// Run the matrix this many times back to back; a flake hunt.

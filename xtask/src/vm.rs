@@ -1,6 +1,7 @@
-//! `cargo xtask vm-test [--kernel 6.1 --kernel 6.12]`: the kernel matrix. Boots Debian's 6.1 and
-//! 6.12 kernels under qemu (software emulation: this machine has no KVM) with virtme-ng, the host's
-//! root file system shared read-only, and in one boot per kernel:
+//! `cargo xtask vm-test [--kernel 5.10 --kernel 7.3]`: the kernel matrix. Boots Debian's 5.10, 6.1,
+//! 6.12 and 7.3 kernels under qemu (software emulation: this machine has no KVM) with virtme-ng, the
+//! host's root file system shared read-only, one after the other (two at a time took as long: two
+//! emulated guests on two cores each ran half as fast), and in one boot per kernel:
 //! - runs the release agent and requires every probe to load and attach — a verifier rejection
 //!   or a missing hook is a failure;
 //! - runs the incident scenarios of `tests/tests/vm_scenarios.rs` (real NFS server and client,
@@ -10,16 +11,19 @@
 //! line per failure naming the scenario and its assertion. `--repeat N` runs it N times back to
 //! back and ends with each run's wall time and the pass rate of every test that failed;
 //! `--scenario FILTER` runs only the scenarios whose name contains FILTER. (The
-//! host's 6.18 is the ordinary kernel tests'.)
+//! host's 6.18 is the ordinary kernel tests'.) A full run that passes checks the README's kernel
+//! support table against what the agents reported (`support.rs`).
 //!
 //! Installs what it needs first, idempotently: the bookworm-backports suite (a qemu matching the
-//! preinstalled qemu-utils, the 6.12 kernel), the kernels, the NFS server and client, socat, a
-//! static busybox (virtme-ng needs it), and virtme-ng in a venv under target/vm/.
+//! preinstalled qemu-utils, the 6.12 kernel), the bullseye-security and trixie-backports suites
+//! (pinned low: only the 5.10 and 7.3 kernels come from them), the kernels, the NFS server and
+//! client, socat, a static busybox (virtme-ng needs it), and virtme-ng in a venv under target/vm/.
 
 use std::{
+    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::Command,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
@@ -29,16 +33,57 @@ use crate::{
     build,
     libtest::{Failure, Results},
     repeat::Tally,
+    support,
 };
 
-/// The matrix: a version prefix, the package that installs it when /boot has none.
-const KERNELS: &[(&str, &str)] =
-    &[("6.1.", "linux-image-amd64"), ("6.12.", "linux-image-6.12.*+deb12-amd64")];
+/// One kernel of the matrix.
+struct MatrixKernel {
+    /// Version prefix (`--kernel` matches it).
+    prefix: &'static str,
+    /// Where it comes from, for the README's table.
+    label: &'static str,
+    /// What installs it when no such kernel is installed.
+    packages: &'static [&'static str],
+}
+
+/// 5.10 is Debian 11's (bullseye-security), 7.3 the newest Debian ships (trixie-backports, whose
+/// split packages put `vmlinuz` in `/usr/lib/modules/<version>/`); both named exactly, so a run
+/// boots what the README's support table says was tested.
+const KERNELS: &[MatrixKernel] = &[
+    MatrixKernel {
+        prefix: "5.10.",
+        label: "Debian 11 bullseye-security",
+        packages: &["linux-image-5.10.0-46-amd64"],
+    },
+    MatrixKernel { prefix: "6.1.", label: "Debian 12", packages: &["linux-image-amd64"] },
+    MatrixKernel {
+        prefix: "6.12.",
+        label: "Debian 12 bookworm-backports",
+        packages: &["linux-image-6.12.*+deb12-amd64"],
+    },
+    MatrixKernel {
+        prefix: "7.3.",
+        label: "Debian 13 trixie-backports",
+        packages: &["linux-binary-7.3.4+deb13-amd64", "linux-modules-7.3.4+deb13-amd64"],
+    },
+];
+
+/// The suites the 5.10 and 7.3 kernels come from, pinned below the machine's own suites so that
+/// nothing else is ever installed from them.
+const KERNEL_SUITES: &str = "Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: bullseye-security\n\
+    Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n\
+    Types: deb\nURIs: http://deb.debian.org/debian\nSuites: trixie-backports\nComponents: main\n\
+    Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n";
+const KERNEL_SUITES_PIN: &str = "Package: *\nPin: release n=bullseye-security\nPin-Priority: 100\n\n\
+    Package: *\nPin: release n=trixie-backports\nPin-Priority: 100\n";
 /// A qemu crash (6.1 hit an `iotlb_to_section` assertion one boot in six) gets one more boot.
 const ATTEMPTS: u32 = 2;
 /// The guest gives the scenarios this long (they take 3-5 min under emulation), the VM a little more.
 const SCENARIOS_TIMEOUT_SECS: u32 = 1200;
 const BOOT_TIMEOUT_SECS: u32 = SCENARIOS_TIMEOUT_SECS + 300;
+/// A guest boots in 30-50 s under emulation; one that has not reached its script by then never
+/// will.
+const BOOT_WITHIN: Duration = Duration::from_secs(300);
 /// Small, so the system-OOM scenario fills it quickly.
 const VM_MEMORY: &str = "1G";
 
@@ -59,13 +104,18 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
     let scenarios = scenarios_binary(env)?;
     let guest = vm_dir.join("guest.sh");
     std::fs::write(&guest, GUEST_SCRIPT).context("write the guest script")?;
-    let versions = KERNELS
+    let selected = KERNELS
         .iter()
-        .filter(|(p, _)| {
-            kernels.is_empty() || kernels.iter().any(|k| p.starts_with(&format!("{k}.")) || *p == k)
+        .filter(|m| {
+            kernels.is_empty()
+                || kernels.iter().any(|k| m.prefix.starts_with(&format!("{k}.")) || m.prefix == k)
         })
-        .map(|(prefix, _)| boot_kernel(prefix).with_context(|| format!("no {prefix}x kernel in /boot")))
+        .map(|m| installed_kernel(m).with_context(|| format!("no {}x kernel installed", m.prefix)))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    if selected.is_empty() {
+        let known: Vec<&str> = KERNELS.iter().map(|m| m.prefix.trim_end_matches('.')).collect();
+        bail!("--kernel {}: the matrix has {}", kernels.join(" --kernel "), known.join(", "));
+    }
     let mut tally = Tally::default();
     for run in 1..=repeat {
         if repeat > 1 {
@@ -73,8 +123,10 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
         }
         let started = Instant::now();
         let (mut passed, mut failed) = (Vec::new(), Vec::new());
-        for version in &versions {
-            let kernel = boot_and_check(&vng, &vm_dir, &guest, &scenarios, scenario.unwrap_or(""), version)?;
+        let mut tested = Vec::new();
+        for booted in &selected {
+            let version = &booted.version;
+            let kernel = boot_and_check(&vng, &vm_dir, &guest, &scenarios, scenario.unwrap_or(""), booted)?;
             print!("{}", kernel.report);
             for failure in &kernel.failed {
                 println!("vm-test {version}: FAILED {}: {}", failure.test, failure.why);
@@ -92,9 +144,23 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
             failed.extend(
                 kernel.failed.into_iter().map(|f| Failure { test: format!("{version} {}", f.test), ..f }),
             );
+            tested.push((booted.label, kernel.status));
         }
-        println!("vm-test: {} kernel(s) in {:.0} s", versions.len(), started.elapsed().as_secs_f64());
+        println!("vm-test: {} kernel(s) in {:.0} s", selected.len(), started.elapsed().as_secs_f64());
+        let full_and_green = failed.is_empty() && kernels.is_empty() && scenario.is_none();
         tally.record(started.elapsed(), passed, failed);
+        if full_and_green {
+            let tested: Vec<support::Tested> =
+                tested.iter().map(|(label, status)| support::Tested { label, status }).collect();
+            let readme = build::workspace_root().join("README.md");
+            if support::update_readme(&readme, &support::table(&tested))? {
+                bail!(
+                    "README.md's kernel support table differed from what this run's agents reported: \
+                     rewritten from this run, review and commit it"
+                );
+            }
+            println!("vm-test: README.md's kernel support table is what this run saw");
+        }
     }
     if repeat > 1 {
         print!("{}", tally.summary("vm-test"));
@@ -105,16 +171,35 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
     Ok(())
 }
 
-/// The newest /boot/vmlinuz-<prefix>* version.
-fn boot_kernel(prefix: &str) -> Option<String> {
-    let mut found: Vec<String> = std::fs::read_dir("/boot")
-        .ok()?
+/// A kernel to boot: its version, its image and how the README names it.
+struct Kernel {
+    version: String,
+    image: PathBuf,
+    label: &'static str,
+}
+
+/// The newest installed kernel of `m`: `/boot/vmlinuz-<version>`, or
+/// `/usr/lib/modules/<version>/vmlinuz` (Debian's split kernel packages, from 7.x).
+fn installed_kernel(m: &MatrixKernel) -> Option<Kernel> {
+    let in_boot = std::fs::read_dir("/boot")
+        .into_iter()
         .flatten()
-        .filter_map(|e| e.file_name().to_str()?.strip_prefix("vmlinuz-").map(String::from))
-        .filter(|v| v.starts_with(prefix))
-        .collect();
-    found.sort();
-    found.pop()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.strip_prefix("vmlinuz-")?.to_string(), e.path())));
+    let in_modules = std::fs::read_dir("/usr/lib/modules").into_iter().flatten().flatten().filter_map(|e| {
+        let image = e.path().join("vmlinuz");
+        image.exists().then(|| (e.file_name().to_string_lossy().into_owned(), image))
+    });
+    in_boot
+        .chain(in_modules)
+        .filter(|(version, _)| version.starts_with(m.prefix))
+        .max_by_key(|(version, _)| version_key(version))
+        .map(|(version, image)| Kernel { version, image, label: m.label })
+}
+
+/// A version's numbers, for ordering (`6.12.117+deb12` after `6.12.9`).
+fn version_key(version: &str) -> Vec<u64> {
+    version.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse().ok()).collect()
 }
 
 /// Installs what is missing; returns the vng binary.
@@ -177,11 +262,25 @@ fn install(vm_dir: &Path) -> anyhow::Result<PathBuf> {
         apt_update(&mut updated)?;
         install(&missing, false)?;
     }
-    for (prefix, package) in KERNELS {
-        if boot_kernel(prefix).is_none() {
+    let kernel_suites = Path::new("/etc/apt/sources.list.d/kstall-kernels.sources");
+    if !kernel_suites.exists() {
+        println!(
+            "vm-test: adding the bullseye-security and trixie-backports suites for the 5.10 and 7.3 kernels"
+        );
+        std::fs::write(kernel_suites, KERNEL_SUITES).context("write the kernels' apt source (needs root)")?;
+        std::fs::write("/etc/apt/preferences.d/kstall-kernels", KERNEL_SUITES_PIN)
+            .context("write the kernels' apt pin")?;
+        updated = false;
+    }
+    for m in KERNELS {
+        if installed_kernel(m).is_none() {
             apt_update(&mut updated)?;
-            let package = if package.contains('*') { newest_package(package)? } else { package.to_string() };
-            install(&[&package], false)?;
+            let packages = m
+                .packages
+                .iter()
+                .map(|p| if p.contains('*') { newest_package(p) } else { Ok(p.to_string()) })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            install(&packages.iter().map(String::as_str).collect::<Vec<_>>(), false)?;
         }
     }
     let venv = vm_dir.join("venv");
@@ -211,9 +310,7 @@ fn newest_package(pattern: &str) -> anyhow::Result<String> {
         .filter_map(|l| l.split_whitespace().next().map(String::from))
         .filter(|n| !n.contains("-unsigned") && !n.contains("-dbg"))
         .collect();
-    names.sort_by_key(|n| {
-        n.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse::<u64>().ok()).collect::<Vec<_>>()
-    });
+    names.sort_by_key(|n| version_key(n));
     names.pop().with_context(|| format!("no package matches {pattern}"))
 }
 
@@ -237,11 +334,13 @@ fn scenarios_binary(env: &BuildEnv) -> anyhow::Result<PathBuf> {
         .context("cargo did not name the vm_scenarios test binary")
 }
 
-/// One boot of one kernel: what to print, the scenarios that passed, and what failed.
+/// One boot of one kernel: what to print, the scenarios that passed, what failed, and the agent's
+/// status there (`kstall status --output json`).
 struct KernelRun {
     report: String,
     passed: Vec<String>,
     failed: Vec<Failure>,
+    status: serde_json::Value,
 }
 
 /// Boots `version` and reads what the guest left. Errs only when the VM cannot be started at all.
@@ -251,8 +350,9 @@ fn boot_and_check(
     guest: &Path,
     scenarios: &Path,
     filter: &str,
-    version: &str,
+    kernel: &Kernel,
 ) -> anyhow::Result<KernelRun> {
+    let version = &kernel.version;
     let out = vm_dir.join("out").join(version);
     let kstall = build::release_binary();
     let started = Instant::now();
@@ -268,14 +368,14 @@ fn boot_and_check(
             vng.parent().map(|p| p.display().to_string()).unwrap_or_default(),
             std::env::var("PATH").unwrap_or_default()
         );
-        let ran = Command::new("timeout")
+        let mut vm = Command::new("timeout")
             .arg(BOOT_TIMEOUT_SECS.to_string())
             .arg(vng)
             .env("PATH", path)
             .args(["--disable-kvm", "--memory", VM_MEMORY, "--cpus", "2", "--rwdir"])
             .arg(&out)
             .arg("--run")
-            .arg(format!("/boot/vmlinuz-{version}"))
+            .arg(&kernel.image)
             .arg("--exec")
             .arg(format!(
                 "bash {} {} {} {} {SCENARIOS_TIMEOUT_SECS} '{filter}'",
@@ -286,8 +386,25 @@ fn boot_and_check(
             ))
             .stdout(console.try_clone()?)
             .stderr(console)
-            .status()
+            // Its own group: a guest that never boots is killed with its qemu.
+            .process_group(0)
+            .spawn()
             .context("run vng")?;
+        let booting = Instant::now();
+        let ran = loop {
+            if let Some(status) = vm.try_wait().context("wait for vng")? {
+                break status.to_string();
+            }
+            // The guest writes boot_secs first thing; without it the kernel hung in its boot (seen
+            // in one of the first three 7.3 boots here: qemu spinning, the console empty).
+            if !out.join("boot_secs").exists() && booting.elapsed() > BOOT_WITHIN {
+                // SAFETY: kill(2) on the process group this spawn created.
+                unsafe { libc::kill(-(vm.id() as i32), libc::SIGKILL) };
+                let _ = vm.wait();
+                break format!("no boot within {} s", BOOT_WITHIN.as_secs());
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        };
         if out.join("done").exists() {
             break;
         }
@@ -297,6 +414,7 @@ fn boot_and_check(
                 report: format!("vm-test {version}: no result after {attempt} boots\n"),
                 passed: Vec::new(),
                 failed: vec![Failure { test: "boot".into(), why }],
+                status: serde_json::Value::Null,
             });
         }
         println!("vm-test {version}: the VM did not finish ({ran}), booting again");
@@ -323,6 +441,11 @@ fn boot_and_check(
             report.push_str(&format!("  {name:<10} up    {}\n", p["hook"].as_str().unwrap_or("")));
             for note in p["notes"].as_array().into_iter().flatten().filter_map(|n| n.as_str()) {
                 report.push_str(&format!("  {:<10}       {note}\n", ""));
+            }
+            for missing in p["unavailable"].as_array().into_iter().flatten() {
+                let (field, why) =
+                    (missing["field"].as_str().unwrap_or("?"), missing["why"].as_str().unwrap_or("?"));
+                report.push_str(&format!("  {:<10}       unavailable: {field} ({why})\n", ""));
             }
         } else {
             let reason = p["reason"].as_str().unwrap_or("?");
@@ -357,7 +480,7 @@ fn boot_and_check(
         let why = format!("did not run to the end (exit {}); see {}", rc.trim(), log_path.display());
         failed.push(Failure { test: "scenarios".into(), why });
     }
-    Ok(KernelRun { report, passed: results.passed, failed })
+    Ok(KernelRun { report, passed: results.passed, failed, status })
 }
 
 /// Runs inside the VM as root: `guest.sh OUT KSTALL SCENARIOS TIMEOUT [FILTER]`. Loads the modules the NFS
@@ -374,8 +497,10 @@ SOCK=/tmp/kstall.sock
 "$KSTALL" agent --listen 127.0.0.1:9700 --api-socket "$SOCK" --log-format json > "$OUT/agent.log" 2>&1 &
 AGENT=$!
 # Until every probe is up — the module watcher attaches what waited for sunrpc, nfsv4 and
-# nf_conntrack — or 3 minutes have passed, when status.json says what is down.
-for _ in $(seq 1 180); do
+# nf_conntrack — or 3 minutes have passed (by the clock: under emulation one round of status and
+# python takes seconds), when status.json says what is down.
+DEADLINE=$(( $(cut -d. -f1 /proc/uptime) + 180 ))
+while [ "$(cut -d. -f1 /proc/uptime)" -lt "$DEADLINE" ]; do
     "$KSTALL" status --api-socket "$SOCK" --output json > "$OUT/status.json" 2>/dev/null &&
         python3 -c 'import json, sys; sys.exit(not all(p["up"] for p in json.load(open(sys.argv[1]))["probes"]))' \
             "$OUT/status.json" && break
