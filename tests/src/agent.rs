@@ -3,7 +3,7 @@
 
 use std::{
     collections::BTreeSet,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
+    io::{BufRead as _, BufReader, ErrorKind, Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
     os::unix::net::UnixStream,
     path::{Path, PathBuf},
@@ -124,9 +124,16 @@ impl Agent {
         self.request(&request).unwrap_or_else(|e| panic!("explain {name}: {e}\n{}", self.log()))
     }
 
-    /// Polls the incidents until one matches `pred` (or `timeout`).
+    /// Polls the incidents until one matches `pred` (or `timeout`). A poll the agent did not answer
+    /// within the request's timeout saw nothing yet (in a global OOM on a one-CPU emulated guest
+    /// the agent's pages come back slowly from the shared root file system); the deadline is
+    /// `timeout`'s. Any other error fails.
     pub fn wait_incident(&self, pred: impl Fn(&Value) -> bool, timeout: Duration) -> Option<Value> {
-        wait_for(timeout, || self.incidents().into_iter().find(|i| pred(i)))
+        wait_for(timeout, || match self.request(r#"{"request":"incidents"}"#) {
+            Ok(report) => report["incidents"].as_array().into_iter().flatten().find(|i| pred(i)).cloned(),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => None,
+            Err(e) => panic!("incidents: {e}\n{}", self.log()),
+        })
     }
 
     /// Subscribes to the agent's event stream; events are collected in the background. Returns

@@ -19,7 +19,6 @@
 //!   status)`
 
 use aya_ebpf::{
-    helpers::bpf_probe_read_kernel_str_bytes,
     macros::{map, raw_tracepoint},
     maps::{Array, HashMap},
     programs::RawTracePointContext,
@@ -34,7 +33,7 @@ use kstall_common::{
 
 use crate::{
     maps::{Filtered, emit},
-    read::at,
+    read::{field, string},
     task::current_header,
 };
 
@@ -60,9 +59,7 @@ pub fn nfs_xprt_retransmit(ctx: RawTracePointContext) -> i32 {
     let rqst: *const u8 = ctx.arg(0);
     let mut ev = new_event(&ctx, WHAT_RETRANSMIT);
     fill_request(&cfg, &mut ev, rqst);
-    if let Ok(task) = at::<*const u8>(rqst, cfg.rqst_task) {
-        fill_task(&cfg, &mut ev, task);
-    }
+    fill_task(&cfg, &mut ev, field(rqst, cfg.rqst_task));
     emit(kind::NFS, &ev);
     0
 }
@@ -73,14 +70,12 @@ pub fn nfs_xprt_transmit(ctx: RawTracePointContext) -> i32 {
     let rqst: *const u8 = ctx.arg(0);
     let status: i64 = ctx.arg(1);
     // Every RPC passes here: only a repeated transmission that went out is a retransmit.
-    if status as i32 != 0 || at::<i32>(rqst, cfg.rqst_ntrans).unwrap_or(0) < 2 {
+    if status as i32 != 0 || field::<i32>(rqst, cfg.rqst_ntrans) < 2 {
         return 0;
     }
     let mut ev = new_event(&ctx, WHAT_RETRANSMIT);
     fill_request(&cfg, &mut ev, rqst);
-    if let Ok(task) = at::<*const u8>(rqst, cfg.rqst_task) {
-        fill_task(&cfg, &mut ev, task);
-    }
+    fill_task(&cfg, &mut ev, field(rqst, cfg.rqst_task));
     emit(kind::NFS, &ev);
     0
 }
@@ -91,10 +86,8 @@ pub fn nfs_rpc_timeout_status(ctx: RawTracePointContext) -> i32 {
     let task: *const u8 = ctx.arg(0);
     let mut ev = new_event(&ctx, WHAT_TIMEOUT);
     let xprt = fill_task(&cfg, &mut ev, task);
-    ev.error = at(task, cfg.task_status).unwrap_or(0);
-    if let Ok(rqst) = at::<*const u8>(task, cfg.task_rqstp) {
-        fill_request(&cfg, &mut ev, rqst);
-    }
+    ev.error = field(task, cfg.task_status);
+    fill_request(&cfg, &mut ev, field(task, cfg.task_rqstp));
     if !xprt.is_null() {
         let _ = NFS_UNRESPONSIVE.insert(xprt as u64, 1, 0);
     }
@@ -160,7 +153,7 @@ pub fn nfs4_state_mgr_failed(ctx: RawTracePointContext) -> i32 {
     let mut ev = new_event(&ctx, WHAT_STATE_MGR_FAILED);
     ev.error = status as i32;
     fill_sockaddr(&mut ev, clp, cfg.nfs_client_addr);
-    read_str(section, &mut ev.procedure);
+    string(section, &mut ev.procedure);
     emit(kind::NFS, &ev);
     0
 }
@@ -186,32 +179,28 @@ fn new_event(ctx: &RawTracePointContext, what: u32) -> NfsEvent {
     }
 }
 
+// Every field below is best-effort and read without a branch (`read::field`): a NULL pointer
+// on the way yields zeros, and the verifier walks one path instead of one per failed read.
+
 /// xid, transmissions and timeout of a request.
 #[inline(always)]
 fn fill_request(cfg: &NfsConfig, ev: &mut NfsEvent, rqst: *const u8) {
-    ev.xid = u32::from_be(at(rqst, cfg.rqst_xid).unwrap_or(0));
-    ev.ntrans = at::<i32>(rqst, cfg.rqst_ntrans).unwrap_or(0) as u32;
-    ev.timeout_jiffies = at(rqst, cfg.rqst_timeout).unwrap_or(0);
+    ev.xid = u32::from_be(field(rqst, cfg.rqst_xid));
+    ev.ntrans = field::<i32>(rqst, cfg.rqst_ntrans) as u32;
+    ev.timeout_jiffies = field(rqst, cfg.rqst_timeout);
 }
 
 /// Owner, client, program/procedure and transport of a task; returns the transport.
 #[inline(always)]
 fn fill_task(cfg: &NfsConfig, ev: &mut NfsEvent, task: *const u8) -> *const u8 {
-    ev.owner_pid = at::<i32>(task, cfg.task_owner).unwrap_or(0) as u32;
-    if let Ok(proc_info) = at::<*const u8>(task, cfg.task_proc)
-        && let Ok(name) = at::<*const u8>(proc_info, cfg.procinfo_name)
-    {
-        read_str(name, &mut ev.procedure);
-    }
-    if let Ok(clnt) = at::<*const u8>(task, cfg.task_client) {
-        ev.client_id = at(clnt, cfg.clnt_clid).unwrap_or(0);
-        if let Ok(program) = at::<*const u8>(clnt, cfg.clnt_program)
-            && let Ok(name) = at::<*const u8>(program, cfg.program_name)
-        {
-            read_str(name, &mut ev.program);
-        }
-    }
-    let xprt = at::<*const u8>(task, cfg.task_xprt).unwrap_or(core::ptr::null());
+    ev.owner_pid = field::<i32>(task, cfg.task_owner) as u32;
+    let proc_info: *const u8 = field(task, cfg.task_proc);
+    string(field(proc_info, cfg.procinfo_name), &mut ev.procedure);
+    let clnt: *const u8 = field(task, cfg.task_client);
+    ev.client_id = field(clnt, cfg.clnt_clid);
+    let program: *const u8 = field(clnt, cfg.clnt_program);
+    string(field(program, cfg.program_name), &mut ev.program);
+    let xprt = field(task, cfg.task_xprt);
     fill_xprt(cfg, ev, xprt);
     xprt
 }
@@ -219,32 +208,20 @@ fn fill_task(cfg: &NfsConfig, ev: &mut NfsEvent, task: *const u8) -> *const u8 {
 /// Server address and network namespace of a transport.
 #[inline(always)]
 fn fill_xprt(cfg: &NfsConfig, ev: &mut NfsEvent, xprt: *const u8) {
-    if xprt.is_null() {
-        return;
-    }
     fill_sockaddr(ev, xprt, cfg.xprt_addr);
-    if let Ok(net) = at::<*const u8>(xprt, cfg.xprt_net) {
-        ev.header.netns_ino = at(net, cfg.net_ns_inum).unwrap_or(0);
-    }
+    ev.header.netns_ino = field(field(xprt, cfg.xprt_net), cfg.net_ns_inum);
 }
 
 /// A `struct sockaddr_storage` holding a `sockaddr_in` or `sockaddr_in6`.
 #[inline(always)]
 fn fill_sockaddr(ev: &mut NfsEvent, base: *const u8, offset: u32) {
-    let Ok(family) = at::<u16>(base, offset) else { return };
+    let family: u16 = field(base, offset);
     ev.server_family = family;
-    ev.server_port = u16::from_be(at(base, offset + 2).unwrap_or(0));
+    ev.server_port = u16::from_be(field(base, offset + 2));
     if family == AF_INET {
-        ev.server_addr[..4].copy_from_slice(&at::<[u8; 4]>(base, offset + 4).unwrap_or([0; 4]));
+        ev.server_addr[..4].copy_from_slice(&field::<[u8; 4]>(base, offset + 4));
     } else if family == AF_INET6 {
-        ev.server_addr = at(base, offset + 8).unwrap_or([0; 16]);
-    }
-}
-
-#[inline(always)]
-fn read_str(src: *const u8, dst: &mut [u8; NAME_LEN]) {
-    if !src.is_null() {
-        let _ = unsafe { bpf_probe_read_kernel_str_bytes(src, dst) };
+        ev.server_addr = field(base, offset + 8);
     }
 }
 
