@@ -111,6 +111,10 @@ pub struct AgentArgs {
     /// Pods with tasks stuck in NFS at once that make nfs-node-wide-stall [default: 2].
     #[arg(long, env = "KSTALL_NODE_WIDE_MIN_PODS", value_name = "N")]
     pub node_wide_min_pods: Option<String>,
+    /// Post each incident as a Kubernetes Event on its pod (node-wide ones on the Node): on or
+    /// off [default: on with the Kubernetes API pod source, else off].
+    #[arg(long, env = "KSTALL_KUBERNETES_EVENTS", value_name = "on|off")]
+    pub kubernetes_events: Option<String>,
     /// Push incidents to this Alertmanager (http://host:port), repeatable or comma-separated.
     #[arg(long, env = "KSTALL_ALERTMANAGER_URL", value_name = "URL", value_delimiter = ',')]
     pub alertmanager_url: Option<Vec<String>>,
@@ -157,6 +161,7 @@ struct FileConfig {
     system_oom_hold: Option<String>,
     node_wide_min_pods: Option<String>,
     alertmanager_url: Option<Vec<String>>,
+    kubernetes_events: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +198,8 @@ pub struct Config {
     pub pod_retention: Duration,
     pub incidents: crate::incidents::Settings,
     pub alertmanager_urls: Vec<String>,
+    /// Incidents become Kubernetes Events (needs the API pod source).
+    pub kubernetes_events: bool,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -363,6 +370,24 @@ impl Config {
             crate::export::alertmanager::endpoint(url).map_err(|e| invalid("alertmanager_url", e))?;
         }
 
+        let api = matches!(pod_metadata, PodMetadata::Api { .. });
+        let kubernetes_events = match args.kubernetes_events.as_deref() {
+            Some("on") => Some(true),
+            Some("off") => Some(false),
+            Some(other) => return Err(invalid("kubernetes_events", format!("{other:?} is not on or off"))),
+            None => file.kubernetes_events,
+        };
+        let kubernetes_events = match kubernetes_events {
+            Some(true) if !api => {
+                return Err(invalid(
+                    "kubernetes_events",
+                    "needs the Kubernetes API pod source (--pod-metadata api, or a kubeconfig)",
+                ));
+            }
+            Some(on) => on,
+            None => api,
+        };
+
         let capture = kstall_common::capture::CaptureFilter {
             pid: args.capture_pid.unwrap_or(0),
             port: args.capture_port.unwrap_or(0),
@@ -379,6 +404,7 @@ impl Config {
                 capture,
             },
             alertmanager_urls,
+            kubernetes_events,
             incidents,
             pod_metadata,
             node_name,
@@ -686,6 +712,26 @@ mod tests {
         let err =
             resolve(AgentArgs { probes: Some(vec!["oom-kil".into()]), ..Default::default() }).unwrap_err();
         assert!(err.message.contains("tcp-reset"), "{err}");
+    }
+
+    #[test]
+    fn kubernetes_events_follow_the_api_source() {
+        let api = || AgentArgs { kubeconfig: Some("/k".into()), ..Default::default() };
+        assert!(resolve(api()).unwrap().kubernetes_events, "on with the API by default");
+        let off = resolve(AgentArgs { kubernetes_events: Some("off".into()), ..api() }).unwrap();
+        assert!(!off.kubernetes_events);
+        let none = AgentArgs { pod_metadata: Some("none".into()), ..Default::default() };
+        assert!(!resolve(none).unwrap().kubernetes_events, "off without the API");
+        for (value, says) in [("on", "needs the Kubernetes API"), ("yes", "\"yes\" is not on or off")] {
+            let args = AgentArgs {
+                pod_metadata: Some("none".into()),
+                kubernetes_events: Some(value.into()),
+                ..Default::default()
+            };
+            let err = resolve(args).unwrap_err();
+            assert_eq!(err.field, "kubernetes_events");
+            assert!(err.message.contains(says), "{err}");
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::{
     },
     config::{Config, PodMetadata},
     events::{Counts, Decoder},
-    export::{alertmanager, metrics::Metrics},
+    export::{alertmanager, kubernetes, metrics::Metrics},
     incidents::engine::Engine,
     kernel,
     pipeline::{self, Pipeline},
@@ -124,12 +124,28 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let urls = config.alertmanager_urls.clone();
         tokio::spawn(alertmanager::run(urls, alerts_rx, metrics.clone(), shutdown.clone()))
     });
+    let (events_to_post, to_post) = mpsc::channel(kubernetes::QUEUE);
+    let poster = match (&config.pod_metadata, config.kubernetes_events) {
+        (PodMetadata::Api { kubeconfig }, true) => {
+            let (kubeconfig, node, metrics) = (kubeconfig.clone(), config.node_name.clone(), metrics.clone());
+            let stop = shutdown.clone();
+            Some(tokio::spawn(async move {
+                // The pod watch reports a client that cannot be made.
+                if let Ok(client) = pods::api::client(kubeconfig.as_deref()).await {
+                    kubernetes::run(client, node, kubernetes::Settings::default(), to_post, metrics, stop)
+                        .await;
+                }
+            }))
+        }
+        _ => None,
+    };
     let evaluator = tokio::spawn(pipeline::evaluate_incidents(
         incidents.clone(),
         stuck.clone(),
         attribution.index.clone(),
         metrics.clone(),
         pusher.is_some().then_some(alerts_tx),
+        poster.is_some().then_some(events_to_post),
         stop_intake.clone(),
     ));
     let symbols = tokio::spawn(symbols::keep_current(loaded.decoding.symbols.clone(), stop_intake.clone()));
@@ -208,8 +224,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     drop(hung_task_timeout);
     shutdown.cancel();
     let _ = tokio::join!(http_task, api_task);
-    if let Some(pusher) = pusher {
-        let _ = pusher.await;
+    for task in [pusher, poster].into_iter().flatten() {
+        let _ = task.await;
     }
     drop(loaded);
     tracing::info!("kstall agent stopped");

@@ -11,6 +11,8 @@ mod daemon;
 pub mod decode;
 pub mod events;
 pub mod export;
+#[cfg(test)]
+mod fake_api;
 pub mod incidents;
 mod kernel;
 pub mod kernel_btf;

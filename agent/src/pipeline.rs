@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     attribution::{Attributed, Attribution, Index, Key, Resolution, pods::Health},
     events::{Counts, Decoder, Event, Payload},
-    export::{alertmanager, metrics::Metrics},
-    incidents::{NodeView, engine::Engine},
+    export::{alertmanager, kubernetes, metrics::Metrics},
+    incidents::{Incident, NodeView, engine::Engine},
     kernel, probes,
     state::lock,
     stuck::{StuckSet, TaskStates},
@@ -288,6 +288,7 @@ pub async fn evaluate_incidents(
     index: watch::Receiver<Arc<Index>>,
     metrics: Arc<Metrics>,
     alerts: Option<mpsc::Sender<alertmanager::Snapshot>>,
+    kubernetes_events: Option<mpsc::Sender<Vec<Incident>>>,
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(INCIDENT_EVALUATION_INTERVAL);
@@ -312,6 +313,9 @@ pub async fn evaluate_incidents(
         // Under the engine's lock: the API and /metrics never disagree on what fires.
         metrics.set_incidents(firing.iter(), &changes.fired, &evictions);
         drop(engine);
+        if let Some(queue) = &kubernetes_events {
+            kubernetes::offer(queue, &changes.fired, &metrics);
+        }
         if let Some(alerts) = &alerts {
             // A pusher still busy with the last one skips this one: the next carries the same.
             let _ = alerts.try_send(alertmanager::Snapshot { firing, resolved: changes.resolved });

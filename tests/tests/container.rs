@@ -139,6 +139,20 @@ fn loses_nothing(overlay: &str) {
         agent.logs()
     );
 
+    // The incident the redirect is (nfs-sidecar-redirect) becomes an Event on the pod, where
+    // `kubectl describe pod` shows it: written with the service account, over TLS.
+    let on_the_pod = |w: &Value| w["method"] == "POST" && w["body"]["regarding"]["uid"] == UID;
+    let posted = wait_for(Duration::from_secs(30), || api.event_writes().into_iter().find(on_the_pod));
+    let posted =
+        posted.unwrap_or_else(|| panic!("no Event on {POD}: {:?}\n{}", api.event_writes(), agent.logs()));
+    assert_eq!(posted["path"], "/apis/events.k8s.io/v1/namespaces/shop/events", "{posted}");
+    let event = &posted["body"];
+    assert_eq!(
+        (&event["type"], &event["reason"], &event["regarding"]["kind"], &event["regarding"]["name"]),
+        (&"Warning".into(), &"NFSSidecarRedirect".into(), &"Pod".into(), &POD.into()),
+        "{event}"
+    );
+
     // A hung task of the pod: a writer stuck in writeback on a frozen disk.
     disk.freeze();
     let writer = disk.start_writer(&container.procs());

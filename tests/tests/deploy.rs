@@ -376,7 +376,7 @@ fn the_daemonset_keeps_what_the_agent_needs() {
             security["capabilities"]["add"].as_array().unwrap().contains(&json!("BPF")),
             "{name}: CAP_BPF"
         );
-        // Its service account may read pods: a binding to a role that gets, lists and watches them.
+        // Its service account may read pods and write Events: a binding to the role that does.
         let account = &pod["serviceAccountName"];
         let sa = one(&objects, "ServiceAccount");
         assert_eq!((&sa["metadata"]["name"], &sa["metadata"]["namespace"]), (account, namespace), "{name}");
@@ -385,12 +385,12 @@ fn the_daemonset_keeps_what_the_agent_needs() {
         assert!(binding["subjects"].as_array().unwrap().contains(&subject), "{name}: {binding}");
         let role = one(&objects, "ClusterRole");
         assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"], "{name}");
-        let reads_pods = role["rules"].as_array().unwrap().iter().any(|r| {
-            r["apiGroups"] == json!([""])
-                && r["resources"].as_array().unwrap().contains(&json!("pods"))
-                && ["get", "list", "watch"].iter().all(|v| r["verbs"].as_array().unwrap().contains(&json!(v)))
-        });
-        assert!(reads_pods, "{name}: {role}");
+        // Exactly: pods read, Events created and patched (deploy/README.md says why), nothing more.
+        let rules = json!([
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        ]);
+        assert_eq!(role["rules"], rules, "{name}");
         // The prometheus.io annotations come with their component only.
         let annotations = &daemonset["spec"]["template"]["metadata"]["annotations"];
         if components_of(&dir).contains(&scrape_annotations) {

@@ -85,6 +85,7 @@ const METRICS: &[(&str, Scope)] = &[
     ("kstall_node_memory_limit_overcommit_ratio", Scope::Node),
     ("kstall_pod_metadata_up", Scope::Node),
     ("kstall_attribution_pods", Scope::Node),
+    ("kstall_node_pods", Scope::Node),
     ("kstall_events_unattributed_total", Scope::Node),
     ("kstall_probe_up", Scope::Node),
     ("kstall_events_total", Scope::Node),
@@ -1097,7 +1098,22 @@ fn agent(rules: &Rules) -> anyhow::Result<Dashboard> {
             "short",
             vec![range("A", "sum by (node, state) (kstall_attribution_pods)", "{{node}} {{state}}")?],
         )
-        .size(24, 7),
+        .size(12, 7),
+    )
+    .panel(
+        Panel::timeseries(
+            "Pods by phase and waiting reason",
+            "Pods the pod source lists on the node, by phase and by the reason their first waiting \
+             container waits: a pile of ImagePullBackOff (a CronJob whose image is gone), pods stuck \
+             in ContainerCreating. Incident 4 had 360 in ImagePullBackOff on one node.",
+            "short",
+            vec![range(
+                "A",
+                "sum by (node, phase, waiting_reason) (kstall_node_pods)",
+                "{{node}} {{phase}} {{waiting_reason}}",
+            )?],
+        )
+        .size(12, 7),
     ))
 }
 

@@ -158,6 +158,8 @@ pub struct Index {
     /// Pods with metadata, of which `deleted_pods` are kept for the retention time.
     pub pods: usize,
     pub deleted_pods: usize,
+    /// The listed pods by phase and waiting reason (`kstall_node_pods`).
+    pub pod_states: BTreeMap<pods::PodState, usize>,
     /// (namespace, name) of every pod kstall can still name: the metrics of any other are removed.
     pub named_pods: HashSet<(String, String)>,
     pub memory: NodeMemory,
@@ -321,6 +323,7 @@ mod tests {
             host_network: false,
             containers: HashMap::from([("c1".to_string(), "app".to_string())]),
             terminating: true,
+            state: pods::PodState::default(),
         };
         let a = attribute(&workload, Some(&meta), false, Via::Cgroup);
         assert_eq!((a.namespace.as_str(), a.pod.as_str(), a.container.as_str()), ("shop", "web-1", "app"));

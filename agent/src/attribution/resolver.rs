@@ -252,6 +252,7 @@ impl Resolver {
             unresolvable: self.unresolvable.clone(),
             pods: self.pods.len(),
             deleted_pods: self.pods.deleted(),
+            pod_states: self.pods.states(),
             named_pods: self.pods.names(),
             memory: NodeMemory { pod_limits_bytes: self.pod_memory_limits, node_bytes: self.node_memory },
             ..Index::default()

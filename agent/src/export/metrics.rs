@@ -7,7 +7,10 @@ use std::ops::RangeInclusive;
 use prometheus::{Encoder as _, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use crate::{
-    attribution::{Attributed, Attribution, Index, pods::SourceHealth},
+    attribution::{
+        Attributed, Attribution, Index,
+        pods::{PodState, SourceHealth},
+    },
     decode::DecodeError,
     events::{Counts, Payload},
     incidents::Incident,
@@ -31,9 +34,13 @@ pub struct Metrics {
     unattributed_total: IntCounterVec,
     pod_metadata_up: IntGauge,
     attribution_pods: IntGaugeVec,
+    node_pods: IntGaugeVec,
+    /// Every state `node_pods` has a series for.
+    node_pod_states: std::sync::Mutex<std::collections::BTreeSet<PodState>>,
     pod_series: std::sync::Mutex<PodSeries>,
     incident_active: IntGaugeVec,
     alertmanager_posts_total: IntCounterVec,
+    kubernetes_writes_total: IntCounterVec,
     overcommit: prometheus::Gauge,
     incidents_total: IntCounterVec,
     incident_evictions_total: IntCounterVec,
@@ -171,6 +178,17 @@ impl Metrics {
         )
         .expect("valid metric");
         registry.register(Box::new(attribution_pods.clone())).expect("unique metric");
+        let node_pods = IntGaugeVec::new(
+            Opts::new(
+                "kstall_node_pods",
+                "Pods the metadata source lists on this node, by phase and by the reason the first \
+                 waiting container waits (\"\" when none waits; \"other\" for a reason outside the \
+                 kubelet's): a pile of ImagePullBackOff or stuck ContainerCreating, per node.",
+            ),
+            &["phase", "waiting_reason"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(node_pods.clone())).expect("unique metric");
         let incident_active = IntGaugeVec::new(
             Opts::new("kstall_incident_active", "1 while an incident of this signature fires for this pod."),
             &["signature", "severity", "node", "namespace", "pod"],
@@ -191,6 +209,14 @@ impl Metrics {
                 "Pushes of incidents to an Alertmanager (--alertmanager-url), by result.",
                 &["url", "result"],
             ),
+            kubernetes_writes_total: counter(
+                &registry,
+                "kstall_kubernetes_writes_total",
+                "Writes to the Kubernetes API (kind=\"event\": Events on pods and nodes), by result: \
+                 created, patched (a repeat counted), forbidden, conflict, not_found, server_error, \
+                 rejected, unreachable, dropped (the writer's queue was full).",
+                &["kind", "result"],
+            ),
             overcommit,
             incident_active,
             incidents_total: counter(
@@ -208,6 +234,8 @@ impl Metrics {
             pod_series: std::sync::Mutex::default(),
             pod_metadata_up,
             attribution_pods,
+            node_pods,
+            node_pod_states: std::sync::Mutex::default(),
             nfs_server_responding,
             nfs_retransmits_total: event_counter(
                 &registry,
@@ -495,6 +523,16 @@ impl Metrics {
         self.pod_metadata_up.set(i64::from(source.up));
         self.attribution_pods.with_label_values(&["running"]).set((index.pods - index.deleted_pods) as i64);
         self.attribution_pods.with_label_values(&["deleted"]).set(index.deleted_pods as i64);
+        // A state no pod is in any more reads 0 rather than vanishing: a query over time sees
+        // the pile go away. The label values come from fixed lists: the series stay few.
+        let mut exported = self.node_pod_states.lock().expect("node pod states");
+        for gone in exported.iter().filter(|state| !index.pod_states.contains_key(state)) {
+            self.node_pods.with_label_values(&[gone.phase, gone.waiting_reason]).set(0);
+        }
+        exported.extend(index.pod_states.keys().copied());
+        for (state, pods) in &index.pod_states {
+            self.node_pods.with_label_values(&[state.phase, state.waiting_reason]).set(*pods as i64);
+        }
         self.overcommit.set(index.memory.overcommit().unwrap_or(0.0));
     }
 
@@ -518,6 +556,10 @@ impl Metrics {
             let c = self.incident_evictions_total.with_label_values(&[signature]);
             c.inc_by(total.saturating_sub(c.get()));
         }
+    }
+
+    pub fn kubernetes_write(&self, kind: &str, result: &str) {
+        self.kubernetes_writes_total.with_label_values(&[kind, result]).inc();
     }
 
     pub fn alertmanager_post(&self, url: &str, ok: bool) {
@@ -926,5 +968,28 @@ mod tests {
         );
         m.set_incidents(std::iter::empty(), &[], &[]);
         assert!(!m.render().contains("kstall_incident_active{"), "resolved: the series goes");
+    }
+
+    #[test]
+    fn node_pods_by_phase_and_waiting_reason() {
+        let m = Metrics::new(32768..=60999, Default::default());
+        let backoff = PodState { phase: "Pending", waiting_reason: "ImagePullBackOff" };
+        let running = PodState { phase: "Running", waiting_reason: "" };
+        let mut index = Index { pod_states: [(backoff, 360), (running, 12)].into(), ..Index::default() };
+        m.set_attribution(&index, &SourceHealth::default());
+        let text = m.render();
+        assert!(
+            text.contains(r#"kstall_node_pods{phase="Pending",waiting_reason="ImagePullBackOff"} 360"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"kstall_node_pods{phase="Running",waiting_reason=""} 12"#), "{text}");
+        // The CronJob is suspended and its pods deleted: the pile reads 0.
+        index.pod_states = [(running, 12)].into();
+        m.set_attribution(&index, &SourceHealth::default());
+        let text = m.render();
+        assert!(
+            text.contains(r#"kstall_node_pods{phase="Pending",waiting_reason="ImagePullBackOff"} 0"#),
+            "{text}"
+        );
     }
 }

@@ -1,2 +1,3 @@
 pub mod alertmanager;
+pub mod kubernetes;
 pub mod metrics;

@@ -1,6 +1,9 @@
-"""The part of a Kubernetes API server that kstall's pod source uses, over TLS as in a cluster:
-the list of pods (read from a JSON file on each request) and a watch that stays open and quiet.
-Usage: apiserver.py PODS_JSON CERT KEY PORT_FILE -- writes the port it bound to PORT_FILE."""
+"""The part of a Kubernetes API server that kstall uses, over TLS as in a cluster: the list of pods
+(read from a JSON file on each request), a watch that stays open and quiet, and the writes of
+events.k8s.io/v1 Events (create, merge patch), each appended to EVENTS_JSONL as one line
+{"method", "path", "body"}.
+Usage: apiserver.py PODS_JSON CERT KEY PORT_FILE EVENTS_JSONL -- writes the port it bound to
+PORT_FILE."""
 import http.server
 import json
 import os
@@ -8,8 +11,10 @@ import ssl
 import sys
 import threading
 
-pods_path, cert, key, port_file = sys.argv[1:5]
+pods_path, cert, key, port_file, events_path = sys.argv[1:6]
 stop = threading.Event()
+written = threading.Lock()
+EVENTS = "/apis/events.k8s.io/v1/namespaces/"
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -34,6 +39,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
             items = json.load(f)["items"]
         self.answer(200, {"kind": "PodList", "apiVersion": "v1",
                           "metadata": {"resourceVersion": "1"}, "items": items})
+
+    def do_POST(self):
+        self.write(201 if self.path.endswith("/events") else 404)
+
+    def do_PATCH(self):
+        self.write(200 if "/events/" in self.path else 404)
+
+    def write(self, code):
+        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"null")
+        if not self.path.startswith(EVENTS):
+            code = 404
+        with written, open(events_path, "a") as f:
+            f.write(json.dumps({"method": self.command, "path": self.path, "body": body}) + "\n")
+        if code == 404:
+            return self.answer(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                     "reason": "NotFound", "code": 404, "metadata": {}})
+        # The object as stored; a patch answers with what it patched (enough for the client).
+        self.answer(code, body)
 
     def answer(self, code, body):
         data = json.dumps(body).encode()

@@ -88,6 +88,7 @@ impl ApiServer {
         let child = Command::new("python3")
             .arg(&script)
             .args([d.join("pods.json"), d.join("server.crt"), d.join("server.key"), port_file.clone()])
+            .arg(d.join("events.jsonl"))
             .stdout(Stdio::null())
             .spawn()
             .expect("start the API server");
@@ -95,6 +96,12 @@ impl ApiServer {
             wait_for(Duration::from_secs(10), || std::fs::read_to_string(&port_file).ok()?.parse().ok())
                 .expect("the API server did not start");
         ApiServer { child, port, dir }
+    }
+
+    /// The Event writes it took (`{"method", "path", "body"}`), in order.
+    pub fn event_writes(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.dir.path().join("events.jsonl")).unwrap_or_default();
+        text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
     }
 
     /// The directory to mount at the kubelet's service-account path.

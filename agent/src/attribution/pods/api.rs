@@ -105,7 +105,7 @@ pub async fn watch_pods(
             }
             Event::InitDone => PodUpdate::Snapshot(std::mem::take(&mut listing)),
             Event::Apply(pod) => match PodMeta::from_pod(&pod, &selected_labels) {
-                Some(meta) => PodUpdate::Upsert(meta),
+                Some(meta) => PodUpdate::Upsert(Box::new(meta)),
                 None => continue,
             },
             Event::Delete(pod) => match pod.metadata.uid {
@@ -179,7 +179,5 @@ impl std::fmt::Display for ErrorChain<'_> {
     }
 }
 
-#[cfg(test)]
-mod fake_server;
 #[cfg(test)]
 mod tests;

@@ -32,6 +32,59 @@ pub struct PodMeta {
     pub containers: HashMap<String, String>,
     /// The API server set a deletion timestamp: the pod is Terminating.
     pub terminating: bool,
+    /// What `kstall_node_pods` counts the pod under.
+    pub state: PodState,
+}
+
+/// A pod's phase and, while one of its containers waits, the first waiting container's reason
+/// (init containers first, the order the kubelet starts them): how `kubectl get pods` tells a
+/// pile of `ImagePullBackOff` from a running node. Both come from fixed lists, so the gauge they
+/// label stays small whatever the API sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct PodState {
+    pub phase: &'static str,
+    /// Empty when no container waits; `other` for a reason not in [`WAITING_REASONS`].
+    pub waiting_reason: &'static str,
+}
+
+impl Default for PodState {
+    fn default() -> Self {
+        Self { phase: "Unknown", waiting_reason: "" }
+    }
+}
+
+const PHASES: [&str; 5] = ["Pending", "Running", "Succeeded", "Failed", "Unknown"];
+/// The kubelet's waiting reasons (pkg/kubelet/images and kuberuntime).
+const WAITING_REASONS: [&str; 12] = [
+    "ContainerCreating",
+    "PodInitializing",
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "PreStartHookError",
+    "PostStartHookError",
+];
+
+impl PodState {
+    fn of(pod: &Pod) -> Self {
+        let Some(status) = &pod.status else { return Self::default() };
+        let phase = status.phase.as_deref().and_then(|p| PHASES.into_iter().find(|known| *known == p));
+        let waiting = [&status.init_container_statuses, &status.container_statuses]
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find_map(|c| c.state.as_ref()?.waiting.as_ref())
+            .map(|w| {
+                let reason = w.reason.as_deref().unwrap_or_default();
+                WAITING_REASONS.into_iter().find(|known| *known == reason).unwrap_or("other")
+            });
+        Self { phase: phase.unwrap_or("Unknown"), waiting_reason: waiting.unwrap_or_default() }
+    }
 }
 
 impl PodMeta {
@@ -67,6 +120,7 @@ impl PodMeta {
             host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
             containers,
             terminating: meta.deletion_timestamp.is_some(),
+            state: PodState::of(pod),
         })
     }
 }
@@ -131,7 +185,7 @@ pub enum PodUpdate {
     /// The complete set of pods (an initial list, a relist, a reloaded file): pods missing from
     /// it are deleted.
     Snapshot(Vec<PodMeta>),
-    Upsert(PodMeta),
+    Upsert(Box<PodMeta>),
     Delete {
         uid: String,
     },
@@ -169,7 +223,7 @@ impl PodStore {
                     self.upsert(meta);
                 }
             }
-            PodUpdate::Upsert(meta) => self.upsert(meta),
+            PodUpdate::Upsert(meta) => self.upsert(*meta),
             PodUpdate::Delete { uid } => {
                 if let Some(entry) = self.pods.get_mut(&uid) {
                     entry.deleted_at.get_or_insert(now);
@@ -225,6 +279,15 @@ impl PodStore {
         self.pods.values().map(|e| (e.meta.namespace.clone(), e.meta.name.clone())).collect()
     }
 
+    /// How many pods the source lists in each state (deleted pods not counted).
+    pub fn states(&self) -> BTreeMap<PodState, usize> {
+        let mut states = BTreeMap::new();
+        for e in self.pods.values().filter(|e| e.deleted_at.is_none()) {
+            *states.entry(e.meta.state).or_default() += 1;
+        }
+        states
+    }
+
     pub fn deleted(&self) -> usize {
         self.pods.values().filter(|e| e.deleted_at.is_some()).count()
     }
@@ -277,6 +340,63 @@ pub(crate) mod tests {
         assert_eq!(m.containers.get("abc").map(String::as_str), Some("app"));
         assert_eq!(m.labels, BTreeMap::from([("app".to_string(), "web".to_string())]));
         assert!(!m.host_network && !m.terminating);
+        assert_eq!(m.state, PodState::default(), "no phase in the status: Unknown");
+    }
+
+    #[test]
+    fn a_pods_state_is_its_phase_and_first_waiting_reason() {
+        let state = |status: serde_json::Value| {
+            let mut pod = pod_json("u", "report-29000000-abcde", "abc");
+            pod["status"] = status;
+            PodState::of(&serde_json::from_value(pod).unwrap())
+        };
+        let waiting = |reason: &str| {
+            serde_json::json!({"name": "c", "image": "i", "imageID": "", "ready": false,
+                                            "restartCount": 0, "state": {"waiting": {"reason": reason}}})
+        };
+        let running = serde_json::json!({"name": "c", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                             "state": {"running": {}}});
+        assert_eq!(
+            state(
+                serde_json::json!({"phase": "Pending", "containerStatuses": [running.clone(), waiting("ImagePullBackOff")]})
+            ),
+            PodState { phase: "Pending", waiting_reason: "ImagePullBackOff" }
+        );
+        // An init container waits first.
+        assert_eq!(
+            state(serde_json::json!({"phase": "Pending", "initContainerStatuses": [waiting("ErrImagePull")],
+                         "containerStatuses": [waiting("PodInitializing")]})),
+            PodState { phase: "Pending", waiting_reason: "ErrImagePull" }
+        );
+        assert_eq!(
+            state(serde_json::json!({"phase": "Running", "containerStatuses": [running]})).waiting_reason,
+            ""
+        );
+        // Values outside the lists do not become label values.
+        assert_eq!(
+            state(
+                serde_json::json!({"phase": "Exploded", "containerStatuses": [waiting("a reason of 300 chars")]})
+            ),
+            PodState { phase: "Unknown", waiting_reason: "other" }
+        );
+    }
+
+    #[test]
+    fn states_count_the_pods_listed_now() {
+        let mut backoff = meta("a");
+        backoff.state = PodState { phase: "Pending", waiting_reason: "ImagePullBackOff" };
+        let mut second = backoff.clone();
+        second.uid = "b".into();
+        let mut running = meta("c");
+        running.state = PodState { phase: "Running", waiting_reason: "" };
+        let mut store = PodStore::new(Duration::from_secs(3600));
+        let t0 = Instant::now();
+        store.apply(PodUpdate::Snapshot(vec![backoff, second, running]), t0);
+        store.apply(PodUpdate::Delete { uid: "c".into() }, t0);
+        assert_eq!(
+            store.states(),
+            BTreeMap::from([(PodState { phase: "Pending", waiting_reason: "ImagePullBackOff" }, 2)])
+        );
     }
 
     #[test]
@@ -316,9 +436,9 @@ pub(crate) mod tests {
     fn a_pod_that_comes_back_is_no_longer_deleted() {
         let t0 = Instant::now();
         let mut store = PodStore::new(Duration::from_secs(10));
-        store.apply(PodUpdate::Upsert(meta("a")), t0);
+        store.apply(PodUpdate::Upsert(Box::new(meta("a"))), t0);
         store.apply(PodUpdate::Delete { uid: "a".into() }, t0);
-        store.apply(PodUpdate::Upsert(meta("a")), t0);
+        store.apply(PodUpdate::Upsert(Box::new(meta("a"))), t0);
         assert!(!store.is_deleted("a"));
         assert!(store.expire(t0 + Duration::from_secs(20)).is_empty());
     }

@@ -1,8 +1,7 @@
-//! The watcher against a stand-in API server (`fake_server.rs`): lists, watch events, expiry,
+//! The watcher against a stand-in API server (`crate::fake_api`): lists, watch events, expiry,
 //! restarts, failures with backoff, and a missing kubeconfig.
 
 use std::{
-    io::Write as _,
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -14,11 +13,11 @@ use tokio::{
     time::{sleep, timeout},
 };
 
-use super::{
-    fake_server::{ApiServer, ApiState, status},
-    *,
+use super::*;
+use crate::{
+    attribution::pods::tests::pod_json,
+    fake_api::{ApiServer, ApiState, status},
 };
-use crate::attribution::pods::tests::pod_json;
 
 const UID_A: &str = "3f6c1e2a-9b4d-4c8e-a1f7-5d2b8e0c6a91";
 const UID_B: &str = "8a2d4f6b-1c3e-4e5a-9b7d-0f2e4c6a8b13";
@@ -89,15 +88,7 @@ struct Agent {
 
 impl Agent {
     async fn start(addr: SocketAddr) -> Self {
-        let mut kubeconfig = tempfile::NamedTempFile::new().unwrap();
-        write!(
-            kubeconfig,
-            "apiVersion: v1\nkind: Config\ncurrent-context: test\n\
-             clusters: [{{name: test, cluster: {{server: 'http://{addr}'}}}}]\n\
-             contexts: [{{name: test, context: {{cluster: test, user: test}}}}]\n\
-             users: [{{name: test, user: {{}}}}]\n"
-        )
-        .unwrap();
+        let kubeconfig = crate::fake_api::kubeconfig(addr);
         let client = client(Some(kubeconfig.path())).await.unwrap();
         let (tx, updates) = mpsc::channel(16);
         let stop = CancellationToken::new();
@@ -167,14 +158,14 @@ async fn watch_events_become_upserts_and_deletes() {
     no_uid["metadata"].as_object_mut().unwrap().remove("uid");
     server.event("ADDED", no_uid);
     server.event("ADDED", c.clone());
-    assert_eq!(agent.next(SOON).await, PodUpdate::Upsert(meta(&c)));
+    assert_eq!(agent.next(SOON).await, PodUpdate::Upsert(Box::new(meta(&c))));
 
     let mut terminating = a.clone();
     terminating["metadata"]["deletionTimestamp"] = "2025-01-07T10:00:00Z".into();
     server.event("MODIFIED", terminating.clone());
     let PodUpdate::Upsert(modified) = agent.next(SOON).await else { panic!("not an upsert") };
     assert!(modified.terminating && modified.uid == UID_A);
-    assert_eq!(modified, meta(&terminating));
+    assert_eq!(*modified, meta(&terminating));
 
     server.event("DELETED", c);
     assert_eq!(agent.next(SOON).await, PodUpdate::Delete { uid: UID_C.into() });
@@ -247,7 +238,7 @@ async fn a_restarted_api_server_is_listed_again() {
     assert_eq!(agent.next(Duration::from_secs(30)).await, snapshot(&[&b]));
     server.wait_for_watch().await;
     server.event("ADDED", c.clone());
-    assert_eq!(agent.next(SOON).await, PodUpdate::Upsert(meta(&c)));
+    assert_eq!(agent.next(SOON).await, PodUpdate::Upsert(Box::new(meta(&c))));
 
     assert_eq!(logs.ours("WARN").len(), 1, "{:?}", logs.ours("WARN"));
     assert_eq!(logs.ours("INFO").len(), 1, "{:?}", logs.ours("INFO"));

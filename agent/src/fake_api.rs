@@ -1,9 +1,11 @@
-//! A stand-in Kubernetes API server for the watcher's tests: it speaks the list/watch wire format
-//! of `GET /api/v1/pods` over plain HTTP/1.1, on raw TCP so that stopping it drops every
-//! connection the way a dead API server does, and it can expire watches, fail requests and end
-//! streams on demand.
+//! A stand-in Kubernetes API server for tests: it speaks the list/watch wire format of
+//! `GET /api/v1/pods` and takes the writes of `events.k8s.io/v1` Events (create, merge patch),
+//! over plain HTTP/1.1, on raw TCP so that stopping it drops every connection the way a dead API
+//! server does; it can expire watches, fail requests and end streams on demand, and records what
+//! was written.
 
 use std::{
+    io::Write as _,
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -20,33 +22,47 @@ use tokio::{
 
 /// What the fake API server answers; tests change it as they go.
 #[derive(Default)]
-pub(super) struct ApiState {
+pub(crate) struct ApiState {
     /// The pods a list returns.
-    pub(super) pods: Vec<Value>,
-    pub(super) resource_version: u64,
+    pub(crate) pods: Vec<Value>,
+    pub(crate) resource_version: u64,
     /// Watches from an older resource version are expired, as after an etcd compaction.
-    pub(super) oldest_version: u64,
+    pub(crate) oldest_version: u64,
     /// Expire a watch by answering the request with HTTP 410, rather than with an ERROR event
     /// in a 200 stream (what API servers do).
-    pub(super) expire_with_http: bool,
+    pub(crate) expire_with_http: bool,
     /// Answer every request with this status (an API server in trouble).
-    pub(super) fail_with: Option<u16>,
+    pub(crate) fail_with: Option<u16>,
     /// The request targets (path and query), with when they came.
-    pub(super) requests: Vec<(String, Instant)>,
+    pub(crate) requests: Vec<(String, Instant)>,
     /// The open watch streams: each line sent is written to the client as one chunk.
-    pub(super) watches: Vec<mpsc::UnboundedSender<String>>,
+    pub(crate) watches: Vec<mpsc::UnboundedSender<String>>,
+    /// Answer writes (POST, PATCH) with this status, reads as usual.
+    pub(crate) fail_writes_with: Option<u16>,
+    /// The writes, in order: method, path and body.
+    pub(crate) writes: Vec<Write>,
+    /// The Events as stored: the created object with every merge patch applied, by path.
+    pub(crate) events: std::collections::BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Write {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) body: Value,
+    pub(crate) at: Instant,
 }
 
 /// Speaks the Kubernetes list/watch wire format for `GET /api/v1/pods` over plain HTTP/1.1,
 /// on raw TCP so that stopping it drops every connection the way a dead API server does.
-pub(super) struct ApiServer {
-    pub(super) addr: SocketAddr,
+pub(crate) struct ApiServer {
+    pub(crate) addr: SocketAddr,
     state: Arc<Mutex<ApiState>>,
     accept: JoinHandle<()>,
 }
 
 impl ApiServer {
-    pub(super) async fn start(addr: SocketAddr, state: ApiState) -> Self {
+    pub(crate) async fn start(addr: SocketAddr, state: ApiState) -> Self {
         let socket = TcpSocket::new_v4().unwrap();
         // The previous server on this port left connections in TIME_WAIT.
         socket.set_reuseaddr(true).unwrap();
@@ -66,16 +82,25 @@ impl ApiServer {
         Self { addr, state, accept }
     }
 
-    pub(super) fn with<R>(&self, f: impl FnOnce(&mut ApiState) -> R) -> R {
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut ApiState) -> R) -> R {
         f(&mut self.state.lock().unwrap())
     }
 
-    pub(super) fn requests(&self) -> Vec<String> {
+    pub(crate) fn writes(&self) -> Vec<Write> {
+        self.with(|s| s.writes.clone())
+    }
+
+    /// The stored Events.
+    pub(crate) fn events(&self) -> Vec<Value> {
+        self.with(|s| s.events.values().cloned().collect())
+    }
+
+    pub(crate) fn requests(&self) -> Vec<String> {
         self.with(|s| s.requests.iter().map(|(r, _)| r.clone()).collect())
     }
 
     /// Sends a watch event to the open watches, with a new resource version.
-    pub(super) fn event(&self, kind: &str, mut object: Value) {
+    pub(crate) fn event(&self, kind: &str, mut object: Value) {
         let line = self.with(|s| {
             s.resource_version += 1;
             object["metadata"]["resourceVersion"] = s.resource_version.to_string().into();
@@ -84,16 +109,16 @@ impl ApiServer {
         self.send_line(line);
     }
 
-    pub(super) fn send_line(&self, line: String) {
+    pub(crate) fn send_line(&self, line: String) {
         self.with(|s| s.watches.retain(|w| w.send(line.clone()).is_ok()));
     }
 
     /// Ends the open watches cleanly, as the API server does at the watch timeout.
-    pub(super) fn end_watches(&self) {
+    pub(crate) fn end_watches(&self) {
         self.with(|s| s.watches.clear());
     }
 
-    pub(super) async fn wait_for_watch(&self) {
+    pub(crate) async fn wait_for_watch(&self) {
         let open = || self.with(|s| s.watches.iter().any(|w| !w.is_closed()));
         timeout(Duration::from_secs(10), async {
             while !open() {
@@ -104,13 +129,27 @@ impl ApiServer {
         .expect("no watch request within 10 s");
     }
 
-    pub(super) fn stop(self) -> SocketAddr {
+    pub(crate) fn stop(self) -> SocketAddr {
         self.accept.abort();
         self.addr
     }
 }
 
-pub(super) fn status(code: u16, reason: &str, message: &str) -> Value {
+/// A kubeconfig for the server at `addr`, as `--kubeconfig` gives one.
+pub(crate) fn kubeconfig(addr: SocketAddr) -> tempfile::NamedTempFile {
+    let mut kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    write!(
+        kubeconfig,
+        "apiVersion: v1\nkind: Config\ncurrent-context: test\n\
+         clusters: [{{name: test, cluster: {{server: 'http://{addr}'}}}}]\n\
+         contexts: [{{name: test, context: {{cluster: test, user: test}}}}]\n\
+         users: [{{name: test, user: {{}}}}]\n"
+    )
+    .unwrap();
+    kubeconfig
+}
+
+pub(crate) fn status(code: u16, reason: &str, message: &str) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
            "reason": reason, "code": code, "message": message})
 }
@@ -125,7 +164,22 @@ async fn serve(mut socket: TcpStream, state: Arc<Mutex<ApiState>>) -> std::io::R
         }
         head.extend_from_slice(&buf[..n]);
     }
+    let end = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let mut body = head.split_off(end);
+    let length = String::from_utf8_lossy(&head)
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0);
+    while body.len() < length {
+        let n = socket.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        body.extend_from_slice(&buf[..n]);
+    }
     let head = String::from_utf8_lossy(&head);
+    let method = head.split(' ').next().unwrap_or_default().to_string();
     let target = head.split(' ').nth(1).unwrap_or_default().to_string();
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let param = |name: &str| {
@@ -141,7 +195,13 @@ async fn serve(mut socket: TcpStream, state: Arc<Mutex<ApiState>>) -> std::io::R
     let answer = {
         let mut s = state.lock().unwrap();
         s.requests.push((target.clone(), Instant::now()));
-        if let Some(code) = s.fail_with {
+        if method == "POST" || method == "PATCH" {
+            let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let at = Instant::now();
+            s.writes.push(Write { method: method.clone(), path: path.to_string(), body: body.clone(), at });
+            let (code, object) = write(&mut s, &method, path, body);
+            Answer::Json(code, object)
+        } else if let Some(code) = s.fail_with {
             Answer::Json(code, status(code, "InternalError", "etcdserver: request timed out"))
         } else if path != "/api/v1/pods" {
             Answer::Json(404, status(404, "NotFound", "the server could not find the requested resource"))
@@ -191,5 +251,57 @@ async fn serve(mut socket: TcpStream, state: Arc<Mutex<ApiState>>) -> std::io::R
             }
             socket.write_all(b"0\r\n\r\n").await
         }
+    }
+}
+
+/// A write to `events.k8s.io/v1` Events: the status and the object answered.
+fn write(s: &mut ApiState, method: &str, path: &str, body: Value) -> (u16, Value) {
+    const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/";
+    let Some(rest) = path.strip_prefix(EVENTS) else {
+        return (404, status(404, "NotFound", "the server could not find the requested resource"));
+    };
+    if let Some(code) = s.fail_writes_with {
+        let reason = match code {
+            403 => "Forbidden",
+            409 => "Conflict",
+            _ => "InternalError",
+        };
+        return (code, status(code, reason, &format!("{method} {path} refused by the test")));
+    }
+    let parts: Vec<&str> = rest.split('/').collect();
+    match (method, parts.as_slice()) {
+        ("POST", &[_, "events"]) => {
+            let name = body["metadata"]["name"].as_str().unwrap_or_default();
+            let key = format!("{path}/{name}");
+            if s.events.contains_key(&key) {
+                return (409, status(409, "AlreadyExists", &format!("events \"{name}\" already exists")));
+            }
+            s.events.insert(key, body.clone());
+            (201, body)
+        }
+        ("PATCH", &[_, "events", _]) => match s.events.get_mut(path) {
+            Some(event) => {
+                merge(event, &body);
+                (200, event.clone())
+            }
+            None => (404, status(404, "NotFound", "events not found")),
+        },
+        _ => (405, status(405, "MethodNotAllowed", "not supported by the fake")),
+    }
+}
+
+/// A JSON merge patch (RFC 7386), as the API server applies `application/merge-patch+json`.
+fn merge(target: &mut Value, patch: &Value) {
+    match (target.as_object_mut(), patch.as_object()) {
+        (Some(target), Some(patch)) => {
+            for (k, v) in patch {
+                if v.is_null() {
+                    target.remove(k);
+                } else {
+                    merge(target.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        _ => *target = patch.clone(),
     }
 }

@@ -1,0 +1,204 @@
+//! The Event writer against the stand-in API server (`crate::fake_api`), which stores what the
+//! real one would: the Events as created and merge-patched.
+
+use std::net::SocketAddr;
+
+use serde_json::json;
+use tokio::time::{sleep, timeout};
+
+use super::*;
+use crate::fake_api::{ApiServer, ApiState};
+
+const POD_UID: &str = "3f6c1e2a-9b4d-4c8e-a1f7-5d2b8e0c6a91";
+
+fn pod_incident() -> Incident {
+    let mut incident = crate::incidents::tests::incident(None);
+    incident.pod = "tenant-api-5d8c7b9f4-q7x2m".into();
+    incident.pod_uid = Some(POD_UID.into());
+    incident.summary = "NFS to 10.55.0.1:2049 is redirected to 15001 and reset".into();
+    incident
+}
+
+/// The writer for node-a against `server`, through a kubeconfig as `--kubeconfig` gives, with a
+/// short series interval.
+struct Running {
+    queue: mpsc::Sender<Vec<Incident>>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    _kubeconfig: tempfile::NamedTempFile,
+}
+
+const SERIES_INTERVAL: Duration = Duration::from_millis(500);
+
+impl Running {
+    async fn start(addr: SocketAddr) -> Self {
+        let kubeconfig = crate::fake_api::kubeconfig(addr);
+        let client = crate::attribution::pods::api::client(Some(kubeconfig.path())).await.unwrap();
+        let (queue, fired) = mpsc::channel(QUEUE);
+        let metrics = Arc::new(Metrics::new(32768..=60999, Default::default()));
+        let stop = CancellationToken::new();
+        let settings = Settings { series_interval: SERIES_INTERVAL, forget_after: Duration::from_secs(600) };
+        let task = tokio::spawn(run(client, "node-a".into(), settings, fired, metrics.clone(), stop.clone()));
+        Self { queue, metrics, stop, task, _kubeconfig: kubeconfig }
+    }
+
+    async fn fire(&self, incidents: Vec<Incident>) {
+        self.queue.send(incidents).await.unwrap();
+    }
+
+    fn writes(&self, result: &str) -> u64 {
+        written(&self.metrics, result)
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        timeout(Duration::from_secs(1), self.task).await.expect("the writer did not stop").unwrap();
+    }
+}
+
+/// `kstall_kubernetes_writes_total{kind="event",result}` as scraped.
+fn written(metrics: &Metrics, result: &str) -> u64 {
+    let series = format!("kstall_kubernetes_writes_total{{kind=\"event\",result=\"{result}\"}} ");
+    let text = metrics.render();
+    text.lines().find_map(|l| l.strip_prefix(series.as_str())?.parse().ok()).unwrap_or(0)
+}
+
+async fn server(state: ApiState) -> ApiServer {
+    ApiServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), state).await
+}
+
+/// Awaits `f` for up to 10 s.
+async fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(v) = f() {
+                return v;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} within 10 s"))
+}
+
+#[test]
+fn reasons_are_upper_camel_case_with_acronyms() {
+    assert_eq!(reason("nfs-sidecar-redirect"), "NFSSidecarRedirect");
+    assert_eq!(reason("pod-termination-blocked"), "PodTerminationBlocked");
+    assert_eq!(reason("system-oom"), "SystemOOM");
+    assert_eq!(reason("nfs-node-wide-stall"), "NFSNodeWideStall");
+}
+
+#[test]
+fn a_long_note_is_cut_to_the_apis_limit_on_a_character() {
+    let mut incident = pod_incident();
+    incident.summary = "é".repeat(2000);
+    let note = notice(&incident, "node-a").unwrap().note;
+    assert!(note.len() <= NOTE_BYTES && note.ends_with('…'), "{} bytes", note.len());
+    // A pod kstall cannot name (no UID) gets no Event.
+    incident.pod_uid = None;
+    assert_eq!(notice(&incident, "node-a"), None);
+}
+
+#[tokio::test]
+async fn an_incident_posts_one_event_on_its_pod() {
+    let server = server(ApiState::default()).await;
+    let writer = Running::start(server.addr).await;
+    writer.fire(vec![pod_incident()]).await;
+    let event = until("an Event", || server.events().into_iter().next()).await;
+    let writes = server.writes();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(
+        (writes[0].method.as_str(), writes[0].path.as_str()),
+        ("POST", "/apis/events.k8s.io/v1/namespaces/shop/events")
+    );
+    assert_eq!(
+        event["regarding"],
+        json!({"apiVersion": "v1", "kind": "Pod", "namespace": "shop", "name": "tenant-api-5d8c7b9f4-q7x2m", "uid": POD_UID})
+    );
+    assert_eq!(
+        (&event["type"], &event["reason"], &event["action"]),
+        (&json!("Warning"), &json!("NFSSidecarRedirect"), &json!("Detected"))
+    );
+    assert_eq!(
+        (&event["reportingController"], &event["reportingInstance"]),
+        (&json!("kstall"), &json!("kstall-node-a"))
+    );
+    assert_eq!(event["deprecatedSource"], json!({"component": "kstall", "host": "node-a"}));
+    let note = event["note"].as_str().unwrap();
+    assert!(note.starts_with("NFS to 10.55.0.1:2049 is redirected to 15001 and reset"), "{note}");
+    assert!(note.contains("runbook docs/runbooks/nfs-sidecar-redirect.md"), "{note}");
+    assert!(event["eventTime"].is_string() && event.get("series").is_none(), "{event}");
+    assert_eq!(writer.writes("created"), 1);
+    writer.stop().await;
+}
+
+#[tokio::test]
+async fn fifty_repeats_are_one_event_with_a_count() {
+    let server = server(ApiState::default()).await;
+    let writer = Running::start(server.addr).await;
+    for _ in 0..50 {
+        writer.fire(vec![pod_incident()]).await;
+    }
+    let event =
+        until("series.count 50", || server.events().into_iter().find(|e| e["series"]["count"] == 50)).await;
+    assert_eq!(server.events().len(), 1, "one Event");
+    let writes = server.writes();
+    let posts = writes.iter().filter(|w| w.method == "POST").count();
+    let patches: Vec<_> = writes.iter().filter(|w| w.method == "PATCH").collect();
+    assert_eq!(posts, 1, "{writes:?}");
+    assert!(!patches.is_empty() && patches.iter().all(|p| p.body["series"]["lastObservedTime"].is_string()));
+    // Rate-limited: a count is patched at most once per series interval, however fast the
+    // repeats come (here all 49 within milliseconds).
+    for pair in patches.windows(2) {
+        assert!(pair[1].at.duration_since(pair[0].at) >= SERIES_INTERVAL, "{patches:?}");
+    }
+    assert_eq!(event["reason"], "NFSSidecarRedirect");
+    writer.stop().await;
+}
+
+#[tokio::test]
+async fn a_node_wide_incident_posts_on_the_node() {
+    let server = server(ApiState::default()).await;
+    let writer = Running::start(server.addr).await;
+    let mut stall = crate::incidents::tests::incident(None);
+    stall.signature = "nfs-node-wide-stall".into();
+    (stall.namespace, stall.pod) = (String::new(), String::new());
+    writer.fire(vec![stall]).await;
+    let event = until("an Event", || server.events().into_iter().next()).await;
+    assert_eq!(server.writes()[0].path, "/apis/events.k8s.io/v1/namespaces/default/events");
+    assert_eq!(
+        event["regarding"],
+        json!({"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "node-a"})
+    );
+    assert_eq!(event["reason"], "NFSNodeWideStall");
+    writer.stop().await;
+}
+
+#[tokio::test]
+async fn refused_writes_are_counted_and_the_writer_goes_on() {
+    let server = server(ApiState { fail_writes_with: Some(403), ..ApiState::default() }).await;
+    let writer = Running::start(server.addr).await;
+    writer.fire(vec![pod_incident()]).await;
+    until("a forbidden write counted", || (writer.writes("forbidden") == 1).then_some(())).await;
+    server.with(|s| s.fail_writes_with = Some(409));
+    writer.fire(vec![pod_incident()]).await;
+    until("a conflict counted", || (writer.writes("conflict") == 1).then_some(())).await;
+    assert!(server.events().is_empty());
+    // The API takes writes again: the next occurrence is created.
+    server.with(|s| s.fail_writes_with = None);
+    writer.fire(vec![pod_incident()]).await;
+    until("an Event", || server.events().into_iter().next()).await;
+    assert_eq!(writer.writes("created"), 1);
+    writer.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_queue_drops_and_counts() {
+    let metrics = Metrics::new(32768..=60999, Default::default());
+    let (queue, _fired) = mpsc::channel(1);
+    offer(&queue, &[pod_incident()], &metrics);
+    offer(&queue, &[pod_incident(), pod_incident()], &metrics);
+    assert_eq!(written(&metrics, "dropped"), 2);
+}
