@@ -41,17 +41,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
                           "metadata": {"resourceVersion": "1"}, "items": items})
 
     def do_POST(self):
-        self.write(201 if self.path.endswith("/events") else 404)
+        self.write(201 if self.path.partition("?")[0].endswith("/events") else 404)
 
     def do_PATCH(self):
         self.write(200 if "/events/" in self.path else 404)
 
     def write(self, code):
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"null")
-        if not self.path.startswith(EVENTS):
+        path = self.path.partition("?")[0]
+        if not path.startswith(EVENTS):
             code = 404
         with written, open(events_path, "a") as f:
-            f.write(json.dumps({"method": self.command, "path": self.path, "body": body}) + "\n")
+            f.write(json.dumps({"method": self.command, "path": path, "body": body}) + "\n")
         if code == 404:
             return self.answer(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                      "reason": "NotFound", "code": 404, "metadata": {}})
