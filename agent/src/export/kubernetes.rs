@@ -31,7 +31,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::Metrics;
-use crate::incidents::Incident;
+use crate::{attribution::pods::api::ErrorChain, incidents::Incident};
 
 /// `reportingController` and `source.component` of every Event.
 pub const CONTROLLER: &str = "kstall";
@@ -192,7 +192,7 @@ struct Writer {
     metrics: Arc<Metrics>,
     open: HashMap<(Regarding, String), Open>,
     /// Causes logged since the last write that worked: each is logged once.
-    warned: HashSet<String>,
+    warned: HashSet<&'static str>,
 }
 
 impl Writer {
@@ -315,7 +315,8 @@ impl Writer {
                 };
                 (result, Some(format!("HTTP {}: {}", status.code, status.message)))
             }
-            Ok(Err(e)) => ("unreachable", Some(e.to_string())),
+            // kube's message stops at "client error (Connect)": the cause is further down.
+            Ok(Err(e)) => ("unreachable", Some(ErrorChain(&e).to_string())),
             Err(_) => ("unreachable", Some(format!("no answer within {REQUEST_TIMEOUT:?}"))),
         };
         self.metrics.kubernetes_write("event", result);
@@ -325,7 +326,7 @@ impl Writer {
                 true
             }
             Some(error) => {
-                if self.warned.insert(result.to_string()) {
+                if self.warned.insert(result) {
                     let hint = if result == "forbidden" {
                         " (the service account needs create and patch on events.k8s.io events: deploy/base/rbac.yaml)"
                     } else {

@@ -161,7 +161,7 @@ fn expired(error: &watcher::Error) -> bool {
 
 /// An error with its causes: kube's own messages stop at "client error (Connect)", the cause
 /// ("Connection refused", a TLS failure) is further down.
-struct ErrorChain<'a>(&'a (dyn std::error::Error + 'static));
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
