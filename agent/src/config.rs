@@ -6,7 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
-use crate::probes;
+use crate::{export::kubernetes::conditions::Condition, kubelet, probes};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9700";
 pub const DEFAULT_API_SOCKET: &str = "/run/kstall/kstall.sock";
@@ -115,6 +115,34 @@ pub struct AgentArgs {
     /// off [default: on with the Kubernetes API pod source, else off].
     #[arg(long, env = "KSTALL_KUBERNETES_EVENTS", value_name = "on|off")]
     pub kubernetes_events: Option<String>,
+    /// Node conditions kstall keeps on its Node (True while their incident fires): any of
+    /// NFSClientStalled, KernelSystemOOM, KubeletDegraded, comma-separated, or none [default:
+    /// none]. Needs the API pod source and patch on nodes/status.
+    #[arg(long, env = "KSTALL_NODE_CONDITIONS", value_name = "LIST", value_delimiter = ',')]
+    pub node_conditions: Option<Vec<String>>,
+    /// Check the kubelet's healthz and TLS handshake for kubelet-degraded: on or off [default: on
+    /// with the Kubernetes API pod source, else off].
+    #[arg(long, env = "KSTALL_KUBELET_CHECKS", value_name = "on|off")]
+    pub kubelet_checks: Option<String>,
+    /// [default: http://127.0.0.1:10248/healthz].
+    #[arg(long, env = "KSTALL_KUBELET_HEALTHZ", value_name = "URL")]
+    pub kubelet_healthz: Option<String>,
+    /// The kubelet's server, for the TLS handshake check [default: 127.0.0.1:10250].
+    #[arg(long, env = "KSTALL_KUBELET_SERVER", value_name = "HOST:PORT")]
+    pub kubelet_server: Option<String>,
+    /// Pods waiting for an image (ImagePullBackOff, ErrImagePull) that fire kubelet-degraded
+    /// [default: 20].
+    #[arg(long, env = "KSTALL_KUBELET_IMAGE_PULL_PODS", value_name = "N")]
+    pub kubelet_image_pull_pods: Option<String>,
+    /// Pods this long past their deletion deadline count as stuck Terminating [default: 5m].
+    #[arg(long, env = "KSTALL_KUBELET_TERMINATION_OVERDUE", value_name = "DURATION")]
+    pub kubelet_termination_overdue: Option<String>,
+    /// Pods stuck Terminating that fire kubelet-degraded [default: 3].
+    #[arg(long, env = "KSTALL_KUBELET_STUCK_TERMINATING_PODS", value_name = "N")]
+    pub kubelet_stuck_terminating_pods: Option<String>,
+    /// A kubelet check failing this long fires kubelet-degraded [default: 30s].
+    #[arg(long, env = "KSTALL_KUBELET_UNHEALTHY_AFTER", value_name = "DURATION")]
+    pub kubelet_unhealthy_after: Option<String>,
     /// Push incidents to this Alertmanager (http://host:port), repeatable or comma-separated.
     #[arg(long, env = "KSTALL_ALERTMANAGER_URL", value_name = "URL", value_delimiter = ',')]
     pub alertmanager_url: Option<Vec<String>>,
@@ -162,6 +190,14 @@ struct FileConfig {
     node_wide_min_pods: Option<String>,
     alertmanager_url: Option<Vec<String>>,
     kubernetes_events: Option<bool>,
+    node_conditions: Option<Vec<String>>,
+    kubelet_checks: Option<bool>,
+    kubelet_healthz: Option<String>,
+    kubelet_server: Option<String>,
+    kubelet_image_pull_pods: Option<String>,
+    kubelet_termination_overdue: Option<String>,
+    kubelet_stuck_terminating_pods: Option<String>,
+    kubelet_unhealthy_after: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,6 +236,10 @@ pub struct Config {
     pub alertmanager_urls: Vec<String>,
     /// Incidents become Kubernetes Events (needs the API pod source).
     pub kubernetes_events: bool,
+    /// The node conditions kstall keeps (needs the API pod source).
+    pub node_conditions: Vec<Condition>,
+    /// The kubelet's health checks, when on.
+    pub kubelet: Option<kubelet::Settings>,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -356,6 +396,14 @@ impl Config {
             oom_loop_window: args.oom_loop_window.or(file.oom_loop_window),
             system_oom_hold: args.system_oom_hold.or(file.system_oom_hold),
             node_wide_min_pods: args.node_wide_min_pods.or(file.node_wide_min_pods),
+            kubelet_image_pull_pods: args.kubelet_image_pull_pods.or(file.kubelet_image_pull_pods),
+            kubelet_termination_overdue: args
+                .kubelet_termination_overdue
+                .or(file.kubelet_termination_overdue),
+            kubelet_stuck_terminating_pods: args
+                .kubelet_stuck_terminating_pods
+                .or(file.kubelet_stuck_terminating_pods),
+            kubelet_unhealthy_after: args.kubelet_unhealthy_after.or(file.kubelet_unhealthy_after),
         })?;
 
         let alertmanager_urls: Vec<String> = args
@@ -371,21 +419,35 @@ impl Config {
         }
 
         let api = matches!(pod_metadata, PodMetadata::Api { .. });
-        let kubernetes_events = match args.kubernetes_events.as_deref() {
-            Some("on") => Some(true),
-            Some("off") => Some(false),
-            Some(other) => return Err(invalid("kubernetes_events", format!("{other:?} is not on or off"))),
-            None => file.kubernetes_events,
+        let needs_api = |field| {
+            invalid(field, "needs the Kubernetes API pod source (--pod-metadata api, or a kubeconfig)")
         };
-        let kubernetes_events = match kubernetes_events {
-            Some(true) if !api => {
-                return Err(invalid(
-                    "kubernetes_events",
-                    "needs the Kubernetes API pod source (--pod-metadata api, or a kubeconfig)",
-                ));
+        let kubernetes_events =
+            match on_off("kubernetes_events", args.kubernetes_events, file.kubernetes_events)? {
+                Some(true) if !api => return Err(needs_api("kubernetes_events")),
+                Some(on) => on,
+                None => api,
+            };
+        let node_conditions =
+            node_conditions(args.node_conditions.or(file.node_conditions).unwrap_or_default())?;
+        if !node_conditions.is_empty() && !api {
+            return Err(needs_api("node_conditions"));
+        }
+        let kubelet = match on_off("kubelet_checks", args.kubelet_checks, file.kubelet_checks)?.unwrap_or(api)
+        {
+            false => None,
+            true => {
+                let mut settings = kubelet::Settings::default();
+                if let Some(url) = args.kubelet_healthz.or(file.kubelet_healthz) {
+                    settings.healthz =
+                        kubelet::healthz_url(url.trim()).map_err(|e| invalid("kubelet_healthz", e))?;
+                }
+                if let Some(address) = args.kubelet_server.or(file.kubelet_server) {
+                    settings.server =
+                        kubelet::server_address(address.trim()).map_err(|e| invalid("kubelet_server", e))?;
+                }
+                Some(settings)
             }
-            Some(on) => on,
-            None => api,
         };
 
         let capture = kstall_common::capture::CaptureFilter {
@@ -405,6 +467,8 @@ impl Config {
             },
             alertmanager_urls,
             kubernetes_events,
+            node_conditions,
+            kubelet,
             incidents,
             pod_metadata,
             node_name,
@@ -433,6 +497,39 @@ struct IncidentArgs {
     oom_loop_window: Option<String>,
     system_oom_hold: Option<String>,
     node_wide_min_pods: Option<String>,
+    kubelet_image_pull_pods: Option<String>,
+    kubelet_termination_overdue: Option<String>,
+    kubelet_stuck_terminating_pods: Option<String>,
+    kubelet_unhealthy_after: Option<String>,
+}
+
+/// `on` / `off` from a flag, else the file's boolean.
+fn on_off(
+    field: &'static str,
+    flag: Option<String>,
+    file: Option<bool>,
+) -> Result<Option<bool>, ConfigError> {
+    match flag.as_deref().map(str::trim) {
+        Some("on") => Ok(Some(true)),
+        Some("off") => Ok(Some(false)),
+        Some(other) => Err(invalid(field, format!("{other:?} is not on or off"))),
+        None => Ok(file),
+    }
+}
+
+/// `NFSClientStalled,KubeletDegraded`, or `none`.
+fn node_conditions(names: Vec<String>) -> Result<Vec<Condition>, ConfigError> {
+    let mut conditions = Vec::new();
+    for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty() && *n != "none") {
+        let condition = Condition::parse(name).ok_or_else(|| {
+            let known: Vec<&str> = Condition::ALL.iter().map(|c| c.type_name()).collect();
+            invalid("node_conditions", format!("{name:?} is not one of {}, none", known.join(", ")))
+        })?;
+        if !conditions.contains(&condition) {
+            conditions.push(condition);
+        }
+    }
+    Ok(conditions)
 }
 
 /// The incidents' settings from what was given; the bounds are the incidents' own.
@@ -490,6 +587,25 @@ fn incident_settings(a: &mut IncidentArgs) -> Result<crate::incidents::Settings,
         s.node_wide_min_pods,
         Settings::MIN_NODE_WIDE_PODS,
     )?;
+    s.kubelet_image_pull_pods = count(
+        "kubelet_image_pull_pods",
+        &a.kubelet_image_pull_pods,
+        s.kubelet_image_pull_pods,
+        Settings::MIN_KUBELET_IMAGE_PULL_PODS,
+    )?;
+    s.kubelet_termination_overdue = duration(
+        "kubelet_termination_overdue",
+        &a.kubelet_termination_overdue,
+        s.kubelet_termination_overdue,
+    )?;
+    s.kubelet_stuck_terminating_pods = count(
+        "kubelet_stuck_terminating_pods",
+        &a.kubelet_stuck_terminating_pods,
+        s.kubelet_stuck_terminating_pods,
+        Settings::MIN_KUBELET_STUCK_TERMINATING_PODS,
+    )?;
+    s.kubelet_unhealthy_after =
+        duration("kubelet_unhealthy_after", &a.kubelet_unhealthy_after, s.kubelet_unhealthy_after)?;
     Ok(s)
 }
 
@@ -712,6 +828,80 @@ mod tests {
         let err =
             resolve(AgentArgs { probes: Some(vec!["oom-kil".into()]), ..Default::default() }).unwrap_err();
         assert!(err.message.contains("tcp-reset"), "{err}");
+    }
+
+    #[test]
+    fn node_conditions_are_opt_in_by_name_and_need_the_api() {
+        let api = || AgentArgs { kubeconfig: Some("/k".into()), ..Default::default() };
+        assert!(resolve(api()).unwrap().node_conditions.is_empty(), "none by default");
+        let some = |list: &[&str]| AgentArgs {
+            node_conditions: Some(list.iter().map(|s| s.to_string()).collect()),
+            ..api()
+        };
+        assert_eq!(
+            resolve(some(&["KubeletDegraded", " NFSClientStalled", "KubeletDegraded"]))
+                .unwrap()
+                .node_conditions,
+            [Condition::KubeletDegraded, Condition::NfsClientStalled]
+        );
+        assert!(resolve(some(&["none"])).unwrap().node_conditions.is_empty());
+        let err = resolve(some(&["NFSClientStalled", "Ready"])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration: node_conditions: \"Ready\" is not one of NFSClientStalled, KernelSystemOOM, KubeletDegraded, none"
+        );
+        let without_api = AgentArgs { pod_metadata: Some("none".into()), ..some(&["KernelSystemOOM"]) };
+        assert_eq!(resolve(without_api).unwrap_err().field, "node_conditions");
+    }
+
+    #[test]
+    fn kubelet_checks_follow_the_api_source_and_take_their_addresses() {
+        let api = || AgentArgs { kubeconfig: Some("/k".into()), ..Default::default() };
+        assert_eq!(resolve(api()).unwrap().kubelet, Some(kubelet::Settings::default()), "on with the API");
+        let none = AgentArgs { pod_metadata: Some("none".into()), ..Default::default() };
+        assert_eq!(resolve(none).unwrap().kubelet, None, "a node without a kubelet to ask");
+        let off = AgentArgs { kubelet_checks: Some("off".into()), ..api() };
+        assert_eq!(resolve(off).unwrap().kubelet, None);
+        let moved = AgentArgs {
+            kubelet_healthz: Some("http://10.0.0.7:10248/healthz".into()),
+            kubelet_server: Some("10.0.0.7:10250".into()),
+            ..api()
+        };
+        let settings = resolve(moved).unwrap().kubelet.unwrap();
+        assert_eq!(
+            (settings.healthz.to_string(), settings.server.as_str()),
+            ("http://10.0.0.7:10248/healthz".into(), "10.0.0.7:10250")
+        );
+        for (args, field) in [
+            (
+                AgentArgs { kubelet_healthz: Some("https://127.0.0.1:10248/healthz".into()), ..api() },
+                "kubelet_healthz",
+            ),
+            (AgentArgs { kubelet_server: Some("127.0.0.1".into()), ..api() }, "kubelet_server"),
+            (AgentArgs { kubelet_checks: Some("maybe".into()), ..api() }, "kubelet_checks"),
+            (AgentArgs { kubelet_image_pull_pods: Some("1".into()), ..api() }, "kubelet_image_pull_pods"),
+            (
+                AgentArgs { kubelet_stuck_terminating_pods: Some("0".into()), ..api() },
+                "kubelet_stuck_terminating_pods",
+            ),
+            (
+                AgentArgs { kubelet_termination_overdue: Some("soon".into()), ..api() },
+                "kubelet_termination_overdue",
+            ),
+            (AgentArgs { kubelet_unhealthy_after: Some("0s".into()), ..api() }, "kubelet_unhealthy_after"),
+        ] {
+            assert_eq!(resolve(args).unwrap_err().field, field);
+        }
+        let tuned = AgentArgs {
+            kubelet_image_pull_pods: Some("100".into()),
+            kubelet_termination_overdue: Some("10m".into()),
+            ..api()
+        };
+        let incidents = resolve(tuned).unwrap().incidents;
+        assert_eq!(
+            (incidents.kubelet_image_pull_pods, incidents.kubelet_termination_overdue),
+            (100, Duration::from_secs(600))
+        );
     }
 
     #[test]

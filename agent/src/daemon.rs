@@ -28,8 +28,8 @@ use crate::{
     events::{Counts, Decoder},
     export::{alertmanager, kubernetes, metrics::Metrics},
     incidents::engine::Engine,
-    kernel,
-    pipeline::{self, Pipeline},
+    kernel, kubelet,
+    pipeline::{self, IncidentOutputs, Pipeline},
     probes::{self, hung_task},
     state::AgentState,
     stuck::{self, StuckSet},
@@ -124,28 +124,53 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let urls = config.alertmanager_urls.clone();
         tokio::spawn(alertmanager::run(urls, alerts_rx, metrics.clone(), shutdown.clone()))
     });
-    let (events_to_post, to_post) = mpsc::channel(kubernetes::QUEUE);
-    let poster = match (&config.pod_metadata, config.kubernetes_events) {
-        (PodMetadata::Api { kubeconfig }, true) => {
-            let (kubeconfig, node, metrics) = (kubeconfig.clone(), config.node_name.clone(), metrics.clone());
-            let stop = shutdown.clone();
-            Some(tokio::spawn(async move {
-                // The pod watch reports a client that cannot be made.
-                if let Ok(client) = pods::api::client(kubeconfig.as_deref()).await {
-                    kubernetes::run(client, node, kubernetes::Settings::default(), to_post, metrics, stop)
-                        .await;
-                }
-            }))
+    let mut outputs = IncidentOutputs { alerts: pusher.is_some().then_some(alerts_tx), ..Default::default() };
+    let mut writers = Vec::new();
+    if let Some(client) = &attribution.client {
+        let node = config.node_name.clone();
+        if config.kubernetes_events {
+            let (queue, fired) = mpsc::channel(kubernetes::events::QUEUE);
+            outputs.kubernetes_events = Some(queue);
+            let settings = kubernetes::events::Settings::default();
+            let run = kubernetes::events::run(
+                client.clone(),
+                node.clone(),
+                settings,
+                fired,
+                metrics.clone(),
+                shutdown.clone(),
+            );
+            writers.push(tokio::spawn(run));
         }
-        _ => None,
-    };
+        if !config.node_conditions.is_empty() {
+            let enabled = config.node_conditions.clone();
+            let (wanted_tx, wanted) =
+                watch::channel(kubernetes::conditions::wanted(&enabled, std::iter::empty()));
+            outputs.node_conditions = Some((enabled, wanted_tx));
+            let settings = kubernetes::conditions::Settings::default();
+            let run = kubernetes::conditions::run(
+                client.clone(),
+                node,
+                settings,
+                wanted,
+                metrics.clone(),
+                shutdown.clone(),
+            );
+            writers.push(tokio::spawn(run));
+        }
+    }
+    let (kubelet_tx, kubelet_health) = watch::channel(kubelet::Health::default());
+    let kubelet_checks = config
+        .kubelet
+        .clone()
+        .map(|settings| tokio::spawn(kubelet::watch(settings, kubelet_tx, stop_intake.clone())));
     let evaluator = tokio::spawn(pipeline::evaluate_incidents(
         incidents.clone(),
         stuck.clone(),
         attribution.index.clone(),
+        kubelet_health,
         metrics.clone(),
-        pusher.is_some().then_some(alerts_tx),
-        poster.is_some().then_some(events_to_post),
+        outputs,
         stop_intake.clone(),
     ));
     let symbols = tokio::spawn(symbols::keep_current(loaded.decoding.symbols.clone(), stop_intake.clone()));
@@ -218,13 +243,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let _ = loss.await;
     }
     let _ = tokio::join!(stuck_states, symbols, evaluator);
+    if let Some(checks) = kubelet_checks {
+        let _ = checks.await;
+    }
     for task in attribution.tasks {
         let _ = task.await;
     }
     drop(hung_task_timeout);
     shutdown.cancel();
     let _ = tokio::join!(http_task, api_task);
-    for task in [pusher, poster].into_iter().flatten() {
+    for task in pusher.into_iter().chain(writers) {
         let _ = task.await;
     }
     drop(loaded);
@@ -281,6 +309,7 @@ async fn start_attribution(config: &Config, stop: CancellationToken) -> RunningA
     let inputs = resolver::Inputs { pods: pods_rx, misses: misses_rx };
     let mut tasks = vec![tokio::spawn(resolver::run(resolver, inputs, index_tx, stop.clone()))];
     let labels = config.pod_labels.clone();
+    let mut client = None;
     let health = match &config.pod_metadata {
         PodMetadata::None => Health::new("none".into(), true),
         PodMetadata::File(path) => {
@@ -289,23 +318,24 @@ async fn start_attribution(config: &Config, stop: CancellationToken) -> RunningA
             health
         }
         PodMetadata::Api { kubeconfig } => {
-            let (kubeconfig, node) = (kubeconfig.clone(), config.node_name.clone());
+            let node = config.node_name.clone();
             let health = Health::new(format!("api (node {node})"), false);
-            let source = health.clone();
-            tasks.push(tokio::spawn(async move {
-                match pods::api::client(kubeconfig.as_deref()).await {
-                    Ok(client) => pods::api::watch_pods(client, node, labels, pods_tx, source, stop).await,
-                    Err(e) => {
-                        let e = format!("{e:#}");
-                        tracing::warn!(error = %e, "no Kubernetes API: events carry pod UIDs, not names");
-                        source.set(false, Some(e));
-                    }
+            match pods::api::client(kubeconfig.as_deref()).await {
+                Ok(c) => {
+                    let watch = pods::api::watch_pods(c.clone(), node, labels, pods_tx, health.clone(), stop);
+                    tasks.push(tokio::spawn(watch));
+                    client = Some(c);
                 }
-            }));
+                Err(e) => {
+                    let e = format!("{e:#}");
+                    tracing::warn!(error = %e, "no Kubernetes API: events carry pod UIDs, not names");
+                    health.set(false, Some(e));
+                }
+            }
             health
         }
     };
-    RunningAttribution { index: index_rx, tasks, misses: misses_tx, health }
+    RunningAttribution { index: index_rx, tasks, misses: misses_tx, health, client }
 }
 
 /// The running attribution: its index for the event path, its tasks, where misses go, and how
@@ -315,6 +345,8 @@ struct RunningAttribution {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     misses: mpsc::Sender<Key>,
     health: Health,
+    /// The API client of the pod source, shared with the API's writers.
+    client: Option<kube::Client>,
 }
 
 /// Adds what the hung-task detector is set to, to the probe's status: a probe that is up but

@@ -1,5 +1,6 @@
 //! A stand-in Kubernetes API server for tests: it speaks the list/watch wire format of
-//! `GET /api/v1/pods` and takes the writes of `events.k8s.io/v1` Events (create, merge patch),
+//! `GET /api/v1/pods` and takes the writes of `events.k8s.io/v1` Events (create, merge patch)
+//! and of Node status (strategic merge patch: conditions merged by type, as the real one does),
 //! over plain HTTP/1.1, on raw TCP so that stopping it drops every connection the way a dead API
 //! server does; it can expire watches, fail requests and end streams on demand, and records what
 //! was written.
@@ -43,6 +44,8 @@ pub(crate) struct ApiState {
     pub(crate) writes: Vec<Write>,
     /// The Events as stored: the created object with every merge patch applied, by path.
     pub(crate) events: std::collections::BTreeMap<String, Value>,
+    /// The Nodes, by name: a status patch applies to the one named.
+    pub(crate) nodes: std::collections::BTreeMap<String, Value>,
 }
 
 #[derive(Debug, Clone)]
@@ -50,6 +53,7 @@ pub(crate) struct Write {
     pub(crate) method: String,
     pub(crate) path: String,
     pub(crate) body: Value,
+    pub(crate) content_type: String,
     pub(crate) at: Instant,
 }
 
@@ -88,6 +92,11 @@ impl ApiServer {
 
     pub(crate) fn writes(&self) -> Vec<Write> {
         self.with(|s| s.writes.clone())
+    }
+
+    /// The Node named `name` as stored.
+    pub(crate) fn node(&self, name: &str) -> Option<Value> {
+        self.with(|s| s.nodes.get(name).cloned())
     }
 
     /// The stored Events.
@@ -135,6 +144,20 @@ impl ApiServer {
     }
 }
 
+/// Awaits `f` for up to 10 s: what a test waits for the server to have been told.
+pub(crate) async fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(v) = f() {
+                return v;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} within 10 s"))
+}
+
 /// A kubeconfig for the server at `addr`, as `--kubeconfig` gives one.
 pub(crate) fn kubeconfig(addr: SocketAddr) -> tempfile::NamedTempFile {
     let mut kubeconfig = tempfile::NamedTempFile::new().unwrap();
@@ -166,11 +189,14 @@ async fn serve(mut socket: TcpStream, state: Arc<Mutex<ApiState>>) -> std::io::R
     }
     let end = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
     let mut body = head.split_off(end);
-    let length = String::from_utf8_lossy(&head)
-        .lines()
-        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(0);
+    let header = |name: &str| {
+        String::from_utf8_lossy(&head)
+            .lines()
+            .find_map(|l| Some(l.to_ascii_lowercase().strip_prefix(name)?.trim().to_string()))
+            .unwrap_or_default()
+    };
+    let length = header("content-length:").parse::<usize>().unwrap_or(0);
+    let content_type = header("content-type:");
     while body.len() < length {
         let n = socket.read(&mut buf).await?;
         if n == 0 {
@@ -198,8 +224,15 @@ async fn serve(mut socket: TcpStream, state: Arc<Mutex<ApiState>>) -> std::io::R
         if method == "POST" || method == "PATCH" {
             let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             let at = Instant::now();
-            s.writes.push(Write { method: method.clone(), path: path.to_string(), body: body.clone(), at });
-            let (code, object) = write(&mut s, &method, path, body);
+            let write_ = Write {
+                method: method.clone(),
+                path: path.to_string(),
+                body: body.clone(),
+                content_type: content_type.clone(),
+                at,
+            };
+            s.writes.push(write_);
+            let (code, object) = write(&mut s, &method, path, &content_type, body);
             Answer::Json(code, object)
         } else if let Some(code) = s.fail_with {
             Answer::Json(code, status(code, "InternalError", "etcdserver: request timed out"))
@@ -254,12 +287,13 @@ async fn serve(mut socket: TcpStream, state: Arc<Mutex<ApiState>>) -> std::io::R
     }
 }
 
-/// A write to `events.k8s.io/v1` Events: the status and the object answered.
-fn write(s: &mut ApiState, method: &str, path: &str, body: Value) -> (u16, Value) {
+/// A write to `events.k8s.io/v1` Events or a Node's status: the status and the object answered.
+fn write(s: &mut ApiState, method: &str, path: &str, content_type: &str, body: Value) -> (u16, Value) {
     const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/";
-    let Some(rest) = path.strip_prefix(EVENTS) else {
+    let node = path.strip_prefix("/api/v1/nodes/").and_then(|rest| rest.strip_suffix("/status"));
+    if path.strip_prefix(EVENTS).is_none() && node.is_none() {
         return (404, status(404, "NotFound", "the server could not find the requested resource"));
-    };
+    }
     if let Some(code) = s.fail_writes_with {
         let reason = match code {
             403 => "Forbidden",
@@ -268,6 +302,23 @@ fn write(s: &mut ApiState, method: &str, path: &str, body: Value) -> (u16, Value
         };
         return (code, status(code, reason, &format!("{method} {path} refused by the test")));
     }
+    if let Some(name) = node {
+        let Some(stored) = s.nodes.get_mut(name) else {
+            return (404, status(404, "NotFound", &format!("nodes \"{name}\" not found")));
+        };
+        return match (method, content_type) {
+            ("PATCH", "application/strategic-merge-patch+json") => {
+                strategic_merge_status(stored, &body);
+                (200, stored.clone())
+            }
+            ("PATCH", "application/merge-patch+json") => {
+                merge(stored, &body);
+                (200, stored.clone())
+            }
+            _ => (415, status(415, "UnsupportedMediaType", &format!("{method} {content_type}"))),
+        };
+    }
+    let rest = path.strip_prefix(EVENTS).unwrap_or_default();
     let parts: Vec<&str> = rest.split('/').collect();
     match (method, parts.as_slice()) {
         ("POST", &[_, "events"]) => {
@@ -303,5 +354,27 @@ fn merge(target: &mut Value, patch: &Value) {
             }
         }
         _ => *target = patch.clone(),
+    }
+}
+
+/// A strategic merge patch of a Node's status as the API server applies it: `conditions` is a
+/// list merged by `type` (a condition the patch does not name is kept), the rest merge-patched.
+fn strategic_merge_status(node: &mut Value, patch: &Value) {
+    let mut patch = patch.clone();
+    let conditions = patch["status"].as_object_mut().and_then(|s| s.remove("conditions"));
+    merge(node, &patch);
+    for condition in conditions.as_ref().and_then(Value::as_array).into_iter().flatten() {
+        let list = node["status"]["conditions"].as_array_mut();
+        let list = match list {
+            Some(list) => list,
+            None => {
+                node["status"]["conditions"] = json!([]);
+                node["status"]["conditions"].as_array_mut().unwrap()
+            }
+        };
+        match list.iter_mut().find(|c| c["type"] == condition["type"]) {
+            Some(existing) => merge(existing, condition),
+            None => list.push(condition.clone()),
+        }
     }
 }

@@ -16,6 +16,7 @@ mod fake_api;
 pub mod incidents;
 mod kernel;
 pub mod kernel_btf;
+pub mod kubelet;
 pub mod pipeline;
 pub mod probes;
 pub mod state;

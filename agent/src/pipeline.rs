@@ -22,9 +22,13 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     attribution::{Attributed, Attribution, Index, Key, Resolution, pods::Health},
     events::{Counts, Decoder, Event, Payload},
-    export::{alertmanager, kubernetes, metrics::Metrics},
+    export::{
+        alertmanager,
+        kubernetes::{self, conditions},
+        metrics::Metrics,
+    },
     incidents::{Incident, NodeView, engine::Engine},
-    kernel, probes,
+    kernel, kubelet, probes,
     state::lock,
     stuck::{StuckSet, TaskStates},
 };
@@ -279,16 +283,27 @@ pub async fn poll_losses(lost: PerCpuArray<MapData, u64>, counts: Arc<Counts>, s
     }
 }
 
+/// Where the evaluator hands what it found, each optional: none waits for the evaluator.
+#[derive(Default)]
+pub struct IncidentOutputs {
+    /// The snapshot of firing and resolved incidents, for the Alertmanager pusher.
+    pub alerts: Option<mpsc::Sender<alertmanager::Snapshot>>,
+    /// What fired, for the Kubernetes Event writer.
+    pub kubernetes_events: Option<mpsc::Sender<Vec<Incident>>>,
+    /// What the enabled node conditions should say, for their writer.
+    pub node_conditions: Option<(Vec<conditions::Condition>, watch::Sender<conditions::Wanted>)>,
+}
+
 /// Asks the signatures what fires, once a second, with the node as it is now (stuck tasks,
-/// memory); logs what started and what ended, updates the incident metrics and hands the
-/// snapshot to the Alertmanager pusher.
+/// memory, the kubelet's pods and health); logs what started and what ended, updates the incident
+/// metrics and hands the results to the outputs.
 pub async fn evaluate_incidents(
     engine: Arc<Mutex<Engine>>,
     stuck: Arc<Mutex<StuckSet>>,
     index: watch::Receiver<Arc<Index>>,
+    kubelet: watch::Receiver<kubelet::Health>,
     metrics: Arc<Metrics>,
-    alerts: Option<mpsc::Sender<alertmanager::Snapshot>>,
-    kubernetes_events: Option<mpsc::Sender<Vec<Incident>>>,
+    outputs: IncidentOutputs,
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(INCIDENT_EVALUATION_INTERVAL);
@@ -298,10 +313,18 @@ pub async fn evaluate_incidents(
             _ = tick.tick() => {}
         }
         let now = kernel::unix_now_ns();
-        let memory = index.borrow().memory;
+        let index = index.borrow().clone();
+        let kubelet = kubelet.borrow().clone();
+        metrics.set_kubelet(&kubelet);
         let stuck = lock(&stuck);
         let mut engine = lock(&engine);
-        let changes = engine.evaluate(now, &NodeView { stuck: &stuck, memory });
+        let node = NodeView {
+            stuck: &stuck,
+            memory: index.memory,
+            kubelet_load: &index.kubelet_load,
+            kubelet: &kubelet,
+        };
+        let changes = engine.evaluate(now, &node);
         drop(stuck);
         for i in &changes.fired {
             tracing::warn!(id = %i.id, severity = i.severity.as_str(), namespace = %i.namespace, pod = %i.pod, summary = %i.summary, "incident firing");
@@ -313,10 +336,14 @@ pub async fn evaluate_incidents(
         // Under the engine's lock: the API and /metrics never disagree on what fires.
         metrics.set_incidents(firing.iter(), &changes.fired, &evictions);
         drop(engine);
-        if let Some(queue) = &kubernetes_events {
-            kubernetes::offer(queue, &changes.fired, &metrics);
+        if let Some(queue) = &outputs.kubernetes_events {
+            kubernetes::events::offer(queue, &changes.fired, &metrics);
         }
-        if let Some(alerts) = &alerts {
+        if let Some((enabled, wanted)) = &outputs.node_conditions {
+            let now_wanted = conditions::wanted(enabled, firing.iter());
+            wanted.send_if_modified(|w| std::mem::replace(w, now_wanted.clone()) != now_wanted);
+        }
+        if let Some(alerts) = &outputs.alerts {
             // A pusher still busy with the last one skips this one: the next carries the same.
             let _ = alerts.try_send(alertmanager::Snapshot { firing, resolved: changes.resolved });
         }

@@ -22,6 +22,7 @@ pub mod container;
 pub mod dashboards;
 pub mod deploy;
 pub mod host;
+pub mod kubelet;
 pub mod netns;
 pub mod nfs;
 pub mod oom;

@@ -34,6 +34,7 @@ fn every_signature_has_an_alert_and_every_runbook_exists() {
         "pod-termination-blocked",
         "system-oom",
         "container-oom-loop",
+        "kubelet-degraded",
     ] {
         assert!(rules.contains(&format!(r#"signature="{signature}""#)), "no alert for {signature}");
         assert!(root.join(format!("docs/runbooks/{signature}.md")).exists(), "no runbook for {signature}");

@@ -18,6 +18,7 @@ use kstall_tests::{
     deploy::rendered_daemonset,
     host::{Sysctl, wait_for},
     kernel_tests_can_run,
+    kubelet::FakeKubelet,
     netns::{NetNs, refused_connects},
     writeback::FreezableDisk,
 };
@@ -98,6 +99,8 @@ fn loses_nothing(overlay: &str) {
     netns.redirect_tcp("iptables", 2049, 15001);
     let mut disk = FreezableDisk::new("container");
     let api = ApiServer::start(&[pod_json(UID, POD, CONTAINER)]);
+    let (cert, key) = api.certificate();
+    let _kubelet = FakeKubelet::start_well_on_the_kubelets_ports(&cert, &key);
     let agent = AgentContainer::run(&daemonset, &api, &Overrides::default());
 
     let status = agent
@@ -125,6 +128,18 @@ fn loses_nothing(overlay: &str) {
     });
     assert!(pods_known.is_some(), "the pod source never listed the pod:\n{}", agent.logs());
     let events = subscribe(&agent.socket(), || agent.logs());
+    // The kubelet checks' defaults reach the node's kubelet from the pod (hostNetwork).
+    let kubelet_checked = wait_for(Duration::from_secs(30), || {
+        let metrics = agent.metrics()?;
+        let up = |check| sample_with(&metrics, "kstall_kubelet_check_up", &[("check", check)]);
+        (up("healthz") == Some(1.0) && up("tls") == Some(1.0)).then_some(())
+    });
+    assert!(
+        kubelet_checked.is_some(),
+        "kubelet checks:\n{}\n{}",
+        agent.metrics().unwrap_or_default(),
+        agent.logs()
+    );
 
     // A redirected reset: the pod's connects to 2049, REDIRECTed to 15001 where nothing listens.
     netns.run_inside(|| refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)), 5));

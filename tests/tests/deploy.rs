@@ -301,6 +301,7 @@ fn the_daemonset_keeps_what_the_agent_needs() {
         yaml_documents(&std::fs::read_to_string(deploy_dir().join("base/daemonset.yaml")).unwrap()).remove(0);
     let scrape_annotations = deploy_dir().join("components/scrape-annotations").canonicalize().unwrap();
     let non_root_component = deploy_dir().join("components/non-root").canonicalize().unwrap();
+    let node_conditions = deploy_dir().join("components/node-conditions").canonicalize().unwrap();
     for (name, dir) in packages() {
         // deploy/components/non-root changes the user, the capabilities and the socket's volume
         // (tests/tests/container.rs proves it runs).
@@ -376,21 +377,39 @@ fn the_daemonset_keeps_what_the_agent_needs() {
             security["capabilities"]["add"].as_array().unwrap().contains(&json!("BPF")),
             "{name}: CAP_BPF"
         );
-        // Its service account may read pods and write Events: a binding to the role that does.
         let account = &pod["serviceAccountName"];
         let sa = one(&objects, "ServiceAccount");
         assert_eq!((&sa["metadata"]["name"], &sa["metadata"]["namespace"]), (account, namespace), "{name}");
-        let binding = one(&objects, "ClusterRoleBinding");
+        // Its service account is bound to kstall's role: pods read, Events created and patched
+        // (deploy/README.md says why), nothing more; and with deploy/components/node-conditions
+        // to a second role that patches Node status, and the flag that turns the conditions on.
+        let with_conditions = components_of(&dir).contains(&node_conditions);
+        let mut expected = vec![(
+            "kstall",
+            json!([
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+            ]),
+        )];
+        if with_conditions {
+            let rules = json!([{"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]);
+            expected.push(("kstall-node-conditions", rules));
+        }
+        let of_kind = |kind: &'static str| objects.iter().filter(move |o| o["kind"] == kind);
+        assert_eq!(of_kind("ClusterRole").count(), expected.len(), "{name}");
+        assert_eq!(of_kind("ClusterRoleBinding").count(), expected.len(), "{name}");
         let subject = json!({"kind": "ServiceAccount", "name": account, "namespace": namespace});
-        assert!(binding["subjects"].as_array().unwrap().contains(&subject), "{name}: {binding}");
-        let role = one(&objects, "ClusterRole");
-        assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"], "{name}");
-        // Exactly: pods read, Events created and patched (deploy/README.md says why), nothing more.
-        let rules = json!([
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-        ]);
-        assert_eq!(role["rules"], rules, "{name}");
+        for (role_name, rules) in expected {
+            let role = of_kind("ClusterRole").find(|r| r["metadata"]["name"] == role_name);
+            let role = role.unwrap_or_else(|| panic!("{name}: no ClusterRole {role_name}"));
+            assert_eq!(role["rules"], rules, "{name}: {role_name}");
+            let bound = of_kind("ClusterRoleBinding").any(|b| {
+                b["roleRef"]["name"] == role_name && b["subjects"].as_array().unwrap().contains(&subject)
+            });
+            assert!(bound, "{name}: {role_name} is not bound to the agent's service account");
+        }
+        let flag = "--node-conditions=NFSClientStalled,KernelSystemOOM,KubeletDegraded";
+        assert_eq!(args.contains(&flag), with_conditions, "{name}: {args:?}");
         // The prometheus.io annotations come with their component only.
         let annotations = &daemonset["spec"]["template"]["metadata"]["annotations"];
         if components_of(&dir).contains(&scrape_annotations) {

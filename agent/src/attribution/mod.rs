@@ -160,6 +160,8 @@ pub struct Index {
     pub deleted_pods: usize,
     /// The listed pods by phase and waiting reason (`kstall_node_pods`).
     pub pod_states: BTreeMap<pods::PodState, usize>,
+    /// What the kubelet carries (`kubelet-degraded`).
+    pub kubelet_load: Arc<pods::KubeletLoad>,
     /// (namespace, name) of every pod kstall can still name: the metrics of any other are removed.
     pub named_pods: HashSet<(String, String)>,
     pub memory: NodeMemory,
@@ -247,8 +249,11 @@ pub fn attribute(workload: &Workload, meta: Option<&pods::PodMeta>, deleted: boo
         a.workload = meta.workload.clone();
         a.labels = meta.labels.clone();
         a.container = container_id.and_then(|id| meta.containers.get(id)).cloned().unwrap_or_default();
-        a.pod_phase =
-            if deleted { Some(PodPhase::Deleted) } else { meta.terminating.then_some(PodPhase::Terminating) };
+        a.pod_phase = if deleted {
+            Some(PodPhase::Deleted)
+        } else {
+            meta.terminating().then_some(PodPhase::Terminating)
+        };
     }
     a
 }
@@ -322,7 +327,7 @@ mod tests {
             labels: BTreeMap::new(),
             host_network: false,
             containers: HashMap::from([("c1".to_string(), "app".to_string())]),
-            terminating: true,
+            deletion_deadline_unix_secs: Some(1_796_000_000),
             state: pods::PodState::default(),
         };
         let a = attribute(&workload, Some(&meta), false, Via::Cgroup);

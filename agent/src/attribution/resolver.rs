@@ -253,6 +253,7 @@ impl Resolver {
             pods: self.pods.len(),
             deleted_pods: self.pods.deleted(),
             pod_states: self.pods.states(),
+            kubelet_load: Arc::new(self.pods.kubelet_load()),
             named_pods: self.pods.names(),
             memory: NodeMemory { pod_limits_bytes: self.pod_memory_limits, node_bytes: self.node_memory },
             ..Index::default()

@@ -35,6 +35,7 @@ pub struct Metrics {
     pod_metadata_up: IntGauge,
     attribution_pods: IntGaugeVec,
     node_pods: IntGaugeVec,
+    kubelet_check_up: IntGaugeVec,
     /// Every state `node_pods` has a series for.
     node_pod_states: std::sync::Mutex<std::collections::BTreeSet<PodState>>,
     pod_series: std::sync::Mutex<PodSeries>,
@@ -189,6 +190,17 @@ impl Metrics {
         )
         .expect("valid metric");
         registry.register(Box::new(node_pods.clone())).expect("unique metric");
+        let kubelet_check_up = IntGaugeVec::new(
+            Opts::new(
+                "kstall_kubelet_check_up",
+                "1 when the last check of the node's kubelet passed: check=\"healthz\" (GET of its \
+                 healthz), \"tls\" (a TLS handshake with its server, :10250). Absent when the checks \
+                 are off (--kubelet-checks).",
+            ),
+            &["check"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(kubelet_check_up.clone())).expect("unique metric");
         let incident_active = IntGaugeVec::new(
             Opts::new("kstall_incident_active", "1 while an incident of this signature fires for this pod."),
             &["signature", "severity", "node", "namespace", "pod"],
@@ -212,7 +224,8 @@ impl Metrics {
             kubernetes_writes_total: counter(
                 &registry,
                 "kstall_kubernetes_writes_total",
-                "Writes to the Kubernetes API (kind=\"event\": Events on pods and nodes), by result: \
+                "Writes to the Kubernetes API (kind=\"event\": Events on pods and nodes; \
+                 \"node_condition\": the Node's status), by result: \
                  created, patched (a repeat counted), forbidden, conflict, not_found, server_error, \
                  rejected, unreachable, dropped (the writer's queue was full).",
                 &["kind", "result"],
@@ -235,6 +248,7 @@ impl Metrics {
             pod_metadata_up,
             attribution_pods,
             node_pods,
+            kubelet_check_up,
             node_pod_states: std::sync::Mutex::default(),
             nfs_server_responding,
             nfs_retransmits_total: event_counter(
@@ -534,6 +548,15 @@ impl Metrics {
             self.node_pods.with_label_values(&[state.phase, state.waiting_reason]).set(*pods as i64);
         }
         self.overcommit.set(index.memory.overcommit().unwrap_or(0.0));
+    }
+
+    /// The kubelet checks' last results, the ones that ran.
+    pub fn set_kubelet(&self, health: &crate::kubelet::Health) {
+        for (check, result) in [("healthz", &health.healthz), ("tls", &health.tls)] {
+            if let Some(result) = result {
+                self.kubelet_check_up.with_label_values(&[check]).set(i64::from(result.error.is_none()));
+            }
+        }
     }
 
     /// After an evaluation: the firing set as gauges, new incidents counted.

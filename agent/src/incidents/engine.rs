@@ -8,6 +8,7 @@ use super::{
     Finding, Incident, NodeView, Settings, Signature, State,
     signatures::{
         container_oom_loop::ContainerOomLoop,
+        kubelet_degraded::KubeletDegraded,
         nfs_node_wide_stall::NfsNodeWideStall,
         nfs_server_unreachable::NfsServerUnreachable,
         nfs_sidecar_redirect::NfsSidecarRedirect,
@@ -46,6 +47,7 @@ impl Engine {
                 Box::new(PodTerminationBlocked::new(settings)),
                 Box::new(SystemOom::new(settings)),
                 Box::new(ContainerOomLoop::new(settings)),
+                Box::new(KubeletDegraded::new(settings)),
             ],
         )
     }

@@ -14,7 +14,8 @@ use std::{sync::Arc, time::Duration};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    attribution::{Attributed, Attribution, NodeMemory},
+    attribution::{Attributed, Attribution, NodeMemory, pods::KubeletLoad},
+    kubelet,
     stuck::StuckSet,
 };
 
@@ -106,11 +107,13 @@ pub struct Incident {
     pub related: Vec<String>,
 }
 
-/// What the signatures read of the node when asked what fires, owned elsewhere: the stuck tasks
-/// and the node's memory.
+/// What the signatures read of the node when asked what fires, owned elsewhere: the stuck tasks,
+/// the node's memory, the pods its kubelet carries and the kubelet's health checks.
 pub struct NodeView<'a> {
     pub stuck: &'a StuckSet,
     pub memory: NodeMemory,
+    pub kubelet_load: &'a KubeletLoad,
+    pub kubelet: &'a kubelet::Health,
 }
 
 /// What a signature does with the event stream.
@@ -144,6 +147,14 @@ pub struct Settings {
     pub system_oom_hold: Duration,
     /// Pods with tasks stuck in NFS at once that make `nfs-node-wide-stall`.
     pub node_wide_min_pods: u32,
+    /// Pods waiting for an image that make `kubelet-degraded`.
+    pub kubelet_image_pull_pods: u32,
+    /// Pods this long past their deletion deadline are stuck Terminating ...
+    pub kubelet_termination_overdue: Duration,
+    /// ... and this many of them make `kubelet-degraded`.
+    pub kubelet_stuck_terminating_pods: u32,
+    /// A kubelet check failing this long makes `kubelet-degraded` (a restart takes seconds).
+    pub kubelet_unhealthy_after: Duration,
 }
 
 impl Default for Settings {
@@ -158,6 +169,10 @@ impl Default for Settings {
             oom_loop_window: Duration::from_secs(3600),
             system_oom_hold: Duration::from_secs(600),
             node_wide_min_pods: 2,
+            kubelet_image_pull_pods: 20,
+            kubelet_termination_overdue: Duration::from_secs(300),
+            kubelet_stuck_terminating_pods: 3,
+            kubelet_unhealthy_after: Duration::from_secs(30),
         }
     }
 }
@@ -169,6 +184,9 @@ impl Settings {
     pub const MIN_OOM_LOOP_COUNT: u32 = 2;
     /// One pod's stuck tasks are `pod-termination-blocked`, not a node-wide stall.
     pub const MIN_NODE_WIDE_PODS: u32 = 2;
+    /// A pod or two waiting for an image is a typo, not a pile.
+    pub const MIN_KUBELET_IMAGE_PULL_PODS: u32 = 2;
+    pub const MIN_KUBELET_STUCK_TERMINATING_PODS: u32 = 1;
 }
 
 /// Nanoseconds of a duration, for comparisons with event timestamps.

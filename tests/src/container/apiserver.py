@@ -1,5 +1,7 @@
 """The part of a Kubernetes API server that kstall uses, over TLS as in a cluster: the list of pods
-(read from a JSON file on each request), a watch that stays open and quiet, and the writes of
+(read from a JSON file on each request), a watch that stays open and quiet until the file changes
+(then it expires with a 410 ERROR event, as after a compaction, and the client lists again), and
+the writes of
 events.k8s.io/v1 Events (create, merge patch), each appended to EVENTS_JSONL as one line
 {"method", "path", "body"}.
 Usage: apiserver.py PODS_JSON CERT KEY PORT_FILE EVENTS_JSONL -- writes the port it bound to
@@ -27,13 +29,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.answer(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                      "reason": "NotFound", "code": 404, "metadata": {}})
         if params.get("watch") in ("true", "1"):
-            # Nothing changes during a test: hold the watch open until the server stops.
+            listed = os.stat(pods_path).st_mtime_ns
             self.send_response(200)
             self.send_header("content-type", "application/json")
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
             self.wfile.flush()
-            stop.wait()
+            while not stop.wait(0.1):
+                if os.stat(pods_path).st_mtime_ns != listed:
+                    gone = {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                            "status": "Failure", "reason": "Expired", "code": 410,
+                            "message": "too old resource version"}}
+                    line = (json.dumps(gone) + "\n").encode()
+                    self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(line), line))
+                    self.wfile.flush()
+                    return
             return
         with open(pods_path) as f:
             items = json.load(f)["items"]

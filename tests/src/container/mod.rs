@@ -104,6 +104,35 @@ impl ApiServer {
         text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
     }
 
+    /// Lists `pods` from now on; open watches expire, so clients list again.
+    pub fn set_pods(&self, pods: &[Value]) {
+        let path = self.dir.path().join("pods.json");
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, json!({"items": pods}).to_string()).unwrap();
+        std::fs::rename(tmp, path).unwrap();
+    }
+
+    /// The server's certificate and key (for 127.0.0.1), for other test servers to present.
+    pub fn certificate(&self) -> (PathBuf, PathBuf) {
+        (self.dir.path().join("server.crt"), self.dir.path().join("server.key"))
+    }
+
+    /// A kubeconfig for this server, as `--kubeconfig` takes one: its CA and the token.
+    pub fn kubeconfig(&self) -> PathBuf {
+        let path = self.dir.path().join("kubeconfig");
+        let ca = self.dir.path().join("ca.crt");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: test\n\
+             clusters: [{{name: test, cluster: {{server: 'https://127.0.0.1:{}', certificate-authority: '{}'}}}}]\n\
+             contexts: [{{name: test, context: {{cluster: test, user: test}}}}]\n\
+             users: [{{name: test, user: {{token: kstall-test-token}}}}]\n",
+            self.port,
+            ca.display()
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
     /// The directory to mount at the kubelet's service-account path.
     pub fn service_account(&self) -> PathBuf {
         self.dir.path().join("serviceaccount")

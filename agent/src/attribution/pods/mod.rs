@@ -30,8 +30,9 @@ pub struct PodMeta {
     pub host_network: bool,
     /// Container id (runtime prefix stripped) -> container name, from the pod status.
     pub containers: HashMap<String, String>,
-    /// The API server set a deletion timestamp: the pod is Terminating.
-    pub terminating: bool,
+    /// The deletion timestamp (unix seconds) while the pod is Terminating: the time the
+    /// deletion was asked for plus the grace period, when the kubelet should be done with it.
+    pub deletion_deadline_unix_secs: Option<i64>,
     /// What `kstall_node_pods` counts the pod under.
     pub state: PodState,
 }
@@ -119,9 +120,19 @@ impl PodMeta {
                 .collect(),
             host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
             containers,
-            terminating: meta.deletion_timestamp.is_some(),
+            deletion_deadline_unix_secs: meta.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
             state: PodState::of(pod),
         })
+    }
+
+    /// The API server set a deletion timestamp: the pod is Terminating.
+    pub fn terminating(&self) -> bool {
+        self.deletion_deadline_unix_secs.is_some()
+    }
+
+    /// `namespace/name`.
+    pub fn full_name(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
     }
 }
 
@@ -143,6 +154,15 @@ fn workload_of(pod: &Pod) -> String {
         && let Some(deployment) = hash.and_then(|h| owner.name.strip_suffix(h.as_str())?.strip_suffix('-'))
     {
         return format!("Deployment/{deployment}");
+    }
+    // The CronJob controller names each Job `<cronjob>-<scheduled time in minutes>`: a CronJob
+    // piling pods onto a node is one owner, not one per run.
+    if owner.kind == "Job"
+        && let Some((cronjob, minutes)) = owner.name.rsplit_once('-')
+        && minutes.len() >= 8
+        && minutes.bytes().all(|b| b.is_ascii_digit())
+    {
+        return format!("CronJob/{cronjob}");
     }
     format!("{}/{}", owner.kind, owner.name)
 }
@@ -177,6 +197,30 @@ impl Health {
     pub fn get(&self) -> SourceHealth {
         self.0.lock().expect("source health").clone()
     }
+}
+
+/// The waiting reasons of a container whose image cannot be pulled.
+pub const IMAGE_PULL_REASONS: [&str; 2] = ["ImagePullBackOff", "ErrImagePull"];
+/// Terminating pods named in a [`KubeletLoad`]; the count is exact.
+pub const MAX_TERMINATING: usize = 1000;
+
+/// What this node's kubelet carries, from the pods the source lists (`kubelet-degraded`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KubeletLoad {
+    /// Pods with a container waiting in `ImagePullBackOff` or `ErrImagePull`, by (namespace,
+    /// owner): the workload, or `Pod/<name>` for a bare pod.
+    pub image_pull: BTreeMap<(String, String), u32>,
+    /// Pods with a deletion timestamp, oldest deadline first.
+    pub terminating: Vec<Terminating>,
+    pub terminating_total: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Terminating {
+    /// `namespace/name`.
+    pub pod: String,
+    pub uid: String,
+    pub deadline_unix_secs: i64,
 }
 
 /// What a source tells the store.
@@ -288,6 +332,34 @@ impl PodStore {
         states
     }
 
+    /// What the kubelet carries of the listed pods: the ones waiting for an image, and the ones
+    /// Terminating (oldest deadline first, at most `MAX_TERMINATING` named).
+    pub fn kubelet_load(&self) -> KubeletLoad {
+        let mut load = KubeletLoad::default();
+        let listed = self.pods.values().filter(|e| e.deleted_at.is_none()).map(|e| &e.meta);
+        for meta in listed {
+            if IMAGE_PULL_REASONS.contains(&meta.state.waiting_reason) {
+                let owner = match meta.workload.as_str() {
+                    "" => format!("Pod/{}", meta.name),
+                    workload => workload.to_string(),
+                };
+                *load.image_pull.entry((meta.namespace.clone(), owner)).or_default() += 1;
+            }
+            if let Some(deadline) = meta.deletion_deadline_unix_secs {
+                load.terminating.push(Terminating {
+                    pod: meta.full_name(),
+                    uid: meta.uid.clone(),
+                    deadline_unix_secs: deadline,
+                });
+            }
+        }
+        load.terminating
+            .sort_by(|a, b| a.deadline_unix_secs.cmp(&b.deadline_unix_secs).then(a.pod.cmp(&b.pod)));
+        load.terminating_total = load.terminating.len();
+        load.terminating.truncate(MAX_TERMINATING);
+        load
+    }
+
     pub fn deleted(&self) -> usize {
         self.pods.values().filter(|e| e.deleted_at.is_some()).count()
     }
@@ -339,7 +411,7 @@ pub(crate) mod tests {
         assert_eq!(m.workload, "Deployment/web");
         assert_eq!(m.containers.get("abc").map(String::as_str), Some("app"));
         assert_eq!(m.labels, BTreeMap::from([("app".to_string(), "web".to_string())]));
-        assert!(!m.host_network && !m.terminating);
+        assert!(!m.host_network && !m.terminating());
         assert_eq!(m.state, PodState::default(), "no phase in the status: Unknown");
     }
 
@@ -400,6 +472,39 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_kubelets_load_is_the_pile_by_owner_and_the_terminating_pods() {
+        let waiting = |uid: &str, name: &str, workload: &str, reason: &'static str| {
+            let mut m = meta(uid);
+            (m.name, m.workload) = (name.into(), workload.into());
+            m.state = PodState { phase: "Pending", waiting_reason: reason };
+            m
+        };
+        let mut late = meta("t1");
+        (late.name, late.deletion_deadline_unix_secs) = ("db-0".into(), Some(100));
+        let mut later = meta("t2");
+        (later.name, later.deletion_deadline_unix_secs) = ("db-1".into(), Some(50));
+        let pods = vec![
+            waiting("a", "report-1", "CronJob/report", "ImagePullBackOff"),
+            waiting("b", "report-2", "CronJob/report", "ErrImagePull"),
+            waiting("c", "typo", "", "ImagePullBackOff"),
+            waiting("d", "crashing", "Deployment/web", "CrashLoopBackOff"),
+            late,
+            later,
+        ];
+        let mut store = PodStore::new(Duration::from_secs(3600));
+        let t0 = Instant::now();
+        store.apply(PodUpdate::Snapshot(pods), t0);
+        store.apply(PodUpdate::Delete { uid: "b".into() }, t0);
+        let load = store.kubelet_load();
+        let shop = |owner: &str| ("shop".to_string(), owner.to_string());
+        assert_eq!(load.image_pull, BTreeMap::from([(shop("CronJob/report"), 1), (shop("Pod/typo"), 1)]));
+        let terminating: Vec<(&str, i64)> =
+            load.terminating.iter().map(|t| (t.pod.as_str(), t.deadline_unix_secs)).collect();
+        assert_eq!(terminating, [("shop/db-1", 50), ("shop/db-0", 100)], "oldest deadline first");
+        assert_eq!(load.terminating_total, 2);
+    }
+
+    #[test]
     fn workload_kinds() {
         let mut pod: Pod = serde_json::from_value(pod_json("u", "db-0", "abc")).unwrap();
         let owner = &mut pod.metadata.owner_references.as_mut().unwrap()[0];
@@ -411,6 +516,13 @@ pub(crate) mod tests {
         owner.kind = "ReplicaSet".into();
         owner.name = "handmade".into();
         assert_eq!(workload_of(&pod), "ReplicaSet/handmade");
+        // A CronJob's Jobs are `<cronjob>-<minutes>`: the pods are the CronJob's; a Job named so
+        // by hand is still a Job.
+        let owner = &mut pod.metadata.owner_references.as_mut().unwrap()[0];
+        (owner.kind, owner.name) = ("Job".into(), "report-29420160".into());
+        assert_eq!(workload_of(&pod), "CronJob/report");
+        pod.metadata.owner_references.as_mut().unwrap()[0].name = "migrate-2".into();
+        assert_eq!(workload_of(&pod), "Job/migrate-2");
         pod.metadata.owner_references = None;
         assert_eq!(workload_of(&pod), "");
     }

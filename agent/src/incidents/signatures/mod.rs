@@ -2,6 +2,7 @@
 //! they share. Stuck tasks are not theirs: they read the one set (`stuck.rs`) when evaluated.
 
 pub mod container_oom_loop;
+pub mod kubelet_degraded;
 pub mod nfs_node_wide_stall;
 pub mod nfs_server_unreachable;
 pub mod nfs_sidecar_redirect;
@@ -35,11 +36,12 @@ pub(crate) mod tests {
 
     use std::{net::IpAddr, sync::Arc};
 
-    use crate::attribution::NodeMemory;
+    use crate::attribution::{NodeMemory, pods::KubeletLoad};
     use crate::{
         attribution::{Attributed, Attribution, Via},
         events::{Event, Header, Payload},
         incidents::NodeView,
+        kubelet,
         probes::{
             hung_task::HungTask,
             nfs::{Nfs, What},
@@ -133,9 +135,16 @@ pub(crate) mod tests {
         set
     }
 
+    pub static NO_LOAD: KubeletLoad = KubeletLoad {
+        image_pull: std::collections::BTreeMap::new(),
+        terminating: Vec::new(),
+        terminating_total: 0,
+    };
+    pub static NOT_CHECKED: kubelet::Health = kubelet::Health { healthz: None, tls: None };
+
     /// The node as the signatures see it when evaluated.
     pub fn node(stuck: &StuckSet) -> NodeView<'_> {
-        NodeView { stuck, memory: NodeMemory::default() }
+        NodeView { stuck, memory: NodeMemory::default(), kubelet_load: &NO_LOAD, kubelet: &NOT_CHECKED }
     }
 
     pub fn hung(t: u64, tid: u32, wait: WaitClass, blocked: u64, who: &Arc<Attribution>) -> Attributed {

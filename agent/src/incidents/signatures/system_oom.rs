@@ -162,7 +162,7 @@ mod tests {
         let stuck = StuckSet::default();
         // Incident 2's node: 4340 Mi of limits on 3369 Mi.
         let memory = NodeMemory { pod_limits_bytes: 4340 << 20, node_bytes: 3369 << 20 };
-        let node = NodeView { stuck: &stuck, memory };
+        let node = NodeView { memory, ..crate::incidents::signatures::tests::node(&stuck) };
         s.observe(&oom(SEC, 9, "python3", Scope::Memcg, false, &web));
         assert!(s.evaluate(2 * SEC, &node).is_empty(), "a container limit is not a system OOM");
         s.observe(&oom(10 * SEC, 10, "worker", Scope::Global, false, &web));

@@ -164,7 +164,7 @@ async fn watch_events_become_upserts_and_deletes() {
     terminating["metadata"]["deletionTimestamp"] = "2025-01-07T10:00:00Z".into();
     server.event("MODIFIED", terminating.clone());
     let PodUpdate::Upsert(modified) = agent.next(SOON).await else { panic!("not an upsert") };
-    assert!(modified.terminating && modified.uid == UID_A);
+    assert!(modified.terminating() && modified.uid == UID_A);
     assert_eq!(*modified, meta(&terminating));
 
     server.event("DELETED", c);

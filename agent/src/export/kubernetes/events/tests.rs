@@ -4,10 +4,10 @@
 use std::net::SocketAddr;
 
 use serde_json::json;
-use tokio::time::{sleep, timeout};
+use tokio::time::timeout;
 
 use super::*;
-use crate::fake_api::{ApiServer, ApiState};
+use crate::fake_api::{ApiServer, ApiState, until};
 
 const POD_UID: &str = "3f6c1e2a-9b4d-4c8e-a1f7-5d2b8e0c6a91";
 
@@ -66,20 +66,6 @@ fn written(metrics: &Metrics, result: &str) -> u64 {
 
 async fn server(state: ApiState) -> ApiServer {
     ApiServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), state).await
-}
-
-/// Awaits `f` for up to 10 s.
-async fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    timeout(Duration::from_secs(10), async {
-        loop {
-            if let Some(v) = f() {
-                return v;
-            }
-            sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{what} within 10 s"))
 }
 
 #[test]
