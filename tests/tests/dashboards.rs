@@ -198,6 +198,9 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
     // goes after it, also on a failure: the disk's writer must have left it.
     let container = Cgroup::kubepods_container("burstable", UID, CONTAINER);
     let mut disk = FreezableDisk::new("dashboards");
+    // The node's kubelet is stopped: nothing answers on the ports its checks go to.
+    let stopped_kubelet = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let healthz = format!("http://{stopped_kubelet}/healthz");
     let mut agent = Agent::start(&[
         "--pods-file",
         pods_file.to_str().unwrap(),
@@ -207,6 +210,14 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
         "3",
         "--termination-blocked-after",
         "3s",
+        "--kubelet-checks",
+        "on",
+        "--kubelet-healthz",
+        &healthz,
+        "--kubelet-server",
+        &stopped_kubelet.to_string(),
+        "--kubelet-unhealthy-after",
+        "1s",
     ]);
     let panels = Panels::scrape(agent.listen, NODE);
 
@@ -250,6 +261,9 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
         );
         assert!(firing.is_some(), "no {signature}: {:#?}\n{}", agent.incidents(), agent.log());
     }
+    let degraded = |i: &Value| i["signature"] == "kubelet-degraded" && i["state"] == "firing";
+    let kubelet = agent.wait_incident(degraded, Duration::from_secs(60));
+    assert!(kubelet.is_some(), "no kubelet-degraded: {:#?}\n{}", agent.incidents(), agent.log());
 
     // Every query, as Grafana runs it for this node, namespace and pod.
     let selection = selection();

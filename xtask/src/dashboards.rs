@@ -86,6 +86,7 @@ const METRICS: &[(&str, Scope)] = &[
     ("kstall_pod_metadata_up", Scope::Node),
     ("kstall_attribution_pods", Scope::Node),
     ("kstall_node_pods", Scope::Node),
+    ("kstall_kubelet_check_up", Scope::Node),
     ("kstall_events_unattributed_total", Scope::Node),
     ("kstall_probe_up", Scope::Node),
     ("kstall_events_total", Scope::Node),
@@ -1112,6 +1113,17 @@ fn agent(rules: &Rules) -> anyhow::Result<Dashboard> {
                 "sum by (node, phase, waiting_reason) (kstall_node_pods)",
                 "{{node}} {{phase}} {{waiting_reason}}",
             )?],
+        )
+        .size(12, 7),
+    )
+    .panel(
+        Panel::timeseries(
+            "Kubelet checks",
+            "1 when the last check of the node's kubelet passed: its healthz (:10248), a TLS \
+             handshake with its server (:10250). Incident 4's kubelet sent Ready heartbeats while \
+             :10250 timed out in TLS handshakes; 0 here with kubelet-degraded firing is that.",
+            "short",
+            vec![range("A", "min by (node, check) (kstall_kubelet_check_up)", "{{node}} {{check}}")?],
         )
         .size(12, 7),
     ))
