@@ -19,6 +19,7 @@ pub fn at<T>(base: *const u8, offset: u32) -> Result<T, i32> {
 /// # Safety
 /// Only for types where every bit pattern, zero included, is a valid value.
 pub unsafe trait Plain {}
+unsafe impl Plain for u8 {}
 unsafe impl Plain for u16 {}
 unsafe impl Plain for u32 {}
 unsafe impl Plain for i32 {}

@@ -28,6 +28,20 @@ pub fn program_ids_of(pid: u32) -> BTreeSet<u64> {
         .collect()
 }
 
+/// Program id -> the instructions the verifier walked to load it (`verified_insns:`, 5.16+), for
+/// each program fd process `pid` holds: what a program costs at every start of the agent.
+pub fn verified_instructions_of(pid: u32) -> std::collections::BTreeMap<u64, u64> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return Default::default() };
+    fds.filter_map(Result::ok)
+        .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
+        .filter_map(|fdinfo| {
+            let verified =
+                fdinfo.lines().find_map(|l| l.strip_prefix("verified_insns:")?.trim().parse().ok())?;
+            Some((prog_id(&fdinfo)?, verified))
+        })
+        .collect()
+}
+
 /// The `prog_id` of an fdinfo: a BPF program's or link's.
 fn prog_id(fdinfo: &str) -> Option<u64> {
     fdinfo.lines().find_map(|line| line.strip_prefix("prog_id:")?.trim().parse().ok())

@@ -32,7 +32,7 @@ use kstall_common::{
 
 use crate::{
     maps::{Filtered, emit},
-    read::at,
+    read::{at, field},
     task::current_header,
 };
 
@@ -199,7 +199,9 @@ fn new_event<C: EbpfContext>(ctx: &C, direction: u8, hook: u8) -> TcpResetEvent 
 
 /// Fills addresses and ports from a socket (`sock_common` is the first member of full, request
 /// and timewait sockets alike, so this is valid for all three). With `addresses == false` only the
-/// netns and state are taken (the packet already gave the rest).
+/// netns and state are taken (the packet already gave the rest). Reads are best-effort
+/// ([`field`]: a failed one is zero, without a branch for the verifier to walk); only the family
+/// decides whether there is an event.
 #[inline(always)]
 fn fill_from_sock(
     cfg: &TcpResetConfig,
@@ -207,29 +209,29 @@ fn fill_from_sock(
     sk: *const u8,
     addresses: bool,
 ) -> Result<(), i32> {
-    let net: *const u8 = at(sk, cfg.sk_net)?;
-    ev.header.netns_ino = at(net, cfg.net_ns_inum).unwrap_or(0);
-    ev.state = at(sk, cfg.sk_state).unwrap_or(0);
+    let net: *const u8 = field(sk, cfg.sk_net);
+    ev.header.netns_ino = field(net, cfg.net_ns_inum);
+    ev.state = field::<u8>(sk, cfg.sk_state);
     if !addresses {
         return Ok(());
     }
-    let family: u16 = at(sk, cfg.sk_family)?;
-    ev.local_port = at(sk, cfg.sk_num)?;
+    let family: u16 = field(sk, cfg.sk_family);
+    ev.local_port = field(sk, cfg.sk_num);
     // A full socket closed with unread data has released its port before it sends the reset
     // (a proxy killed mid-connection): the port it sends from is still `inet_sport`. Request
     // and timewait sockets have no `inet_sock`, and always their own `skc_num`.
     if ev.local_port == 0 && ev.state != TCP_TIME_WAIT && ev.state != TCP_NEW_SYN_RECV {
-        ev.local_port = u16::from_be(at(sk, cfg.inet_sport).unwrap_or(0));
+        ev.local_port = u16::from_be(field(sk, cfg.inet_sport));
     }
-    ev.remote_port = u16::from_be(at(sk, cfg.sk_dport)?);
+    ev.remote_port = u16::from_be(field(sk, cfg.sk_dport));
     if family == AF_INET {
         ev.family = FAMILY_INET;
-        ev.local_addr[..4].copy_from_slice(&at::<[u8; 4]>(sk, cfg.sk_rcv_saddr)?);
-        ev.remote_addr[..4].copy_from_slice(&at::<[u8; 4]>(sk, cfg.sk_daddr)?);
+        ev.local_addr[..4].copy_from_slice(&field::<[u8; 4]>(sk, cfg.sk_rcv_saddr));
+        ev.remote_addr[..4].copy_from_slice(&field::<[u8; 4]>(sk, cfg.sk_daddr));
     } else if family == AF_INET6 {
         ev.family = FAMILY_INET6;
-        ev.local_addr = at(sk, cfg.sk_v6_rcv_saddr)?;
-        ev.remote_addr = at(sk, cfg.sk_v6_daddr)?;
+        ev.local_addr = field(sk, cfg.sk_v6_rcv_saddr);
+        ev.remote_addr = field(sk, cfg.sk_v6_daddr);
     } else {
         return Err(-1);
     }
@@ -238,70 +240,71 @@ fn fill_from_sock(
 
 /// Fills the event from the segment that provoked the reset: its destination is the local end,
 /// its source the peer. Takes the netns from the receiving device and the original destination
-/// from the conntrack entry (kept on the no-socket path). Returns the segment's TCP flags.
+/// from the conntrack entry (kept on the no-socket path). Returns the segment's TCP flags. Only
+/// what decides whether this is a TCP segment (headers set, protocol) branches; the rest is
+/// best-effort as in [`fill_from_sock`].
 #[inline(always)]
 fn fill_from_incoming_skb(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *const u8) -> Result<u8, i32> {
-    let head: *const u8 = at(skb, cfg.skb_head)?;
-    let network: u16 = at(skb, cfg.skb_network_header)?;
+    let head: *const u8 = field(skb, cfg.skb_head);
+    let network: u16 = field(skb, cfg.skb_network_header);
     let transport: u16 = at(skb, cfg.skb_transport_header)?;
-    if transport == HEADER_UNSET {
+    if transport == HEADER_UNSET || head.is_null() {
         return Err(-1);
     }
-    let protocol = u16::from_be(at(skb, cfg.skb_protocol)?);
+    let protocol = u16::from_be(field(skb, cfg.skb_protocol));
     let ip = head.wrapping_add(network as usize);
     if protocol == ETH_P_IP {
-        if at::<u8>(ip, 9)? != IPPROTO_TCP {
+        if field::<u8>(ip, 9) != IPPROTO_TCP {
             return Err(-1);
         }
         ev.family = FAMILY_INET;
-        ev.remote_addr[..4].copy_from_slice(&at::<[u8; 4]>(ip, 12)?);
-        ev.local_addr[..4].copy_from_slice(&at::<[u8; 4]>(ip, 16)?);
+        ev.remote_addr[..4].copy_from_slice(&field::<[u8; 4]>(ip, 12));
+        ev.local_addr[..4].copy_from_slice(&field::<[u8; 4]>(ip, 16));
     } else if protocol == ETH_P_IPV6 {
         // Extension headers may sit between; the transport header offset skips them for us, so
         // only the first next-header is checked here.
-        if at::<u8>(ip, 6)? != IPPROTO_TCP {
+        if field::<u8>(ip, 6) != IPPROTO_TCP {
             return Err(-1);
         }
         ev.family = FAMILY_INET6;
-        ev.remote_addr = at(ip, 8)?;
-        ev.local_addr = at(ip, 24)?;
+        ev.remote_addr = field(ip, 8);
+        ev.local_addr = field(ip, 24);
     } else {
         return Err(-1);
     }
     let tcp = head.wrapping_add(transport as usize);
-    ev.remote_port = u16::from_be(at(tcp, 0)?);
-    ev.local_port = u16::from_be(at(tcp, 2)?);
-    let tcp_flags: u8 = at(tcp, 13)?;
+    // Source and destination port, then (at 13) the flags: one read of the first 14 bytes.
+    let header: [u8; 14] = field(tcp, 0);
+    ev.remote_port = u16::from_be_bytes([header[0], header[1]]);
+    ev.local_port = u16::from_be_bytes([header[2], header[3]]);
+    let tcp_flags = header[13];
 
-    if let Ok(dev) = at::<*const u8>(skb, cfg.skb_dev)
-        && let Ok(net) = at::<*const u8>(dev, cfg.dev_nd_net)
-    {
-        ev.header.netns_ino = at(net, cfg.net_ns_inum).unwrap_or(0);
-    }
+    let dev: *const u8 = field(skb, cfg.skb_dev);
+    let net: *const u8 = field(dev, cfg.dev_nd_net);
+    ev.header.netns_ino = field(net, cfg.net_ns_inum);
     if cfg.skb_nfct != 0 {
-        let _ = fill_conntrack(cfg, ev, skb);
+        fill_conntrack(cfg, ev, skb);
     }
     Ok(tcp_flags)
 }
 
 #[inline(always)]
-fn fill_conntrack(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *const u8) -> Result<(), i32> {
-    let nfct: usize = at(skb, cfg.skb_nfct)?;
-    let ctinfo = nfct & NFCT_INFOMASK;
+fn fill_conntrack(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *const u8) {
+    let nfct: u64 = field(skb, cfg.skb_nfct);
+    let ctinfo = nfct as usize & NFCT_INFOMASK;
     // Only original-direction packets have "the destination the client dialled" in ORIGINAL.dst.
-    if ctinfo >= IP_CT_IS_REPLY || ctinfo == IP_CT_UNTRACKED {
-        return Ok(());
+    if nfct == 0 || ctinfo >= IP_CT_IS_REPLY || ctinfo == IP_CT_UNTRACKED {
+        return;
     }
-    let Some(off) = CONNTRACK.get(0) else { return Ok(()) };
+    let Some(off) = CONNTRACK.get(0) else { return };
     if off.valid == 0 {
-        return Ok(());
+        return;
     }
-    let ct = (nfct & !NFCT_INFOMASK) as *const u8;
-    ev.orig_dst_port = u16::from_be(at(ct, off.orig_dst_port)?);
-    ev.redirect_port = u16::from_be(at(ct, off.reply_src_port)?);
-    ev.orig_dst_addr = at(ct, off.orig_dst_addr)?;
+    let ct = (nfct as usize & !NFCT_INFOMASK) as *const u8;
+    ev.orig_dst_port = u16::from_be(field(ct, off.orig_dst_port));
+    ev.redirect_port = u16::from_be(field(ct, off.reply_src_port));
+    ev.orig_dst_addr = field(ct, off.orig_dst_addr);
     ev.flags |= FLAG_HAS_CONNTRACK;
-    Ok(())
 }
 
 impl Filtered for TcpResetEvent {
