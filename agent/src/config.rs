@@ -29,6 +29,10 @@ pub struct AgentArgs {
     /// allowed [default: 1M].
     #[arg(long, env = "KSTALL_RING_BUFFER_BYTES", value_name = "BYTES")]
     pub ring_buffer_bytes: Option<String>,
+    /// Events of one series sent in full per CPU per second (the first ones); the rest are
+    /// counted exactly and reported as suppressed. `all`: every event [default: 32].
+    #[arg(long, env = "KSTALL_SAMPLE_EVENTS", value_name = "N")]
+    pub sample_events: Option<String>,
     /// Log format: auto (text on a terminal, JSON otherwise), text or json [default: auto].
     #[arg(long, env = "KSTALL_LOG_FORMAT", value_name = "FORMAT")]
     pub log_format: Option<String>,
@@ -164,6 +168,7 @@ struct FileConfig {
     api_socket: Option<PathBuf>,
     probes: Option<Vec<String>>,
     ring_buffer_bytes: Option<toml::Value>,
+    sample_events: Option<toml::Value>,
     log_format: Option<String>,
     log_level: Option<String>,
     tcp_reset_hook: Option<String>,
@@ -331,6 +336,18 @@ impl Config {
             args.stuck_task_threshold.or(file.stuck_task_threshold),
             args.stuck_task_max_reports.or(file.stuck_task_max_reports.map(|n| n.to_string())),
         )?;
+        let sample_events = match (args.sample_events, file.sample_events) {
+            (Some(text), _) | (None, Some(toml::Value::String(text))) => {
+                probes::Settings::sample_events(&text).map_err(|e| invalid("sample_events", e))?
+            }
+            (None, Some(toml::Value::Integer(n))) => {
+                probes::Settings::sample_events(&n.to_string()).map_err(|e| invalid("sample_events", e))?
+            }
+            (None, Some(other)) => {
+                return Err(invalid("sample_events", format!("{other} is not a number or \"all\"")));
+            }
+            (None, None) => kstall_common::counter::DEFAULT_SAMPLE_EVENTS,
+        };
         let critical_comms = match args.critical_comms.or(file.critical_comms) {
             None => probes::oom::DEFAULT_CRITICAL_COMMS.iter().map(|s| s.to_string()).collect(),
             Some(list) => validate_comms(list)?,
@@ -460,6 +477,7 @@ impl Config {
             probes: probes::Settings {
                 enabled: probes,
                 ring_buffer_bytes,
+                sample_events,
                 tcp_reset_hook,
                 critical_comms,
                 stuck_task,

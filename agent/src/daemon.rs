@@ -65,7 +65,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let kernel_release = kernel::release();
     let counts = Arc::new(Counts::default());
-    let metrics = Arc::new(Metrics::new(kernel::ephemeral_port_range(), counts.clone()));
+    let metrics = Arc::new(Metrics::new(counts.clone()));
     let hung_task_timeout = match config.hung_task_timeout_secs {
         Some(secs) => {
             Some(kernel::HungTaskTimeout::set(secs).context("cannot set kernel.hung_task_timeout_secs")?)
@@ -212,7 +212,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             record_raw,
             held: Default::default(),
         };
-        tokio::spawn(pipeline::run(ring, pipeline, states_rx, stop_intake.clone()))
+        let counters = loaded.counters.take();
+        tokio::spawn(pipeline::run(ring, counters, pipeline, states_rx, stop_intake.clone()))
     });
     let loss =
         loaded.lost.take().map(|lost| tokio::spawn(pipeline::poll_losses(lost, counts, stop_intake.clone())));

@@ -20,7 +20,7 @@ use crate::{
         nfs::{self, Nfs},
         oom::{self, OomKill},
         stuck_task::{self, StuckTaskSample},
-        tcp_reset::{self, TcpReset},
+        tcp_reset::{self, ResetCount, TcpReset},
         wait::{WaitClass, WaitKind},
     },
 };
@@ -42,6 +42,9 @@ pub struct Header {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Payload {
     TcpReset(TcpReset),
+    /// One interval's resets of one series, read from the kernel's counters (not the ring
+    /// buffer): exact, and how many were not sent in full.
+    TcpResetCount(ResetCount),
     /// A task newly reported hung by the kernel's detector (reports of a task already known are
     /// folded into it).
     HungTask(HungTask),
@@ -149,6 +152,8 @@ impl Decoder {
 pub struct Counts {
     received: [AtomicU64; probes::ALL.len()],
     lost: [AtomicU64; probes::ALL.len()],
+    /// Counted in the kernel and not sent in full (sampling).
+    suppressed: [AtomicU64; probes::ALL.len()],
 }
 
 impl Counts {
@@ -162,6 +167,16 @@ impl Counts {
         if let Some(i) = probes::position(probe) {
             self.lost[i].fetch_add(n, Ordering::Relaxed);
         }
+    }
+
+    pub fn suppressed(&self, probe: &str, n: u64) {
+        if let Some(i) = probes::position(probe) {
+            self.suppressed[i].fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub fn suppressed_of(&self, probe: &str) -> u64 {
+        probes::position(probe).map(|i| self.suppressed[i].load(Ordering::Relaxed)).unwrap_or_default()
     }
 
     /// (received, lost) of `probe`.

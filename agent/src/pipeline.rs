@@ -28,7 +28,11 @@ use crate::{
         metrics::Metrics,
     },
     incidents::{Incident, NodeView, engine::Engine},
-    kernel, kubelet, probes,
+    kernel, kubelet,
+    probes::{
+        self,
+        counters::{self, Counters, Drained},
+    },
     state::lock,
     stuck::{StuckSet, TaskStates},
 };
@@ -160,12 +164,46 @@ impl Pipeline {
         }
     }
 
+    fn take_counts(&mut self, mut drained: Drained) {
+        // What was left in the map is read the next time.
+        if let Some(e) = drained.failure.take() {
+            tracing::warn!(error = %e, "reading the kernel's counters failed");
+        }
+        self.count(drained, Instant::now());
+    }
+
+    /// One interval's counts from the kernel's counters, at `now`: attributed as events are
+    /// (by their network namespace) and emitted like them.
+    pub fn count(&mut self, drained: Drained, now: Instant) {
+        for error in drained.errors {
+            tracing::debug!(error = %error, "undecodable counter key");
+            self.metrics.decode_error(error.label());
+        }
+        let time_unix_ns = kernel::unix_now_ns();
+        for (netns, count) in drained.resets {
+            let header = crate::events::Header {
+                probe: probes::tcp_reset::NAME,
+                time_unix_ns,
+                tgid: 0,
+                pid: 0,
+                comm: String::new(),
+                cgroup_id: 0,
+                netns,
+            };
+            self.attribute(Event { header, payload: Payload::TcpResetCount(count) }, now);
+        }
+    }
+
     fn emit_unresolved(&mut self, event: Event, fallback: Option<Arc<Attribution>>) {
         self.emit(Attributed { event, who: fallback.unwrap_or_default() });
     }
 
     fn emit(&mut self, attributed: Attributed) {
-        if attributed.unattributed() {
+        let count = match &attributed.event.payload {
+            Payload::TcpResetCount(count) => Some(count.suppressed),
+            _ => None,
+        };
+        if attributed.unattributed() && count.is_none() {
             self.metrics.unattributed(attributed.event.header.probe);
         }
         if matches!(attributed.event.payload, Payload::HungTask(_) | Payload::StuckTask(_)) {
@@ -178,8 +216,11 @@ impl Pipeline {
         }
         self.metrics.observe(&attributed);
         lock(&self.incidents).observe(&attributed);
-        // No subscriber is not an error.
-        let _ = self.events.send(Arc::new(attributed));
+        // A count is news to a trace only for what it did not see: the suppressed events.
+        if count.is_none_or(|suppressed| suppressed > 0) {
+            // No subscriber is not an error.
+            let _ = self.events.send(Arc::new(attributed));
+        }
     }
 
     /// At shutdown: nothing waits any more.
@@ -190,10 +231,12 @@ impl Pipeline {
     }
 }
 
-/// Reads the ring buffer (and the stuck tasks' states) until intake stops, then drains what is
-/// left. Returns the number of records drained after the stop.
+/// Reads the ring buffer (and the stuck tasks' states, and the kernel's counters once per
+/// interval) until intake stops, then drains what is left. Returns the number of records drained
+/// after the stop.
 pub async fn run(
     ring: RingBuf<MapData>,
+    mut counters: Option<Counters>,
     mut pipeline: Pipeline,
     mut task_states: mpsc::Receiver<TaskStates>,
     stop: CancellationToken,
@@ -210,9 +253,17 @@ pub async fn run(
     drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut hold_tick = tokio::time::interval(HOLD_CHECK_INTERVAL);
     hold_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut counter_tick = tokio::time::interval(counters::INTERVAL);
+    counter_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
+            _ = counter_tick.tick(), if counters.is_some() => {
+                let drained = counters.as_mut().map(Counters::drain);
+                if let Some(drained) = drained {
+                    pipeline.take_counts(drained);
+                }
+            }
             _ = hold_tick.tick() => pipeline.release_held(Instant::now()),
             Some(states) = task_states.recv() => pipeline.apply_task_states(&states, kernel::unix_now_ns()),
             _ = drain_tick.tick() => {
@@ -241,6 +292,10 @@ pub async fn run(
     while let Some(item) = ring.next() {
         pipeline.handle(&item, Instant::now());
         drained += 1;
+    }
+    // The programs are detached: both generations are complete.
+    if let Some(counters) = &mut counters {
+        pipeline.take_counts(counters.drain_all());
     }
     pipeline.release_held(Instant::now());
     pipeline.flush_held();
@@ -378,7 +433,7 @@ mod tests {
             misses: misses_tx,
             pod_source: Health::new("none".into(), true),
             counts: Arc::default(),
-            metrics: Arc::new(Metrics::new(32768..=60999, Arc::default())),
+            metrics: Arc::new(Metrics::new(Arc::default())),
             stuck: Arc::default(),
             incidents: Arc::new(Mutex::new(Engine::new("node-a".into(), &Settings::default()))),
             events: events_tx,

@@ -6,6 +6,7 @@
 #![no_std]
 
 pub mod capture;
+pub mod counter;
 pub mod header;
 pub mod hung_task;
 pub mod nfs;

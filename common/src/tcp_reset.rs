@@ -91,6 +91,10 @@ pub struct TcpResetConfig {
     pub skb_protocol: u32,
     pub skb_dev: u32,
     pub dev_nd_net: u32,
+    /// The node's ephemeral port range (`net.ipv4.ip_local_port_range`): a port in it is counted
+    /// as the class `ephemeral`, not by number, so a client's random ports make no keys.
+    pub ephemeral_low: u16,
+    pub ephemeral_high: u16,
 }
 
 /// `struct nf_conn` offsets. In a map, not a global: where conntrack is a module, its BTF (and so
@@ -104,8 +108,41 @@ pub struct ConntrackOffsets {
     pub reply_src_port: u32,
 }
 
+/// `ResetCountKey::flags`: the counted port is in the ephemeral range (`port` is 0).
+pub const KEY_PORT_EPHEMERAL: u8 = 1 << 4;
+/// The original destination port is in the ephemeral range (`orig_dst_port` is 0).
+pub const KEY_ORIGINAL_EPHEMERAL: u8 = 1 << 5;
+
+/// A key of the in-kernel reset counters (`TCP_RESET_COUNTS`): one `kstall_tcp_resets_total`
+/// series before attribution (its network namespace is attributed to a pod when the agent reads
+/// it). `flags` has `FLAG_HAS_REASON`, `FLAG_HAS_CONNTRACK` (only for a rewritten destination)
+/// and the `KEY_*` port classes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ResetCountKey {
+    pub netns_ino: u32,
+    /// Raw kernel enum value, as in the event.
+    pub reason: u32,
+    /// Sent: the refusing local port; received: the remote port.
+    pub port: u16,
+    /// Pre-NAT destination port of a redirected connection.
+    pub orig_dst_port: u16,
+    pub direction: u8,
+    pub hook: u8,
+    pub flags: u8,
+    /// See `crate::counter`.
+    pub generation: u8,
+}
+
+const _: () = assert!(size_of::<ResetCountKey>() == 16);
+
+/// Entries of `TCP_RESET_COUNTS`: two intervals' keys. A reset whose key finds the map full is
+/// counted in `TCP_RESET_OVERFLOW` (by direction) and not sent.
+pub const COUNT_KEYS: u32 = 16_384;
+
 #[cfg(feature = "user")]
 mod user {
+    unsafe impl aya::Pod for super::ResetCountKey {}
     // SAFETY: repr(C), only integer fields, no implicit padding (the padding is written out).
     unsafe impl aya::Pod for super::TcpResetConfig {}
     unsafe impl aya::Pod for super::ConntrackOffsets {}

@@ -1,12 +1,18 @@
-//! Maps shared by every probe: the event ring buffer and the per-CPU count of events lost to a
-//! full ring buffer, indexed by event kind.
+//! Maps shared by every probe: the event ring buffer, the per-CPU count of events lost to a
+//! full ring buffer, indexed by event kind, and the generation and sample budget of the in-kernel
+//! counters (`kstall_common::counter`).
 
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     macros::map,
-    maps::{PerCpuArray, RingBuf, ring_buf::RingBufEntry},
+    maps::{Array, PerCpuArray, PerCpuHashMap, RingBuf, ring_buf::RingBufEntry},
 };
-use kstall_common::{EventHeader, capture::CaptureFilter, kind};
+use kstall_common::{
+    EventHeader,
+    capture::CaptureFilter,
+    counter::{Counter, DEFAULT_SAMPLE_EVENTS},
+    kind,
+};
 
 /// Resized by the agent at load time (`--ring-buffer-bytes`).
 #[map]
@@ -20,6 +26,15 @@ pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(kind::COUNT, 0
 /// virtualised node, measured here), and the agent also drains on a short timer.
 #[unsafe(no_mangle)]
 static WAKEUP_BYTES: u64 = 0;
+
+/// The counters' generation (0 or 1), flipped by the agent once per interval.
+#[map]
+pub static GENERATION: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Events of one counter key sent in full per CPU per interval (`--sample-events`); `u32::MAX`:
+/// every event, nothing counted (a standalone capture, which exports no counters).
+#[unsafe(no_mangle)]
+static SAMPLE_EVENTS: u32 = DEFAULT_SAMPLE_EVENTS;
 
 /// Set by an agent run for one capture (`kstall trace --standalone`); empty otherwise.
 #[unsafe(no_mangle)]
@@ -107,3 +122,47 @@ fn count_lost(kind: u32) {
         unsafe { *lost += 1 };
     }
 }
+
+/// The generation a counter key is counted in now.
+#[inline(always)]
+pub fn generation() -> u8 {
+    GENERATION.get(0).map(|g| (*g & 1) as u8).unwrap_or(0)
+}
+
+/// Counts one event of `key` (its `generation` set by the caller) and says whether it is to be
+/// sent in full: the first `SAMPLE_EVENTS` of the key on this CPU in this interval are. A key
+/// that finds the map full is counted in `overflow[slot]` and not sent.
+#[inline(always)]
+pub fn count<K>(counts: &PerCpuHashMap<K, Counter>, overflow: &PerCpuArray<u64>, slot: u32, key: &K) -> bool {
+    let budget = unsafe { core::ptr::read_volatile(&SAMPLE_EVENTS) };
+    if budget == u32::MAX {
+        return true;
+    }
+    let budget = u64::from(budget);
+    // Twice: another CPU may insert the key between this CPU's lookup and insert.
+    for _ in 0..2 {
+        if let Some(counter) = counts.get_ptr_mut(key) {
+            // This CPU's slot: no other writer races the increments.
+            let counter = unsafe { &mut *counter };
+            counter.events += 1;
+            if counter.emitted < budget {
+                counter.emitted += 1;
+                return true;
+            }
+            return false;
+        }
+        let first = Counter { events: 1, emitted: u64::from(budget > 0) };
+        match counts.insert(key, first, BPF_NOEXIST) {
+            Ok(()) => return budget > 0,
+            Err(e) if e == -EEXIST => continue,
+            Err(_) => break,
+        }
+    }
+    if let Some(n) = overflow.get_ptr_mut(slot) {
+        unsafe { *n += 1 };
+    }
+    false
+}
+
+const BPF_NOEXIST: u64 = 1;
+const EEXIST: i32 = 17;

@@ -10,9 +10,9 @@ use std::{
 };
 
 use kstall_tests::{
-    agent::Agent,
+    agent::{Agent, COUNTED_WITHIN, sample_with},
     bpf::{bpf_programs, verified_instructions_of},
-    host::{Sysctl, cpu_ticks, memory_kib},
+    host::{Sysctl, cpu_ticks, memory_kib, wait_for},
     kernel_tests_can_run,
     netns::NetNs,
 };
@@ -33,27 +33,33 @@ fn main() {
     let agent = Agent::start(&[]);
     // Per-program run time in the kernel; restored when the guard drops.
     let _stats = Sysctl::set("kernel.bpf_stats_enabled", "1");
-    let events_before = events(&agent);
+    let before = Tally::of(&agent);
     let cpu_before = cpu_ticks(agent.pid());
     let run = storm(&ns, secs);
-    thread::sleep(Duration::from_secs(1)); // let the reader finish
     let cpu_ticks_used = cpu_ticks(agent.pid()) - cpu_before;
-    let received = events(&agent) - events_before;
-    let lost = agent.metric(r#"kstall_events_lost_total{probe="tcp-reset"}"#).unwrap_or(f64::NAN);
-    let (rss, hwm) = memory_kib(agent.pid());
     let expected = 2 * run.connects; // one sent and one received reset per connect
+    // The kernel's counts reach the metric within two counter intervals.
+    let counted = wait_for(COUNTED_WITHIN, || {
+        Some(Tally::of(&agent).minus(&before)).filter(|t| t.counted == expected as f64)
+    });
+    let tally = counted.unwrap_or_else(|| Tally::of(&agent).minus(&before));
+    let (rss, hwm) = memory_kib(agent.pid());
     let ticks_per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let cpu_secs = cpu_ticks_used / ticks_per_sec;
 
     println!("with agent:    {:.0} refused connects/s ({:.0} reset events/s)", run.rate(), 2.0 * run.rate());
     println!(
         "traffic slowdown with the agent attached: {:.1}%",
         100.0 * (1.0 - run.rate() / baseline.rate())
     );
-    println!("events: {received:.0} received, {lost:.0} lost, {expected} expected");
     println!(
-        "agent CPU: {:.1}% of one core at {:.0} events/s",
-        100.0 * cpu_ticks_used / ticks_per_sec / run.elapsed.as_secs_f64(),
-        received / run.elapsed.as_secs_f64()
+        "resets: {expected} driven, {:.0} counted (kstall_tcp_resets_total); events: {:.0} received, {:.0} lost, {:.0} suppressed",
+        tally.counted, tally.received, tally.lost, tally.suppressed
+    );
+    println!(
+        "agent CPU: {:.1}% of one core, {:.2} us per reset",
+        100.0 * cpu_secs / run.elapsed.as_secs_f64(),
+        1e6 * cpu_secs / expected as f64
     );
     println!("agent memory: VmRSS {rss} KiB, VmHWM {hwm} KiB");
     let verified = verified_instructions_of(agent.pid());
@@ -68,7 +74,47 @@ fn main() {
             ns / runs.max(1.0)
         );
     }
-    assert_eq!(received + lost, expected as f64, "every reset is either received or counted as lost");
+    assert_eq!(tally.counted, expected as f64, "every reset is counted");
+    assert_eq!(
+        tally.received + tally.lost + tally.suppressed,
+        expected as f64,
+        "every reset is an event received, lost or suppressed"
+    );
+}
+
+/// The agent's figures for tcp-reset.
+struct Tally {
+    counted: f64,
+    received: f64,
+    lost: f64,
+    suppressed: f64,
+}
+
+impl Tally {
+    fn of(agent: &Agent) -> Self {
+        let metrics = agent.metrics();
+        let probe = |name: &str| sample_with(&metrics, name, &[("probe", "tcp-reset")]).unwrap_or(0.0);
+        let counted = metrics
+            .lines()
+            .filter(|l| l.starts_with("kstall_tcp_resets_total{"))
+            .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+            .sum();
+        Tally {
+            counted,
+            received: probe("kstall_events_total"),
+            lost: probe("kstall_events_lost_total"),
+            suppressed: probe("kstall_events_suppressed_total"),
+        }
+    }
+
+    fn minus(&self, before: &Tally) -> Tally {
+        Tally {
+            counted: self.counted - before.counted,
+            received: self.received - before.received,
+            lost: self.lost - before.lost,
+            suppressed: self.suppressed - before.suppressed,
+        }
+    }
 }
 
 struct Storm {
@@ -107,8 +153,4 @@ fn storm(ns: &NetNs, secs: u64) -> Storm {
         }
     });
     Storm { connects: connects.into_inner(), elapsed: start.elapsed() }
-}
-
-fn events(agent: &Agent) -> f64 {
-    agent.metric(r#"kstall_events_total{probe="tcp-reset"}"#).unwrap_or(0.0)
 }

@@ -160,6 +160,20 @@ impl Agent {
         self.metrics().lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
     }
 
+    /// The sample `series` once it is `expected`, else (after [`COUNTED_WITHIN`]) its last value:
+    /// event counters come from the kernel's counters, which reach `/metrics` within two
+    /// counter intervals.
+    pub fn counted(&self, series: &str, expected: f64) -> Option<f64> {
+        wait_for(COUNTED_WITHIN, || self.metric(series).filter(|&v| v == expected))
+            .or_else(|| self.metric(series))
+    }
+
+    /// As [`Agent::counted`], for the first sample of `name` with every one of `labels`.
+    pub fn counted_with(&self, name: &str, labels: &[(&str, &str)], expected: f64) -> Option<f64> {
+        wait_for(COUNTED_WITHIN, || self.metric_with(name, labels).filter(|&v| v == expected))
+            .or_else(|| self.metric_with(name, labels))
+    }
+
     /// Value of the first sample of `name` whose labels include every one of `labels`.
     pub fn metric_with(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         sample_with(&self.metrics(), name, labels)
@@ -206,6 +220,9 @@ impl Drop for Agent {
 
 /// Value of the first sample of `name` in a `/metrics` text whose labels include every one of
 /// `labels`.
+/// How long a count takes at most to reach `/metrics` (two 1 s counter intervals), with room.
+pub const COUNTED_WITHIN: Duration = Duration::from_secs(10);
+
 pub fn sample_with(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     metrics.lines().find_map(|line| {
         let rest = line.strip_prefix(name)?.strip_prefix('{')?;

@@ -112,6 +112,15 @@ pub fn closed_low_port() -> u16 {
         .expect("a free port between 20000 and 30000")
 }
 
+/// `n` distinct local TCP ports nothing listens on, outside the ephemeral range: a port scan's
+/// targets, each its own series.
+pub fn closed_low_ports(n: usize) -> Vec<u16> {
+    let ports: Vec<u16> =
+        (20000..30000).filter(|&p| TcpListener::bind((Ipv4Addr::LOCALHOST, p)).is_ok()).take(n).collect();
+    assert_eq!(ports.len(), n, "{n} free ports between 20000 and 30000");
+    ports
+}
+
 /// Packets that matched the nat OUTPUT rule for `--dport port` in `ns`: the kernel's own count of
 /// redirected connections (only a connection's first packet traverses the nat table).
 pub fn nat_rule_packets(ns: &NetNs, iptables: &str, port: u16) -> u64 {

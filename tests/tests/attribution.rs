@@ -9,7 +9,7 @@ use std::{
 };
 
 use kstall_tests::{
-    agent::{Agent, EventStream, pod_json, write_pods_file},
+    agent::{Agent, COUNTED_WITHIN, EventStream, pod_json, write_pods_file},
     cgroup::{Cgroup, PodProcess, v1_memory_limit},
     host::wait_for,
     kernel_tests_can_run,
@@ -158,22 +158,25 @@ fn resets_and_oom_kills_name_their_pod_in_every_cgroup_layout() {
     assert_eq!((&status["up"], &status["pods"]), (&true.into(), &3.into()), "{status}");
     assert!(status["pod_namespaces"].as_u64().is_some_and(|n| n >= 3), "{status}");
 
-    // Metrics carry the same names.
-    let metrics = agent.metrics();
-    for (_, pod) in &layouts {
+    // Metrics carry the same names (the resets' once the kernel's counters are read).
+    let named = |metrics: &str, metric: &str, pod: &str| {
         let labels = [
             r#"host="false""#.to_string(),
             r#"namespace="shop""#.to_string(),
-            format!(r#"pod="{}""#, pod.name),
+            format!(r#"pod="{pod}""#),
             r#"workload="Deployment/web""#.to_string(),
         ];
-        for metric in ["kstall_oom_kills_total{", "kstall_tcp_resets_total{"] {
-            assert!(
-                metrics
-                    .lines()
-                    .any(|l| l.starts_with(metric) && labels.iter().all(|x| l.contains(x.as_str()))),
-                "{metric} {labels:?}:\n{metrics}"
-            );
+        metrics.lines().any(|l| l.starts_with(metric) && labels.iter().all(|x| l.contains(x.as_str())))
+    };
+    const METRICS: [&str; 2] = ["kstall_oom_kills_total{", "kstall_tcp_resets_total{"];
+    let all_named = |metrics: &String| {
+        layouts.iter().all(|(_, pod)| METRICS.iter().all(|metric| named(metrics, metric, &pod.name)))
+    };
+    let metrics = wait_for(COUNTED_WITHIN, || Some(agent.metrics()).filter(all_named))
+        .unwrap_or_else(|| agent.metrics());
+    for (_, pod) in &layouts {
+        for metric in METRICS {
+            assert!(named(&metrics, metric, &pod.name), "{metric} {}:\n{metrics}", pod.name);
         }
     }
 

@@ -46,6 +46,8 @@ fn bad_values_exit_64_naming_the_field() {
     assert_usage_error(&["agent", "--probes", "tcp-reset,oom-kil"], "probes");
     assert_usage_error(&["agent", "--ring-buffer-bytes", "1000"], "ring_buffer_bytes");
     assert_usage_error(&["agent", "--tcp-reset-hook", "kprobe"], "tcp_reset_hook");
+    assert_usage_error(&["agent", "--sample-events", "many"], "sample_events");
+    assert_usage_error(&["agent", "--sample-events", "4294967295"], "sample_events");
     assert_usage_error(&["agent", "--config", "/nonexistent.toml"], "config");
     assert_usage_error(&["agent", "--no-such-flag"], "--no-such-flag");
     assert_usage_error(&["frobnicate"], "frobnicate");

@@ -30,7 +30,7 @@ use kstall_tests::{
     },
     host::{Sysctl, wait_for},
     kernel_tests_can_run,
-    netns::{NetNs, closed_low_port, refused_connects},
+    netns::{NetNs, closed_low_ports, refused_connects},
     oom::{OOM_LIMIT, oom_kill_as},
     writeback::FreezableDisk,
 };
@@ -248,7 +248,10 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
     );
     // An API client that stops reading, and enough events to fill its socket: cut off, counted.
     let stalled = stalled_client(&agent.socket);
-    refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, closed_low_port())), 500);
+    // 500 ports, each its own series: every reset is sent in full (no series passes its sample).
+    for port in closed_low_ports(500) {
+        refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), 1);
+    }
     let dropped = r#"kstall_api_events_dropped_total{stream="events"}"#;
     let cut_off = wait_for(Duration::from_secs(30), || agent.metric(dropped).filter(|n| *n >= 1.0));
     assert!(cut_off.is_some(), "the stalled client's events were not dropped:\n{}", agent.metrics());

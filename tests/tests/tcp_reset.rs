@@ -8,8 +8,8 @@ use std::{
 };
 
 use kstall_tests::{
-    agent::Agent,
-    host::run,
+    agent::{Agent, COUNTED_WITHIN},
+    host::{run, wait_for},
     kernel_tests_can_run,
     netns::{NetNs, closed_low_port, nat_rule_packets, own_netns_inode, refused_connects},
 };
@@ -68,9 +68,9 @@ fn redirect_scenario(test: &str, agent_args: &[&str], expected_hook: &str, loopb
 
     // A test namespace is no pod's: the pod labels are empty and host is false.
     let series = r#"kstall_tcp_resets_total{container="",direction="sent",host="false",namespace="",original_port="2049",pod="",port="15001",reason="NO_SOCKET",workload=""}"#;
-    assert_eq!(agent.metric(series), Some(CONNECTS as f64), "{}", agent.metrics());
+    assert_eq!(agent.counted(series, CONNECTS as f64), Some(CONNECTS as f64), "{}", agent.metrics());
     let series = r#"kstall_tcp_resets_total{container="",direction="received",host="false",namespace="",original_port="",pod="",port="2049",reason="",workload=""}"#;
-    assert_eq!(agent.metric(series), Some(CONNECTS as f64), "{}", agent.metrics());
+    assert_eq!(agent.counted(series, CONNECTS as f64), Some(CONNECTS as f64), "{}", agent.metrics());
     assert_eq!(agent.metric(r#"kstall_events_lost_total{probe="tcp-reset"}"#), Some(0.0));
     assert_eq!(agent.metric(r#"kstall_probe_up{probe="tcp-reset"}"#), Some(1.0));
     assert_eq!(agent.stop(), Some(0));
@@ -155,9 +155,10 @@ fn proxys_own_reset_scenario(test: &str, agent_args: &[&str]) {
         assert_eq!((&e["has_socket"], &e["hook"]), (&true.into(), &"tcp_send_reset".into()), "{e}");
         assert!(e["original_dst_port"].is_null() && e["redirect_port"].is_null(), "not a redirect: {e}");
     }
-    let counted = agent.metric_with(
+    let counted = agent.counted_with(
         "kstall_tcp_resets_total",
         &[("direction", "sent"), ("port", "15001"), ("original_port", "")],
+        n as f64,
     );
     assert_eq!(counted, Some(n as f64), "{}", agent.metrics());
 }
@@ -202,7 +203,7 @@ fn plain_reset_in_root_netns_has_no_original_port() {
     let series = format!(
         r#"kstall_tcp_resets_total{{container="",direction="sent",host="true",namespace="",original_port="",pod="",port="{port}",reason="NO_SOCKET",workload=""}}"#
     );
-    assert_eq!(agent.metric(&series), Some(n as f64), "{}", agent.metrics());
+    assert_eq!(agent.counted(&series, n as f64), Some(n as f64), "{}", agent.metrics());
 }
 
 #[test]
@@ -220,4 +221,62 @@ fn status_lists_the_probe_and_its_hook() {
     assert!(line.contains("tp_btf/tcp_send_reset"), "{out}");
     assert!(out.contains("original destination: conntrack"), "{out}");
     assert_eq!(agent.get("/healthz"), "ok\n");
+}
+
+/// The issue-18 storm: the agent stopped (SIGSTOP) while a storm of redirected connects runs,
+/// far more resets than the ring buffer holds. The resets are counted in the kernel, so the
+/// metric is exact once the agent runs again; the events are the sampled detail, and every
+/// reset is an event received, lost or suppressed.
+#[test]
+fn counters_are_exact_while_the_agent_is_stopped() {
+    if !kernel_tests_can_run("counters_are_exact_while_the_agent_is_stopped") {
+        return;
+    }
+    const STORM: usize = 75_000;
+    let mut agent = Agent::start(&[]);
+    let ns = NetNs::new("stopped");
+    ns.redirect_tcp("iptables", 2049, 15001);
+    let tcp = |name: &str| agent.metric(&format!(r#"{name}{{probe="tcp-reset"}}"#)).unwrap_or(0.0);
+    let events_before =
+        tcp("kstall_events_total") + tcp("kstall_events_lost_total") + tcp("kstall_events_suppressed_total");
+
+    let stopped = Stopped::new(agent.pid());
+    ns.run_inside(|| refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)), STORM));
+    drop(stopped);
+
+    let sent = r#"kstall_tcp_resets_total{container="",direction="sent",host="false",namespace="",original_port="2049",pod="",port="15001",reason="NO_SOCKET",workload=""}"#;
+    let received = r#"kstall_tcp_resets_total{container="",direction="received",host="false",namespace="",original_port="",pod="",port="2049",reason="",workload=""}"#;
+    assert_eq!(agent.counted(sent, STORM as f64), Some(STORM as f64), "{}", agent.metrics());
+    assert_eq!(agent.counted(received, STORM as f64), Some(STORM as f64), "{}", agent.metrics());
+    assert_eq!(nat_rule_packets(&ns, "iptables", 2049), STORM as u64);
+    let accounted = || {
+        tcp("kstall_events_total") + tcp("kstall_events_lost_total") + tcp("kstall_events_suppressed_total")
+            - events_before
+    };
+    let all = wait_for(COUNTED_WITHIN, || (accounted() == 2.0 * STORM as f64).then_some(()));
+    assert!(
+        all.is_some(),
+        "received + lost + suppressed = {} of {}:\n{}",
+        accounted(),
+        2 * STORM,
+        agent.metrics()
+    );
+    assert!(tcp("kstall_events_suppressed_total") > 0.0, "a storm is sampled: {}", agent.metrics());
+    assert_eq!(agent.stop(), Some(0));
+}
+
+/// A process stopped with SIGSTOP until dropped (SIGCONT), also when the test fails.
+struct Stopped(i32);
+
+impl Stopped {
+    fn new(pid: u32) -> Self {
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+        Stopped(pid as i32)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
 }

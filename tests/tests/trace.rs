@@ -13,7 +13,7 @@ use std::{
 };
 
 use kstall_tests::{
-    agent::{Agent, TraceCapture, agent_binary, pod_json, write_pods_file},
+    agent::{Agent, COUNTED_WITHIN, TraceCapture, agent_binary, pod_json, write_pods_file},
     bpf::{loaded_program_ids, program_ids_of, still_loaded_after_grace},
     cgroup::{Cgroup, PodProcess},
     host::{child_pids, wait_for},
@@ -93,7 +93,12 @@ fn trace_captures_the_pods_redirected_nfs_resets_only() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
-    let (code, json, stderr) = explain(&[POD, "-n", "shop", "--output", "json"]);
+    // The resets' series come from the kernel's counters: within two counter intervals.
+    let counted = |json: &String| json.contains("kstall_tcp_resets_total");
+    let explained = wait_for(COUNTED_WITHIN, || {
+        Some(explain(&[POD, "-n", "shop", "--output", "json"])).filter(|r| counted(&r.1))
+    });
+    let (code, json, stderr) = explained.unwrap_or_else(|| explain(&[POD, "-n", "shop", "--output", "json"]));
     assert_eq!(code, Some(0), "{stderr}");
     let x: Value = serde_json::from_str(&json).expect("JSON");
     assert_eq!((&x["pod_uid"], &x["workload"]), (&UID.into(), &"Deployment/web".into()), "{x:#}");
@@ -127,7 +132,8 @@ fn concurrent_captures_get_everything_while_a_stalled_client_is_cut_off() {
     if !kernel_tests_can_run("concurrent_captures_get_everything_while_a_stalled_client_is_cut_off") {
         return;
     }
-    let mut agent = Agent::start(&[]);
+    // Every reset sent in full: the point is the API's backpressure, not the kernel's sampling.
+    let mut agent = Agent::start(&["--sample-events", "all"]);
     let netns = NetNs::new("trace-many");
     let ino = netns.inode().to_string();
     // A client that asks for everything and, once subscribed, never reads.

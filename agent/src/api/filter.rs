@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     attribution::{Attributed, Attribution},
     events::Payload,
+    probes::tcp_reset::CountedPort,
 };
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,6 +60,17 @@ impl TraceFilter {
                     .flatten()
                     .map(|a| a.to_string())
                     .collect(),
+            ),
+            Payload::TcpResetCount(c) => (
+                [Some(c.port), c.original_port]
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| match p {
+                        CountedPort::Number(n) => Some(n),
+                        _ => None,
+                    })
+                    .collect(),
+                vec![],
             ),
             Payload::Nfs(n) => {
                 (n.server_port.into_iter().collect(), n.server_addr.iter().map(|a| a.to_string()).collect())

@@ -69,6 +69,9 @@ pub struct ProbeReport {
     pub status: ProbeStatus,
     pub events: u64,
     pub lost: u64,
+    /// Counted in the kernel, not sent in full (`--sample-events`).
+    #[serde(default)]
+    pub suppressed: u64,
 }
 
 /// The first line of an event stream: every event from here on reaches the client, so a client can

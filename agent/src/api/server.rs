@@ -34,7 +34,12 @@ pub fn status(state: &AgentState) -> StatusReport {
             .iter()
             .map(|s| {
                 let (events, lost) = state.counts.of(&s.name);
-                ProbeReport { status: s.clone(), events, lost }
+                ProbeReport {
+                    status: s.clone(),
+                    events,
+                    lost,
+                    suppressed: state.counts.suppressed_of(&s.name),
+                }
             })
             .collect(),
         attribution: {

@@ -77,8 +77,8 @@ pub fn request<T: serde::de::DeserializeOwned>(socket: &PathBuf, what: &Request)
 
 fn render(report: &StatusReport) -> String {
     let mut out = format!(
-        "kstall {} · kernel {} · up {}s\n\n{:<12} {:<6} {:>10} {:>8}  HOOK / REASON\n",
-        report.version, report.kernel, report.uptime_secs, "PROBE", "STATE", "EVENTS", "LOST"
+        "kstall {} · kernel {} · up {}s\n\n{:<12} {:<6} {:>10} {:>8} {:>10}  HOOK / REASON\n",
+        report.version, report.kernel, report.uptime_secs, "PROBE", "STATE", "EVENTS", "LOST", "SUPPRESSED"
     );
     for p in &report.probes {
         let s = &p.status;
@@ -87,14 +87,17 @@ fn render(report: &StatusReport) -> String {
         } else {
             ("down", s.reason.clone().unwrap_or_default())
         };
-        out.push_str(&format!("{:<12} {:<6} {:>10} {:>8}  {detail}\n", s.name, state, p.events, p.lost));
+        out.push_str(&format!(
+            "{:<12} {:<6} {:>10} {:>8} {:>10}  {detail}\n",
+            s.name, state, p.events, p.lost, p.suppressed
+        ));
         for note in &s.notes {
-            out.push_str(&format!("{:<12} {:<6} {:>10} {:>8}  {note}\n", "", "", "", ""));
+            out.push_str(&format!("{:<12} {:<6} {:>10} {:>8} {:>10}  {note}\n", "", "", "", "", ""));
         }
         for missing in &s.unavailable {
             out.push_str(&format!(
-                "{:<12} {:<6} {:>10} {:>8}  unavailable: {} ({})\n",
-                "", "", "", "", missing.field, missing.why
+                "{:<12} {:<6} {:>10} {:>8} {:>10}  unavailable: {} ({})\n",
+                "", "", "", "", "", missing.field, missing.why
             ));
         }
     }
@@ -141,6 +144,7 @@ mod tests {
                     },
                     events: 12,
                     lost: 0,
+                    suppressed: 3400,
                 },
                 ProbeReport {
                     status: ProbeStatus {
@@ -153,6 +157,7 @@ mod tests {
                     },
                     events: 0,
                     lost: 0,
+                    suppressed: 0,
                 },
             ],
             attribution: crate::api::AttributionReport {
@@ -170,10 +175,16 @@ mod tests {
             },
         };
         let text = render(&report);
-        assert!(text.contains("tcp-reset    up             12        0  tp_btf/tcp_send_reset"), "{text}");
+        assert!(
+            text.contains("tcp-reset    up             12        0       3400  tp_btf/tcp_send_reset"),
+            "{text}"
+        );
         assert!(text.contains("original destination: conntrack"), "{text}");
         assert!(text.contains("  unavailable: reason (no reason before 6.10)\n"), "{text}");
-        assert!(text.contains("other        down            0        0  BTF has no tracepoint x"), "{text}");
+        assert!(
+            text.contains("other        down            0        0          0  BTF has no tracepoint x"),
+            "{text}"
+        );
         assert!(
             text.contains("source api (node node-a) (down: tcp connect error: Connection refused)"),
             "{text}"

@@ -249,6 +249,8 @@ impl StandaloneAgent {
         if !filter.probes.is_empty() {
             command.arg("--probes").arg(filter.probes.join(","));
         }
+        // A capture shows every event; it exports no counters.
+        command.args(["--sample-events", "all"]);
         if let Some(pid) = filter.pid {
             command.arg("--capture-pid").arg(pid.to_string());
         }
@@ -361,6 +363,23 @@ fn what(e: &Value) -> String {
             }
             text
         }
+        // A series' resets beyond those shown (sampling): counted, not each sent.
+        "tcp_reset_count" => {
+            let arrow = if s("direction") == "sent" { "sent RSTs" } else { "got RSTs" };
+            let mut text = format!(
+                "{} more {arrow} not shown ({} counted in 1 s): port {}",
+                n("suppressed"),
+                n("resets"),
+                s("port")
+            );
+            if !s("original_port").is_empty() {
+                text.push_str(&format!(" (dialled port {}, redirected)", s("original_port")));
+            }
+            if !s("reason").is_empty() {
+                text.push_str(&format!(" {}", s("reason")));
+            }
+            text
+        }
         "hung_task" => {
             let top = e["stack"].as_array().and_then(|f| f.first()).and_then(Value::as_str).unwrap_or("");
             format!("hung {}s in {} {pid} at {top}", n("blocked_secs"), s("wait"))
@@ -404,6 +423,15 @@ mod tests {
         assert_eq!(
             render(&reset),
             "04:42:02.123  shop/web-1                            tcp-reset  sent RST 10.55.0.1:15001 -> 10.0.0.7:871 (dialled 10.55.0.1:2049, redirected) NO_SOCKET"
+        );
+        // What sampling left out of the stream, said once per series and second.
+        let count = json!({"probe": "tcp-reset", "time_unix_ns": T, "tgid": 0, "pid": 0, "comm": "",
+            "kind": "tcp_reset_count", "direction": "sent", "port": "15001", "original_port": "2049",
+            "reason": "NO_SOCKET", "resets": 5000, "suppressed": 4968, "namespace": "shop", "pod": "web-1",
+            "container": "", "host": false});
+        assert_eq!(
+            render(&count),
+            "04:42:02.123  shop/web-1                            tcp-reset  4968 more sent RSTs not shown (5000 counted in 1 s): port 15001 (dialled port 2049, redirected) NO_SOCKET"
         );
         let hung = json!({"probe": "hung-task", "time_unix_ns": T, "tgid": 4242, "pid": 4243, "comm": "java",
             "kind": "hung_task", "blocked_secs": 122, "wait": "nfs", "stack": ["folio_wait_bit+0xd6", "nfs_wb_all+0x2a"],

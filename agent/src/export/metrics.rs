@@ -1,8 +1,6 @@
 //! Prometheus metrics. Label values are bounded: ports in the ephemeral range collapse to
-//! `ephemeral`, reasons are kernel enum names. Every metric about events carries the pod labels
+//! `ephemeral` (in the kernel's counters), reasons are kernel enum names. Every metric about events carries the pod labels
 //! ([`POD_LABELS`]); a pod's series live as long as kstall remembers the pod.
-
-use std::ops::RangeInclusive;
 
 use prometheus::{Encoder as _, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
@@ -18,7 +16,6 @@ use crate::{
         nfs::{Nfs, What},
         plan::ProbeStatus,
         stuck_task::Sweep,
-        tcp_reset::Direction,
         wait::WaitKind,
     },
     stuck::StuckSet,
@@ -29,6 +26,7 @@ pub struct Metrics {
     probe_up: IntGaugeVec,
     events_total: IntCounterVec,
     events_lost_total: IntCounterVec,
+    events_suppressed_total: IntCounterVec,
     decode_errors_total: IntCounterVec,
     subscriber_drops_total: IntCounterVec,
     unattributed_total: IntCounterVec,
@@ -59,7 +57,6 @@ pub struct Metrics {
     nfs_connect_errors_total: IntCounterVec,
     nfs_state_manager_failures_total: IntCounterVec,
     nfs_server_responding: IntGaugeVec,
-    ephemeral_ports: RangeInclusive<u16>,
     /// Read into `events_total` and `events_lost_total` when scraped.
     counts: std::sync::Arc<Counts>,
 }
@@ -91,7 +88,7 @@ fn event_counter(registry: &Registry, family: Family, help: &str) -> IntCounterV
 }
 
 impl Metrics {
-    pub fn new(ephemeral_ports: RangeInclusive<u16>, counts: std::sync::Arc<Counts>) -> Self {
+    pub fn new(counts: std::sync::Arc<Counts>) -> Self {
         let registry = Registry::new();
         let probe_up = IntGaugeVec::new(
             Opts::new(
@@ -309,6 +306,14 @@ impl Metrics {
                 "Events the kernel could not queue because the ring buffer was full.",
                 &["probe"],
             ),
+            events_suppressed_total: counter(
+                &registry,
+                "kstall_events_suppressed_total",
+                "Events counted in the kernel but not sent in full: beyond the first --sample-events \
+                 of their series per CPU per second, or counted without a key in a full counter map. \
+                 The event metrics count them; kstall trace and the incidents say how many.",
+                &["probe"],
+            ),
             decode_errors_total: counter(
                 &registry,
                 "kstall_event_decode_errors_total",
@@ -335,7 +340,6 @@ impl Metrics {
                  original_port: pre-NAT destination port of a redirected connection, empty otherwise.",
             ),
             registry,
-            ephemeral_ports,
             counts,
         };
         // Present from the start at 0, as events_total is: an alert or a dashboard's rate() on
@@ -359,16 +363,19 @@ impl Metrics {
     pub fn observe(&self, attributed: &Attributed) {
         let (event, who) = (&attributed.event, &*attributed.who);
         match &event.payload {
-            Payload::TcpReset(reset) => {
-                let port = match reset.direction {
-                    Direction::Sent => reset.local_port,
-                    Direction::Received => reset.remote_port,
-                };
-                let original = reset.original_dst_port.map(|p| self.port_label(p)).unwrap_or_default();
-                let port = self.port_label(port);
-                let labels =
-                    [reset.direction.as_str(), &port, &original, reset.reason.as_deref().unwrap_or("")];
-                self.inc(Family::TcpResets, &with_pod_labels(&labels, who), who);
+            // Counted from the kernel's counters, exact whatever the ring buffer or the sampling
+            // left out; the events are their detail.
+            Payload::TcpReset(_) => {}
+            Payload::TcpResetCount(count) => {
+                let (port, original) = (count.port.label(), count.original_port.map(|p| p.label()));
+                let labels = [
+                    count.direction.as_str(),
+                    &port,
+                    original.as_deref().unwrap_or(""),
+                    count.reason.as_deref().unwrap_or(""),
+                ];
+                self.inc_by(Family::TcpResets, &with_pod_labels(&labels, who), who, count.resets);
+                self.counts.suppressed(event.header.probe, count.suppressed);
             }
             Payload::HungTask(hung) => {
                 let labels = [hung.wait.as_str(), WaitKind::Uninterruptible.as_str(), event.header.probe];
@@ -460,9 +467,13 @@ impl Metrics {
     }
 
     fn inc(&self, family: Family, labels: &[&str], who: &Attribution) {
+        self.inc_by(family, labels, who, 1);
+    }
+
+    fn inc_by(&self, family: Family, labels: &[&str], who: &Attribution, n: u64) {
         if let Some(counter) = self.counter(family) {
-            counter.with_label_values(labels).inc();
-            self.track(family, labels, who, |v| *v += 1);
+            counter.with_label_values(labels).inc_by(n);
+            self.track(family, labels, who, |v| *v += n as i64);
         }
     }
 
@@ -601,15 +612,16 @@ impl Metrics {
         self.subscriber_drops_total.with_label_values(&[stream]).inc_by(n);
     }
 
-    fn port_label(&self, port: u16) -> String {
-        if self.ephemeral_ports.contains(&port) { "ephemeral".into() } else { port.to_string() }
-    }
-
     pub fn render(&self) -> String {
         // Every probe's, from the start: a dashboard's rate() has a zero to begin from.
         for probe in crate::probes::names() {
             let (received, lost) = self.counts.of(probe);
-            for (counter, now) in [(&self.events_total, received), (&self.events_lost_total, lost)] {
+            let suppressed = self.counts.suppressed_of(probe);
+            for (counter, now) in [
+                (&self.events_total, received),
+                (&self.events_lost_total, lost),
+                (&self.events_suppressed_total, suppressed),
+            ] {
                 let series = counter.with_label_values(&[probe]);
                 series.inc_by(now.saturating_sub(series.get()));
             }
@@ -801,24 +813,44 @@ impl PodSeries {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::{decode::bytes_of, events::Decoder, probes::tcp_reset::tests::redirected_syn_reset};
+    use kstall_common::tcp_reset::{
+        DIRECTION_RECEIVED, HOOK_TCP_RECEIVE_RESET, KEY_PORT_EPHEMERAL, ResetCountKey,
+    };
 
-    fn event(mutate: impl Fn(&mut kstall_common::tcp_reset::TcpResetEvent)) -> Attributed {
-        let mut raw = redirected_syn_reset();
-        mutate(&mut raw);
-        Attributed { event: Decoder::default().decode(&bytes_of(&raw)).unwrap(), who: Default::default() }
+    use super::*;
+    use crate::{
+        decode::bytes_of,
+        events::{Decoder, Event},
+        probes::tcp_reset::{
+            self,
+            tests::{redirected_count_key, redirected_syn_reset},
+        },
+    };
+
+    /// One interval's count of the redirected reset's series, as the kernel's counters give it.
+    fn count(resets: u64, mutate: impl Fn(&mut ResetCountKey)) -> Attributed {
+        let mut key = redirected_count_key();
+        mutate(&mut key);
+        let counter = kstall_common::counter::Counter { events: resets, emitted: resets.min(2) };
+        let count = tcp_reset::decode_count(&key, &counter, &Default::default()).unwrap();
+        let mut event = Decoder::default().decode(&bytes_of(&redirected_syn_reset())).unwrap();
+        event.payload = Payload::TcpResetCount(count);
+        Attributed { event, who: Default::default() }
+    }
+
+    fn event(resets: u64) -> Attributed {
+        count(resets, |_| {})
     }
 
     #[test]
     fn reset_labels() {
         let counts = std::sync::Arc::new(Counts::default());
-        let m = Metrics::new(32768..=60999, counts.clone());
+        let m = Metrics::new(counts.clone());
         let observe = |e: &Attributed| {
             counts.received(e.event.header.probe);
             m.observe(e);
         };
-        let mut in_pod = event(|_| {});
+        let mut in_pod = event(1);
         in_pod.who = std::sync::Arc::new(Attribution {
             namespace: "shop".into(),
             pod: "web-1".into(),
@@ -826,17 +858,20 @@ mod tests {
             ..Default::default()
         });
         observe(&in_pod);
-        observe(&event(|e| {
-            e.direction = kstall_common::tcp_reset::DIRECTION_RECEIVED;
-            e.hook = kstall_common::tcp_reset::HOOK_TCP_RECEIVE_RESET;
-            e.flags = 0;
-            e.local_port = 40001;
-            e.remote_port = 2049;
+        m.observe(&count(1, |k| {
+            k.direction = DIRECTION_RECEIVED;
+            k.hook = HOOK_TCP_RECEIVE_RESET;
+            k.flags = 0;
+            k.port = 2049;
         }));
-        observe(&event(|e| {
-            e.local_port = 45000;
-            e.flags = 0;
+        m.observe(&count(1, |k| {
+            k.port = 0;
+            k.flags = KEY_PORT_EPHEMERAL;
         }));
+        // The events are detail: the counts are what the metric counts.
+        observe(&Attributed { event: detail_event(), who: Default::default() });
+        // Of 5000 resets of one series, 2 were sent in full.
+        m.observe(&count(5000, |k| k.orig_dst_port = 2050));
         let text = m.render();
         assert!(
             text.contains(
@@ -856,7 +891,32 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.contains(r#"kstall_events_total{probe="tcp-reset"} 3"#), "{text}");
+        assert!(
+            text.contains(
+                r#"kstall_tcp_resets_total{container="",direction="sent",host="false",namespace="",original_port="2050",pod="",port="15001",reason="1",workload=""} 5000"#
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains(r#"original_port="2049",pod="",port="15001""#),
+            "the event is not counted: {text}"
+        );
+        assert!(text.contains(r#"kstall_events_total{probe="tcp-reset"} 2"#), "{text}");
+        assert!(text.contains(r#"kstall_events_suppressed_total{probe="tcp-reset"} 4998"#), "{text}");
+        // A full map's resets: counted without a key.
+        m.observe(&Attributed {
+            event: Event {
+                payload: Payload::TcpResetCount(tcp_reset::overflow_count(tcp_reset::Direction::Sent, 7)),
+                ..detail_event()
+            },
+            who: Default::default(),
+        });
+        let text = m.render();
+        assert!(text.contains(r#"direction="sent",host="false",namespace="",original_port="",pod="",port="overflow",reason="",workload=""} 7"#), "{text}");
+    }
+
+    fn detail_event() -> Event {
+        Decoder::default().decode(&bytes_of(&redirected_syn_reset())).unwrap()
     }
 
     /// Label sets of `kstall_nfs_*` for events no pod was found for.
@@ -871,7 +931,7 @@ mod tests {
         };
 
         use crate::probes::nfs::tests::event as nfs_event;
-        let m = Metrics::new(32768..=60999, Default::default());
+        let m = Metrics::new(Default::default());
         let observe = |what, error| {
             let raw = nfs_event(what, error);
             let event = Decoder::default().decode(&bytes_of(&raw)).unwrap();
@@ -899,9 +959,9 @@ mod tests {
 
     #[test]
     fn a_forgotten_pods_series_are_removed() {
-        let m = Metrics::new(32768..=60999, Default::default());
+        let m = Metrics::new(Default::default());
         let named = |pod: &str| {
-            let mut e = event(|_| {});
+            let mut e = event(1);
             e.who = std::sync::Arc::new(Attribution {
                 namespace: "shop".into(),
                 pod: pod.into(),
@@ -929,14 +989,14 @@ mod tests {
         use kstall_common::nfs::{WHAT_SERVER_RESPONDING, WHAT_TIMEOUT};
 
         use crate::probes::nfs::tests::event as nfs_event;
-        let m = Metrics::new(32768..=60999, Default::default());
+        let m = Metrics::new(Default::default());
         let who = std::sync::Arc::new(Attribution {
             namespace: "shop".into(),
             pod: "web-1".into(),
             workload: "Deployment/web".into(),
             ..Default::default()
         });
-        let mut reset = event(|_| {});
+        let mut reset = event(1);
         reset.who = who.clone();
         m.observe(&reset);
         m.observe(&reset);
@@ -945,7 +1005,7 @@ mod tests {
             m.observe(&Attributed { event, who: who.clone() });
         }
         // Another pod's series are not this one's.
-        let mut other = event(|_| {});
+        let mut other = event(1);
         other.who = std::sync::Arc::new(Attribution {
             namespace: "shop".into(),
             pod: "db-0".into(),
@@ -970,7 +1030,7 @@ mod tests {
 
     #[test]
     fn incident_metrics() {
-        let m = Metrics::new(32768..=60999, Default::default());
+        let m = Metrics::new(Default::default());
         let incident = crate::incidents::tests::incident(None);
         m.set_incidents(
             [&incident].into_iter(),
@@ -995,7 +1055,7 @@ mod tests {
 
     #[test]
     fn node_pods_by_phase_and_waiting_reason() {
-        let m = Metrics::new(32768..=60999, Default::default());
+        let m = Metrics::new(Default::default());
         let backoff = PodState { phase: "Pending", waiting_reason: "ImagePullBackOff" };
         let running = PodState { phase: "Running", waiting_reason: "" };
         let mut index = Index { pod_states: [(backoff, 360), (running, 12)].into(), ..Index::default() };

@@ -2,6 +2,7 @@
 //! attaches independently. A probe that cannot run here (missing tracepoint or BTF type, verifier
 //! rejection) is reported down with its reason and the others run on.
 
+pub mod counters;
 pub mod hung_task;
 pub mod nfs;
 pub mod oom;
@@ -56,6 +57,8 @@ pub struct Settings {
     /// Probes to load, by name; the others are reported "disabled by --probes".
     pub enabled: Vec<String>,
     pub ring_buffer_bytes: u32,
+    /// Events of one counter key sent in full per CPU per interval; `u32::MAX`: all.
+    pub sample_events: u32,
     pub tcp_reset_hook: tcp_reset::Hook,
     /// Process names whose OOM kill makes the victim node-critical.
     pub critical_comms: Vec<String>,
@@ -101,6 +104,18 @@ impl Settings {
         Ok(bytes as u32)
     }
 
+    /// `--sample-events`: a count, or `all` (every event sent, nothing counted in the kernel).
+    pub fn sample_events(text: &str) -> Result<u32, String> {
+        match text.trim() {
+            "all" => Ok(u32::MAX),
+            n => n
+                .parse::<u32>()
+                .ok()
+                .filter(|&n| n < u32::MAX)
+                .ok_or_else(|| format!("{text:?} is not a number of events (0 to 4294967294) or \"all\"")),
+        }
+    }
+
     /// Process names whose OOM kill is node-critical: each must fit the kernel's process name,
     /// or it would never match.
     pub fn critical_comms(list: Vec<String>) -> Result<Vec<String>, String> {
@@ -139,6 +154,9 @@ pub struct Loaded {
     pub lost: Option<PerCpuArray<MapData, u64>>,
     /// The stuck-task sampler, for its sweep loop to take.
     pub sampler: Option<stuck_task::Sampler>,
+    /// The kernel's counters, for the pipeline to drain; `None` with `--sample-events all`
+    /// (nothing is counted in the kernel then).
+    pub counters: Option<counters::Counters>,
 }
 
 /// Plans, loads and attaches every enabled probe; the loaded side and each probe's status.
@@ -165,6 +183,7 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
             events: None,
             lost: None,
             sampler: None,
+            counters: None,
         };
         (nothing, statuses)
     };
@@ -249,6 +268,7 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
     let wakeup_bytes = u64::from(settings.ring_buffer_bytes / 4);
     loader.override_global("WAKEUP_BYTES", &wakeup_bytes, true);
     loader.override_global("CAPTURE", &settings.capture, true);
+    loader.override_global("SAMPLE_EVENTS", &settings.sample_events, true);
     for (_, plan) in &plans {
         loader.override_global(plan.global, plan.global_value.as_slice(), true);
     }
@@ -349,6 +369,18 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
             }
         }
     }
+    let tcp_reset_up = statuses[index_of(tcp_reset::NAME)].up;
+    let counters = if settings.sample_events == u32::MAX {
+        None
+    } else {
+        match counters::Counters::take(&mut ebpf, tcp_reset_up.then(|| decoding.tcp_reset.clone())) {
+            Ok(counters) => Some(counters),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the kernel's counters: event metrics stay at 0");
+                None
+            }
+        }
+    };
     let events = ebpf.take_map("EVENTS").and_then(|m| RingBuf::try_from(m).ok());
     let lost = ebpf.take_map("LOST").and_then(|m| PerCpuArray::try_from(m).ok());
     let loaded = Loaded {
@@ -360,6 +392,7 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
         events,
         lost,
         sampler,
+        counters,
     };
     (loaded, statuses)
 }

@@ -13,9 +13,13 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-use kstall_common::tcp_reset::{
-    self as raw, ConntrackOffsets, DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6,
-    FLAG_HAS_CONNTRACK, FLAG_HAS_REASON, FLAG_HAS_SOCKET, TcpResetConfig, TcpResetEvent,
+use kstall_common::{
+    counter::Counter,
+    tcp_reset::{
+        self as raw, ConntrackOffsets, DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6,
+        FLAG_HAS_CONNTRACK, FLAG_HAS_REASON, FLAG_HAS_SOCKET, KEY_ORIGINAL_EPHEMERAL, KEY_PORT_EPHEMERAL,
+        ResetCountKey, TcpResetConfig, TcpResetEvent,
+    },
 };
 use serde::Serialize;
 
@@ -150,7 +154,7 @@ pub fn plan(vmlinux: &KernelBtf, hook: Hook) -> Result<(Plan, Names, Conntrack),
         ));
         Conntrack::Unavailable
     } else if vmlinux.has_field("nf_conn", "tuplehash") {
-        let offsets = conntrack_offsets(vmlinux).map_err(|e| e.to_string())?;
+        let offsets = conntrack_offsets(vmlinux)?;
         notes.push(format!("{CONNTRACK_NOTE} (vmlinux BTF)"));
         Conntrack::Ready(offsets)
     } else {
@@ -170,6 +174,8 @@ pub fn plan(vmlinux: &KernelBtf, hook: Hook) -> Result<(Plan, Names, Conntrack),
         }
     };
 
+    let ephemeral = crate::kernel::ephemeral_port_range();
+    (cfg.ephemeral_low, cfg.ephemeral_high) = (*ephemeral.start(), *ephemeral.end());
     cfg.valid = 1;
     let plan = Plan {
         global: GLOBAL,
@@ -196,8 +202,8 @@ pub fn conntrack_from_module(vmlinux: &KernelBtf) -> Option<Result<ConntrackOffs
     Some(
         vmlinux
             .module_from_sys_fs("nf_conntrack")
-            .and_then(|module| conntrack_offsets(&module))
-            .map_err(|e| e.to_string()),
+            .map_err(|e| e.to_string())
+            .and_then(|module| conntrack_offsets(&module)),
     )
 }
 
@@ -248,14 +254,23 @@ fn resolve_offsets(btf: &KernelBtf) -> Result<TcpResetConfig, crate::kernel_btf:
     })
 }
 
-fn conntrack_offsets(btf: &KernelBtf) -> Result<ConntrackOffsets, crate::kernel_btf::BtfError> {
+fn conntrack_offsets(btf: &KernelBtf) -> Result<ConntrackOffsets, String> {
+    let offset = |path: &str| btf.offset_of("nf_conn", path).map_err(|e| e.to_string());
     // IP_CT_DIR_ORIGINAL = 0, IP_CT_DIR_REPLY = 1.
-    Ok(ConntrackOffsets {
+    let offsets = ConntrackOffsets {
         valid: 1,
-        orig_dst_addr: btf.offset_of("nf_conn", "tuplehash[0].tuple.dst.u3")?,
-        orig_dst_port: btf.offset_of("nf_conn", "tuplehash[0].tuple.dst.u.all")?,
-        reply_src_port: btf.offset_of("nf_conn", "tuplehash[1].tuple.src.u.all")?,
-    })
+        orig_dst_addr: offset("tuplehash[0].tuple.dst.u3")?,
+        orig_dst_port: offset("tuplehash[0].tuple.dst.u.all")?,
+        reply_src_port: offset("tuplehash[1].tuple.src.u.all")?,
+    };
+    // The program reads the address and the port in one read.
+    if offsets.orig_dst_port != offsets.orig_dst_addr + 16 {
+        return Err(format!(
+            "nf_conn's original destination port is not right after its address (offsets {} and {})",
+            offsets.orig_dst_addr, offsets.orig_dst_port
+        ));
+    }
+    Ok(offsets)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -332,11 +347,7 @@ pub fn decode(ev: &TcpResetEvent, names: &Names) -> Result<TcpReset, DecodeError
             redirect_port = Some(ev.redirect_port);
         }
     }
-    let reason = (ev.flags & FLAG_HAS_REASON != 0).then(|| {
-        let table =
-            if ev.hook == raw::HOOK_KFREE_SKB_NO_SOCKET { &names.drop_reasons } else { &names.rst_reasons };
-        table.get(&ev.reason).cloned().unwrap_or_else(|| ev.reason.to_string())
-    });
+    let reason = (ev.flags & FLAG_HAS_REASON != 0).then(|| names.reason(ev.hook, ev.reason));
     Ok(TcpReset {
         direction,
         hook,
@@ -356,6 +367,108 @@ pub fn decode(ev: &TcpResetEvent, names: &Names) -> Result<TcpReset, DecodeError
             vec![]
         },
     })
+}
+
+/// A port as a reset counter counts it: by number, or a class. Serialized as its label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CountedPort {
+    Number(u16),
+    /// In the node's ephemeral range (`net.ipv4.ip_local_port_range`).
+    Ephemeral,
+    /// The counters' map was full: the reset was counted without its key.
+    Overflow,
+}
+
+impl CountedPort {
+    /// The metric's label value.
+    pub fn label(self) -> String {
+        match self {
+            CountedPort::Number(port) => port.to_string(),
+            CountedPort::Ephemeral => "ephemeral".into(),
+            CountedPort::Overflow => "overflow".into(),
+        }
+    }
+}
+
+impl Serialize for CountedPort {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.label())
+    }
+}
+
+/// Resets of one counter key in one interval, read from the kernel's counters: the exact count,
+/// and how many of them were not sent in full (sampling).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ResetCount {
+    pub direction: Direction,
+    /// Sent: the refusing local port; received: the remote port.
+    pub port: CountedPort,
+    /// The pre-NAT destination port of a redirected connection.
+    pub original_port: Option<CountedPort>,
+    pub reason: Option<String>,
+    pub resets: u64,
+    pub suppressed: u64,
+}
+
+impl ResetCount {
+    /// The redirected NFS port of these resets, as [`TcpReset`] tells it for one.
+    pub fn redirected_port(&self) -> Option<u16> {
+        match (self.direction, self.original_port?) {
+            (Direction::Sent, CountedPort::Number(original))
+                if self.port != CountedPort::Number(original) =>
+            {
+                Some(original)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A counter key and its value, read back.
+pub fn decode_count(
+    key: &ResetCountKey,
+    counter: &Counter,
+    names: &Names,
+) -> Result<ResetCount, DecodeError> {
+    let direction = match key.direction {
+        DIRECTION_SENT => Direction::Sent,
+        DIRECTION_RECEIVED => Direction::Received,
+        other => {
+            return Err(DecodeError::BadField { field: "tcp_reset_count.direction", value: other.into() });
+        }
+    };
+    let port = |number: u16, ephemeral_flag: u8| {
+        if key.flags & ephemeral_flag != 0 { CountedPort::Ephemeral } else { CountedPort::Number(number) }
+    };
+    Ok(ResetCount {
+        direction,
+        port: port(key.port, KEY_PORT_EPHEMERAL),
+        original_port: (key.flags & FLAG_HAS_CONNTRACK != 0)
+            .then(|| port(key.orig_dst_port, KEY_ORIGINAL_EPHEMERAL)),
+        reason: (key.flags & FLAG_HAS_REASON != 0).then(|| names.reason(key.hook, key.reason)),
+        resets: counter.events,
+        suppressed: counter.suppressed(),
+    })
+}
+
+/// The resets counted without a key (the map was full), of `direction`.
+pub fn overflow_count(direction: Direction, resets: u64) -> ResetCount {
+    ResetCount {
+        direction,
+        port: CountedPort::Overflow,
+        original_port: None,
+        reason: None,
+        resets,
+        suppressed: resets,
+    }
+}
+
+impl Names {
+    fn reason(&self, hook: u8, value: u32) -> String {
+        let table =
+            if hook == raw::HOOK_KFREE_SKB_NO_SOCKET { &self.drop_reasons } else { &self.rst_reasons };
+        table.get(&value).cloned().unwrap_or_else(|| value.to_string())
+    }
 }
 
 /// Kernel `TCP_*` socket states (include/net/tcp_states.h; stable ABI, also in uapi).
@@ -411,6 +524,49 @@ pub(crate) mod tests {
         ev.remote_addr[..4].copy_from_slice(&[127, 0, 0, 1]);
         ev.orig_dst_addr[..4].copy_from_slice(&[10, 0, 0, 5]);
         ev
+    }
+
+    /// The counter key of [`redirected_syn_reset`]'s series.
+    pub(crate) fn redirected_count_key() -> ResetCountKey {
+        ResetCountKey {
+            netns_ino: 4026532999,
+            reason: 1,
+            port: 15001,
+            orig_dst_port: 2049,
+            direction: DIRECTION_SENT,
+            hook: raw::HOOK_TCP_SEND_RESET,
+            flags: FLAG_HAS_CONNTRACK | FLAG_HAS_REASON,
+            generation: 1,
+        }
+    }
+
+    #[test]
+    fn decodes_a_count_with_its_port_classes() {
+        let counter = Counter { events: 900, emitted: 32 };
+        let count = decode_count(&redirected_count_key(), &counter, &names_6_18()).unwrap();
+        assert_eq!(count.direction, Direction::Sent);
+        assert_eq!(
+            (count.port, count.original_port),
+            (CountedPort::Number(15001), Some(CountedPort::Number(2049)))
+        );
+        assert_eq!(count.reason.as_deref(), Some("NO_SOCKET"));
+        assert_eq!((count.resets, count.suppressed), (900, 868));
+        assert_eq!(count.redirected_port(), Some(2049));
+        let json = serde_json::to_value(&count).unwrap();
+        assert_eq!((json["port"].as_str(), json["original_port"].as_str()), (Some("15001"), Some("2049")));
+
+        let mut key = redirected_count_key();
+        key.flags = KEY_PORT_EPHEMERAL | FLAG_HAS_CONNTRACK | KEY_ORIGINAL_EPHEMERAL;
+        let count = decode_count(&key, &counter, &names_6_18()).unwrap();
+        assert_eq!((count.port, count.original_port), (CountedPort::Ephemeral, Some(CountedPort::Ephemeral)));
+        assert_eq!((count.reason.as_deref(), count.redirected_port()), (None, None));
+        key.flags = 0;
+        assert_eq!(decode_count(&key, &counter, &names_6_18()).unwrap().original_port, None);
+        key.direction = 7;
+        assert!(matches!(
+            decode_count(&key, &counter, &names_6_18()),
+            Err(DecodeError::BadField { field: "tcp_reset_count.direction", .. })
+        ));
     }
 
     fn names_6_18() -> Names {

@@ -18,20 +18,23 @@
 use aya_ebpf::{
     EbpfContext,
     macros::{btf_tracepoint, fentry, map},
-    maps::Array,
+    maps::{Array, PerCpuArray, PerCpuHashMap},
     programs::{BtfTracePointContext, FEntryContext},
 };
 use kstall_common::{
-    EventHeader, kind,
+    EventHeader,
+    counter::Counter,
+    kind,
     tcp_reset::{
-        ConntrackOffsets, DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6, FLAG_HAS_CONNTRACK,
-        FLAG_HAS_REASON, FLAG_HAS_SOCKET, HOOK_KFREE_SKB_NO_SOCKET, HOOK_SEND_RESET_FUNCTION,
-        HOOK_TCP_RECEIVE_RESET, HOOK_TCP_SEND_RESET, TcpResetConfig, TcpResetEvent, VERSION,
+        COUNT_KEYS, ConntrackOffsets, DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6,
+        FLAG_HAS_CONNTRACK, FLAG_HAS_REASON, FLAG_HAS_SOCKET, HOOK_KFREE_SKB_NO_SOCKET,
+        HOOK_SEND_RESET_FUNCTION, HOOK_TCP_RECEIVE_RESET, HOOK_TCP_SEND_RESET, KEY_ORIGINAL_EPHEMERAL,
+        KEY_PORT_EPHEMERAL, ResetCountKey, TcpResetConfig, TcpResetEvent, VERSION,
     },
 };
 
 use crate::{
-    maps::{Filtered, emit},
+    maps::{self, Filtered, emit},
     read::{at, field},
     task::current_header,
 };
@@ -44,6 +47,15 @@ static TCP_RESET_CONFIG: TcpResetConfig = unsafe { core::mem::zeroed() };
 /// Written by the agent once `struct nf_conn`'s layout is known (see `ConntrackOffsets`).
 #[map]
 static CONNTRACK: Array<ConntrackOffsets> = Array::with_max_entries(1, 0);
+
+/// Every reset, counted by its series' key (see `kstall_common::counter`).
+#[map]
+static TCP_RESET_COUNTS: PerCpuHashMap<ResetCountKey, Counter> =
+    PerCpuHashMap::with_max_entries(COUNT_KEYS, 0);
+
+/// Resets whose key found `TCP_RESET_COUNTS` full, by direction.
+#[map]
+static TCP_RESET_OVERFLOW: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
 
 const AF_INET: u16 = 2;
 const AF_INET6: u16 = 10;
@@ -80,6 +92,8 @@ pub fn tcp_send_reset_sk_only(ctx: BtfTracePointContext) -> u32 {
     send_reset(&ctx, None)
 }
 
+/// Every program does the same in two steps: the reads the counter's key needs (the fast path,
+/// taken for every reset), then, only for a reset sent in full, the rest of the event.
 #[inline(always)]
 fn send_reset(ctx: &BtfTracePointContext, reason: Option<u32>) -> u32 {
     let cfg = config();
@@ -91,19 +105,29 @@ fn send_reset(ctx: &BtfTracePointContext, reason: Option<u32>) -> u32 {
     if sk.is_null() && cfg.send_reset_skips_no_socket != 0 {
         return 0;
     }
-    let mut ev = new_event(ctx, DIRECTION_SENT, HOOK_TCP_SEND_RESET);
+    let mut ev = new_event(DIRECTION_SENT, HOOK_TCP_SEND_RESET);
     if let Some(reason) = reason {
         ev.reason = reason;
         ev.flags |= FLAG_HAS_REASON;
     }
-    let filled = if !skb.is_null() { fill_from_incoming_skb(&cfg, &mut ev, skb).is_ok() } else { false };
+    let segment = if !skb.is_null() { read_incoming_skb(&cfg, &mut ev, skb).ok() } else { None };
     if !sk.is_null() {
         ev.flags |= FLAG_HAS_SOCKET;
-        if fill_from_sock(&cfg, &mut ev, sk, !filled).is_err() && !filled {
+        if read_sock(&cfg, &mut ev, sk, segment.is_none()).is_err() && segment.is_none() {
             return 0;
         }
-    } else if !filled {
+    } else if segment.is_none() {
         return 0;
+    }
+    if !counted_in_full(&cfg, &ev) {
+        return 0;
+    }
+    stamp(ctx, &mut ev);
+    if !sk.is_null() {
+        read_sock_detail(&cfg, &mut ev, sk, segment.is_none());
+    }
+    if !skb.is_null() && segment.is_some() {
+        read_redirect_port(&cfg, &mut ev, skb);
     }
     emit(kind::TCP_RESET, &ev);
     0
@@ -120,12 +144,12 @@ pub fn kfree_skb_no_socket(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
     let skb: *const u8 = ctx.arg(0);
-    let mut ev = new_event(&ctx, DIRECTION_SENT, HOOK_KFREE_SKB_NO_SOCKET);
+    let mut ev = new_event(DIRECTION_SENT, HOOK_KFREE_SKB_NO_SOCKET);
     ev.reason = reason;
     ev.flags |= FLAG_HAS_REASON;
-    match fill_from_incoming_skb(&cfg, &mut ev, skb) {
+    match read_incoming_skb(&cfg, &mut ev, skb) {
         // A RST is never answered with a RST.
-        Ok(tcp_flags) if tcp_flags & TCP_FLAG_RST == 0 => emit(kind::TCP_RESET, &ev),
+        Ok(tcp_flags) if tcp_flags & TCP_FLAG_RST == 0 => emit_segment_reset(&ctx, &cfg, ev, skb),
         _ => {}
     }
     0
@@ -150,13 +174,23 @@ fn send_reset_without_socket(ctx: &FEntryContext) -> u32 {
         return 0;
     }
     let skb: *const u8 = ctx.arg(1);
-    let mut ev = new_event(ctx, DIRECTION_SENT, HOOK_SEND_RESET_FUNCTION);
-    match fill_from_incoming_skb(&cfg, &mut ev, skb) {
+    let mut ev = new_event(DIRECTION_SENT, HOOK_SEND_RESET_FUNCTION);
+    match read_incoming_skb(&cfg, &mut ev, skb) {
         // The function returns without sending when the segment is itself a RST.
-        Ok(tcp_flags) if tcp_flags & TCP_FLAG_RST == 0 => emit(kind::TCP_RESET, &ev),
+        Ok(tcp_flags) if tcp_flags & TCP_FLAG_RST == 0 => emit_segment_reset(ctx, &cfg, ev, skb),
         _ => {}
     }
     0
+}
+
+/// A reset seen only through the segment that provoked it: counted, and sent in full if sampled.
+#[inline(always)]
+fn emit_segment_reset<C: EbpfContext>(ctx: &C, cfg: &TcpResetConfig, mut ev: TcpResetEvent, skb: *const u8) {
+    if counted_in_full(cfg, &ev) {
+        stamp(ctx, &mut ev);
+        read_redirect_port(cfg, &mut ev, skb);
+        emit(kind::TCP_RESET, &ev);
+    }
 }
 
 #[btf_tracepoint(function = "tcp_receive_reset")]
@@ -166,19 +200,20 @@ pub fn tcp_receive_reset(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
     let sk: *const u8 = ctx.arg(0);
-    let mut ev = new_event(&ctx, DIRECTION_RECEIVED, HOOK_TCP_RECEIVE_RESET);
+    let mut ev = new_event(DIRECTION_RECEIVED, HOOK_TCP_RECEIVE_RESET);
     ev.flags |= FLAG_HAS_SOCKET;
-    if fill_from_sock(&cfg, &mut ev, sk, true).is_ok() {
+    if read_sock(&cfg, &mut ev, sk, true).is_ok() && counted_in_full(&cfg, &ev) {
+        stamp(&ctx, &mut ev);
+        read_sock_detail(&cfg, &mut ev, sk, true);
         emit(kind::TCP_RESET, &ev);
     }
     0
 }
 
 #[inline(always)]
-fn new_event<C: EbpfContext>(ctx: &C, direction: u8, hook: u8) -> TcpResetEvent {
-    let header = current_header(ctx, kind::TCP_RESET, VERSION);
+fn new_event(direction: u8, hook: u8) -> TcpResetEvent {
     TcpResetEvent {
-        header,
+        header: EventHeader::zeroed(),
         direction,
         hook,
         family: 0,
@@ -197,54 +232,114 @@ fn new_event<C: EbpfContext>(ctx: &C, direction: u8, hook: u8) -> TcpResetEvent 
     }
 }
 
-/// Fills addresses and ports from a socket (`sock_common` is the first member of full, request
-/// and timewait sockets alike, so this is valid for all three). With `addresses == false` only the
-/// netns and state are taken (the packet already gave the rest). Reads are best-effort
-/// ([`field`]: a failed one is zero, without a branch for the verifier to walk); only the family
-/// decides whether there is an event.
+/// The header of an event sent in full: `current` and the time (the netns is the event's own).
 #[inline(always)]
-fn fill_from_sock(
-    cfg: &TcpResetConfig,
-    ev: &mut TcpResetEvent,
-    sk: *const u8,
-    addresses: bool,
-) -> Result<(), i32> {
+fn stamp<C: EbpfContext>(ctx: &C, ev: &mut TcpResetEvent) {
+    let netns_ino = ev.header.netns_ino;
+    ev.header = current_header(ctx, kind::TCP_RESET, VERSION);
+    ev.header.netns_ino = netns_ino;
+}
+
+/// Counts the reset by its series' key; true when it is one of the key's resets sent in full.
+#[inline(always)]
+fn counted_in_full(cfg: &TcpResetConfig, ev: &TcpResetEvent) -> bool {
+    let mut key = ResetCountKey {
+        netns_ino: ev.header.netns_ino,
+        reason: ev.reason,
+        port: if ev.direction == DIRECTION_SENT { ev.local_port } else { ev.remote_port },
+        orig_dst_port: 0,
+        direction: ev.direction,
+        hook: ev.hook,
+        flags: ev.flags & FLAG_HAS_REASON,
+        generation: maps::generation(),
+    };
+    if ev.flags & FLAG_HAS_CONNTRACK != 0 && rewritten(ev) {
+        key.flags |= FLAG_HAS_CONNTRACK;
+        key.orig_dst_port = ev.orig_dst_port;
+    }
+    // Port classes as the metric labels them: the ephemeral range is one value.
+    let ephemeral = |port: u16| port >= cfg.ephemeral_low && port <= cfg.ephemeral_high;
+    if ephemeral(key.port) {
+        key.port = 0;
+        key.flags |= KEY_PORT_EPHEMERAL;
+    }
+    if key.flags & FLAG_HAS_CONNTRACK != 0 && ephemeral(key.orig_dst_port) {
+        key.orig_dst_port = 0;
+        key.flags |= KEY_ORIGINAL_EPHEMERAL;
+    }
+    maps::count(&TCP_RESET_COUNTS, &TCP_RESET_OVERFLOW, u32::from(ev.direction), &key)
+}
+
+/// Whether NAT rewrote the destination (an untouched conntrack destination is the local end).
+#[inline(always)]
+fn rewritten(ev: &TcpResetEvent) -> bool {
+    ev.orig_dst_port != ev.local_port || ev.orig_dst_addr != ev.local_addr
+}
+
+/// The fast path's reads of a socket (`sock_common` is the first member of full, request and
+/// timewait sockets alike, so this is valid for all three): its netns, and with `ports` its
+/// family and ports. Reads are best-effort ([`field`]: a failed one is zero, without a branch
+/// for the verifier to walk); only the family decides whether there is an event.
+#[inline(always)]
+fn read_sock(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, sk: *const u8, ports: bool) -> Result<(), i32> {
     let net: *const u8 = field(sk, cfg.sk_net);
     ev.header.netns_ino = field(net, cfg.net_ns_inum);
-    ev.state = field::<u8>(sk, cfg.sk_state);
-    if !addresses {
+    if !ports {
         return Ok(());
     }
     let family: u16 = field(sk, cfg.sk_family);
-    ev.local_port = field(sk, cfg.sk_num);
-    // A full socket closed with unread data has released its port before it sends the reset
-    // (a proxy killed mid-connection): the port it sends from is still `inet_sport`. Request
-    // and timewait sockets have no `inet_sock`, and always their own `skc_num`.
-    if ev.local_port == 0 && ev.state != TCP_TIME_WAIT && ev.state != TCP_NEW_SYN_RECV {
-        ev.local_port = u16::from_be(field(sk, cfg.inet_sport));
-    }
+    ev.family = match family {
+        AF_INET => FAMILY_INET,
+        AF_INET6 => FAMILY_INET6,
+        _ => return Err(-1),
+    };
     ev.remote_port = u16::from_be(field(sk, cfg.sk_dport));
-    if family == AF_INET {
-        ev.family = FAMILY_INET;
-        ev.local_addr[..4].copy_from_slice(&field::<[u8; 4]>(sk, cfg.sk_rcv_saddr));
-        ev.remote_addr[..4].copy_from_slice(&field::<[u8; 4]>(sk, cfg.sk_daddr));
-    } else if family == AF_INET6 {
-        ev.family = FAMILY_INET6;
-        ev.local_addr = field(sk, cfg.sk_v6_rcv_saddr);
-        ev.remote_addr = field(sk, cfg.sk_v6_daddr);
-    } else {
-        return Err(-1);
+    ev.local_port = field(sk, cfg.sk_num);
+    if ev.direction == DIRECTION_SENT {
+        ev.state = field::<u8>(sk, cfg.sk_state);
+        ev.local_port = released_port(cfg, ev, sk);
     }
     Ok(())
 }
 
-/// Fills the event from the segment that provoked the reset: its destination is the local end,
-/// its source the peer. Takes the netns from the receiving device and the original destination
-/// from the conntrack entry (kept on the no-socket path). Returns the segment's TCP flags. Only
-/// what decides whether this is a TCP segment (headers set, protocol) branches; the rest is
-/// best-effort as in [`fill_from_sock`].
+/// A full socket closed with unread data has released its port before it sends the reset (a
+/// proxy killed mid-connection): the port it sends from is still `inet_sport`. Request and
+/// timewait sockets have no `inet_sock`, and always their own `skc_num`.
 #[inline(always)]
-fn fill_from_incoming_skb(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *const u8) -> Result<u8, i32> {
+fn released_port(cfg: &TcpResetConfig, ev: &TcpResetEvent, sk: *const u8) -> u16 {
+    if ev.local_port == 0 && ev.state != TCP_TIME_WAIT && ev.state != TCP_NEW_SYN_RECV {
+        u16::from_be(field(sk, cfg.inet_sport))
+    } else {
+        ev.local_port
+    }
+}
+
+/// The rest of a socket's part of an event sent in full: its state and, with `addresses`, its
+/// addresses.
+#[inline(always)]
+fn read_sock_detail(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, sk: *const u8, addresses: bool) {
+    ev.state = field::<u8>(sk, cfg.sk_state);
+    if !addresses {
+        return;
+    }
+    ev.local_port = released_port(cfg, ev, sk);
+    if ev.family == FAMILY_INET {
+        ev.local_addr[..4].copy_from_slice(&field::<[u8; 4]>(sk, cfg.sk_rcv_saddr));
+        ev.remote_addr[..4].copy_from_slice(&field::<[u8; 4]>(sk, cfg.sk_daddr));
+    } else {
+        ev.local_addr = field(sk, cfg.sk_v6_rcv_saddr);
+        ev.remote_addr = field(sk, cfg.sk_v6_daddr);
+    }
+}
+
+/// Reads the segment that provoked the reset: its destination is the local end, its source the
+/// peer. Takes the netns from the receiving device and the original destination from the
+/// conntrack entry (kept on the no-socket path). Returns the segment's TCP flags. Only what
+/// decides whether this is a TCP segment (headers set, protocol) branches; the rest is
+/// best-effort as in [`read_sock`]. All of it is the key's (the addresses tell whether NAT
+/// rewrote the destination), but the redirect port ([`read_redirect_port`]).
+#[inline(always)]
+fn read_incoming_skb(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *const u8) -> Result<u8, i32> {
     let head: *const u8 = field(skb, cfg.skb_head);
     let network: u16 = field(skb, cfg.skb_network_header);
     let transport: u16 = at(skb, cfg.skb_transport_header)?;
@@ -254,21 +349,24 @@ fn fill_from_incoming_skb(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *co
     let protocol = u16::from_be(field(skb, cfg.skb_protocol));
     let ip = head.wrapping_add(network as usize);
     if protocol == ETH_P_IP {
-        if field::<u8>(ip, 9) != IPPROTO_TCP {
+        // Protocol at 9, source at 12, destination at 16: one read.
+        let header: [u8; 20] = field(ip, 0);
+        if header[9] != IPPROTO_TCP {
             return Err(-1);
         }
         ev.family = FAMILY_INET;
-        ev.remote_addr[..4].copy_from_slice(&field::<[u8; 4]>(ip, 12));
-        ev.local_addr[..4].copy_from_slice(&field::<[u8; 4]>(ip, 16));
+        ev.remote_addr[..4].copy_from_slice(&header[12..16]);
+        ev.local_addr[..4].copy_from_slice(&header[16..20]);
     } else if protocol == ETH_P_IPV6 {
-        // Extension headers may sit between; the transport header offset skips them for us, so
-        // only the first next-header is checked here.
-        if field::<u8>(ip, 6) != IPPROTO_TCP {
+        // Next header at 6, source at 8, destination at 24. Extension headers may sit between;
+        // the transport header offset skips them for us, so only the first next-header is checked.
+        let header: [u8; 40] = field(ip, 0);
+        if header[6] != IPPROTO_TCP {
             return Err(-1);
         }
         ev.family = FAMILY_INET6;
-        ev.remote_addr = field(ip, 8);
-        ev.local_addr = field(ip, 24);
+        ev.remote_addr.copy_from_slice(&header[8..24]);
+        ev.local_addr.copy_from_slice(&header[24..40]);
     } else {
         return Err(-1);
     }
@@ -283,28 +381,46 @@ fn fill_from_incoming_skb(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *co
     let net: *const u8 = field(dev, cfg.dev_nd_net);
     ev.header.netns_ino = field(net, cfg.net_ns_inum);
     if cfg.skb_nfct != 0 {
-        fill_conntrack(cfg, ev, skb);
+        read_conntrack(cfg, ev, skb);
     }
     Ok(tcp_flags)
 }
 
+/// The segment's conntrack entry, when it is an original-direction packet's: "the destination
+/// the client dialled" is in the ORIGINAL tuple's destination.
 #[inline(always)]
-fn fill_conntrack(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *const u8) {
+fn conntrack_of(cfg: &TcpResetConfig, skb: *const u8) -> Option<(*const u8, ConntrackOffsets)> {
     let nfct: u64 = field(skb, cfg.skb_nfct);
     let ctinfo = nfct as usize & NFCT_INFOMASK;
-    // Only original-direction packets have "the destination the client dialled" in ORIGINAL.dst.
     if nfct == 0 || ctinfo >= IP_CT_IS_REPLY || ctinfo == IP_CT_UNTRACKED {
-        return;
+        return None;
     }
-    let Some(off) = CONNTRACK.get(0) else { return };
+    let off = *CONNTRACK.get(0)?;
     if off.valid == 0 {
+        return None;
+    }
+    Some(((nfct as usize & !NFCT_INFOMASK) as *const u8, off))
+}
+
+#[inline(always)]
+fn read_conntrack(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *const u8) {
+    let Some((ct, off)) = conntrack_of(cfg, skb) else { return };
+    // The destination's address then its port (the agent checked they are adjacent): one read.
+    let dst: [u8; 18] = field(ct, off.orig_dst_addr);
+    ev.orig_dst_addr.copy_from_slice(&dst[..16]);
+    ev.orig_dst_port = u16::from_be_bytes([dst[16], dst[17]]);
+    ev.flags |= FLAG_HAS_CONNTRACK;
+}
+
+/// Where NAT sent the connection (the REPLY tuple's source port): detail only.
+#[inline(always)]
+fn read_redirect_port(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *const u8) {
+    if ev.flags & FLAG_HAS_CONNTRACK == 0 {
         return;
     }
-    let ct = (nfct as usize & !NFCT_INFOMASK) as *const u8;
-    ev.orig_dst_port = u16::from_be(field(ct, off.orig_dst_port));
-    ev.redirect_port = u16::from_be(field(ct, off.reply_src_port));
-    ev.orig_dst_addr = field(ct, off.orig_dst_addr);
-    ev.flags |= FLAG_HAS_CONNTRACK;
+    if let Some((ct, off)) = conntrack_of(cfg, skb) {
+        ev.redirect_port = u16::from_be(field(ct, off.reply_src_port));
+    }
 }
 
 impl Filtered for TcpResetEvent {

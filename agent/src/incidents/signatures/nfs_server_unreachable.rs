@@ -72,6 +72,12 @@ impl Signature for NfsServerUnreachable {
             {
                 self.redirected.insert(event.header.netns);
             }
+            Payload::TcpResetCount(c)
+                if c.redirected_port().is_some_and(|p| self.nfs_ports.contains(&p))
+                    && self.redirected.len() < super::super::keyed::DEFAULT_CAP =>
+            {
+                self.redirected.insert(event.header.netns);
+            }
             Payload::Nfs(nfs) if !self.redirected.contains(&event.header.netns) => {
                 let Some(addr) = nfs.server_addr else { return };
                 let error = match nfs.what {

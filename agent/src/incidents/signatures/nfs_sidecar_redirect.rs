@@ -23,7 +23,7 @@ use crate::{
     incidents::{Finding, NodeView, Remediation, Settings, Severity, Signature, Step, keyed::Keyed, ns},
     probes::{
         nfs::What,
-        tcp_reset::{Direction, TcpReset},
+        tcp_reset::{CountedPort, Direction, TcpReset},
         wait::WaitClass,
     },
     stuck::StuckTask,
@@ -93,21 +93,20 @@ impl Signature for NfsSidecarRedirect {
         match &event.payload {
             Payload::TcpReset(reset) => {
                 let Some(port) = redirected_nfs_port(reset, &self.nfs_ports) else { return };
-                let who = attributed.who.clone();
-                let ns = self.by_netns.touch(&netns, t, || Namespace::new(netns, who.clone()));
-                ns.who = who;
-                if ns.resets.len() >= MAX_TIMES {
-                    ns.resets.pop_front();
-                }
-                ns.resets.push_back(t);
-                ns.total += 1;
-                if ns.first_reset == 0 {
-                    ns.first_reset = t;
-                }
-                ns.last_reset = ns.last_reset.max(t);
+                let ns = self.namespace(netns, attributed, t);
+                ns.add_resets(t, 1, port, Some(reset.local_port));
                 ns.server = reset.original_dst_addr.or(ns.server);
-                ns.nfs_port = port;
-                ns.redirect_ports.insert(reset.local_port);
+            }
+            // The resets of the series not sent in full (the sent ones are counted above).
+            Payload::TcpResetCount(count) if count.suppressed > 0 => {
+                let Some(port) = count.redirected_port().filter(|p| self.nfs_ports.contains(p)) else {
+                    return;
+                };
+                let local = match count.port {
+                    CountedPort::Number(local) => Some(local),
+                    _ => None,
+                };
+                self.namespace(netns, attributed, t).add_resets(t, count.suppressed, port, local);
             }
             Payload::Nfs(nfs) => {
                 // Only namespaces already seen redirecting: NFS errors alone are another signature's.
@@ -169,7 +168,33 @@ impl Signature for NfsSidecarRedirect {
     }
 }
 
+impl NfsSidecarRedirect {
+    fn namespace(&mut self, netns: u32, attributed: &Attributed, t: u64) -> &mut Namespace {
+        let who = attributed.who.clone();
+        let ns = self.by_netns.touch(&netns, t, || Namespace::new(netns, who.clone()));
+        ns.who = who;
+        ns
+    }
+}
+
 impl Namespace {
+    /// `n` redirected resets at `t` of NFS port `nfs_port`, refused by `local` (when known).
+    fn add_resets(&mut self, t: u64, n: u64, nfs_port: u16, local: Option<u16>) {
+        for _ in 0..n.min(MAX_TIMES as u64) {
+            if self.resets.len() >= MAX_TIMES {
+                self.resets.pop_front();
+            }
+            self.resets.push_back(t);
+        }
+        self.total += n;
+        if self.first_reset == 0 {
+            self.first_reset = t;
+        }
+        self.last_reset = self.last_reset.max(t);
+        self.nfs_port = nfs_port;
+        self.redirect_ports.extend(local);
+    }
+
     fn new(netns: u32, who: Arc<Attribution>) -> Self {
         Namespace {
             who,
@@ -317,6 +342,37 @@ mod tests {
 
     fn signature() -> NfsSidecarRedirect {
         NfsSidecarRedirect::new(&Settings::default())
+    }
+
+    /// A storm: two resets sent in full, the kernel's count says 5000 (4998 suppressed).
+    #[test]
+    fn the_resets_not_sent_in_full_count_too() {
+        let who = pod(UID, "web-1");
+        let mut s = signature();
+        s.observe(&redirected_reset(101 * SEC, 2049, &who));
+        s.observe(&redirected_reset(101 * SEC, 2049, &who));
+        let count = crate::probes::tcp_reset::ResetCount {
+            direction: Direction::Sent,
+            port: CountedPort::Number(15001),
+            original_port: Some(CountedPort::Number(2049)),
+            reason: Some("NO_SOCKET".into()),
+            resets: 5000,
+            suppressed: 4998,
+        };
+        let mut counted = redirected_reset(102 * SEC, 2049, &who);
+        counted.event.payload = Payload::TcpResetCount(count.clone());
+        s.observe(&counted);
+        // Another port's count is not this signature's.
+        let mut other = counted.clone();
+        other.event.payload = Payload::TcpResetCount(crate::probes::tcp_reset::ResetCount {
+            original_port: Some(CountedPort::Number(8080)),
+            ..count
+        });
+        s.observe(&other);
+        let f = s.evaluate(102 * SEC, &node(&StuckSet::default()));
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].evidence["resets_total"], 5000, "{:#}", f[0].evidence);
+        assert_eq!(f[0].evidence["resets_in_window"], 4096, "{:#}", f[0].evidence);
     }
 
     #[test]
