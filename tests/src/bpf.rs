@@ -73,6 +73,66 @@ pub fn bpf_programs(names: &[&str]) -> Vec<Value> {
         .collect()
 }
 
+/// A program's run time in the kernel so far (`kernel.bpf_stats_enabled` must be on for it to grow).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgramRuns {
+    pub id: u64,
+    /// The kernel's name (15 characters at most) or, for a classic tracepoint program, the
+    /// tracepoint it is attached to.
+    pub name: String,
+    pub run_time_ns: u64,
+    pub runs: u64,
+}
+
+impl ProgramRuns {
+    /// What ran between `before` (an earlier reading of the same programs) and this one.
+    pub fn since(&self, before: &[ProgramRuns]) -> ProgramRuns {
+        let earlier = before.iter().find(|b| b.id == self.id);
+        ProgramRuns {
+            run_time_ns: self.run_time_ns - earlier.map_or(0, |b| b.run_time_ns),
+            runs: self.runs - earlier.map_or(0, |b| b.runs),
+            ..self.clone()
+        }
+    }
+
+    pub fn ns_per_run(&self) -> f64 {
+        self.run_time_ns as f64 / self.runs.max(1) as f64
+    }
+
+    /// Whether this program and `other` run on the same hook: a kernel name is the hook's name
+    /// cut to 15 characters, or the hook's name with a suffix (`mark_victim_pid`).
+    pub fn same_hook(&self, other: &ProgramRuns) -> bool {
+        self.name.starts_with(&other.name) || other.name.starts_with(&self.name)
+    }
+}
+
+/// The programs process `pid` holds and what they have run so far. Programs attached to a classic
+/// tracepoint (as bpftrace's are) are named after it, from `bpftool perf show`.
+pub fn program_runs_of(pid: u32) -> Vec<ProgramRuns> {
+    let ids = program_ids_of(pid);
+    let perf: Value =
+        serde_json::from_str(&run("bpftool", &["perf", "show", "--json"])).expect("bpftool json");
+    let tracepoint_of = |id: u64| {
+        perf.as_array()?
+            .iter()
+            .find(|p| p["prog_id"].as_u64() == Some(id))
+            .and_then(|p| p["tracepoint"].as_str())
+            .map(str::to_string)
+    };
+    bpftool_programs()
+        .iter()
+        .filter_map(|p| {
+            let id = p["id"].as_u64().filter(|id| ids.contains(id))?;
+            Some(ProgramRuns {
+                id,
+                name: tracepoint_of(id).unwrap_or_else(|| p["name"].as_str().unwrap_or("").to_string()),
+                run_time_ns: p["run_time_ns"].as_u64().unwrap_or(0),
+                runs: p["run_cnt"].as_u64().unwrap_or(0),
+            })
+        })
+        .collect()
+}
+
 /// `bpftool prog show --json`: every loaded program.
 fn bpftool_programs() -> Vec<Value> {
     let progs: Value =

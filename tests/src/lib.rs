@@ -17,6 +17,7 @@ pub const START_WITHIN: Duration = Duration::from_secs(180);
 pub mod agent;
 pub mod alerting;
 pub mod bpf;
+pub mod bpftrace;
 pub mod cgroup;
 pub mod container;
 pub mod dashboards;
@@ -26,6 +27,7 @@ pub mod kubelet;
 pub mod netns;
 pub mod nfs;
 pub mod oom;
+pub mod storms;
 pub mod writeback;
 
 /// Returns false (after printing why) when kernel tests cannot run here; panics instead when they

@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: benchmarks that print their figures: the agent's per-event cost
-//! (criterion, any machine) and a reset storm through the real kernel (root).
+//! (criterion, any machine), the stuck-task sampler's sweep, and the storms through the real
+//! kernel beside bpftrace (root), whose table goes to `bench/results.md`.
 
 use std::process::Command;
 
@@ -9,10 +10,22 @@ use crate::{bootstrap, build};
 
 pub fn run() -> anyhow::Result<()> {
     let env = bootstrap::run()?;
+    // The yardstick the storms are measured against, on the same hooks in the same run.
+    bootstrap::apt_install(&["bpftrace"])?;
     build::release(&env)?;
+    let results = build::workspace_root().join("bench/results.md");
+    std::fs::create_dir_all(results.parent().expect("a file in a folder"))?;
+    let revision = Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .current_dir(build::workspace_root())
+        .output();
+    let revision =
+        revision.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
     let mut cmd = Command::new("cargo");
     cmd.args(["bench", "--package", "kstall", "--package", "kstall-tests"])
-        .env("KSTALL_BIN", build::release_binary());
+        .env("KSTALL_BIN", build::release_binary())
+        .env("KSTALL_BENCH_RESULTS", &results)
+        .env("KSTALL_BENCH_REVISION", revision);
     env.apply(&mut cmd);
     if !cmd.status().context("cannot run cargo bench")?.success() {
         bail!("benchmarks failed");

@@ -57,7 +57,8 @@ enum Command {
     Deploy,
     /// The agent's module graph from its source: its layers, or the import circles and why.
     Imports,
-    /// Bootstrap, build, then the benchmarks (root): a reset storm through a real agent.
+    /// Bootstrap, build, then the benchmarks (root): the storms through a real agent beside
+    /// bpftrace, into bench/results.md.
     Bench,
     /// Write the Grafana dashboards, deploy/grafana/*.json, from their generator.
     Dashboards,

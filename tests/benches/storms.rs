@@ -1,0 +1,71 @@
+//! The storms, each beside a bpftrace one-liner counting on the same hooks in the same run: what
+//! the agent counted, lost and suppressed, what it cost in CPU, memory and eBPF run time, and how
+//! that compares. Real kernel, real agent (root). Prints one table; with `KSTALL_BENCH_RESULTS`
+//! set (by `cargo xtask bench`), writes it there with the machine it ran on.
+//! `KSTALL_BENCH_SECS` sets the reset storm's length.
+
+use kstall_tests::{
+    bpftrace::Tracefs,
+    host::{Sysctl, run},
+    kernel_tests_can_run,
+    storms::{Row, distinct_ports, hung_tasks, oom_storm, reset_storm, table},
+};
+
+fn main() {
+    if !kernel_tests_can_run("storms") {
+        return;
+    }
+    let secs: u64 = std::env::var("KSTALL_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
+    // Per-program run time in the kernel; restored when the guard drops.
+    let _stats = Sysctl::set("kernel.bpf_stats_enabled", "1");
+    let _tracefs = Tracefs::mount();
+    let rows: Vec<Row> = vec![
+        reset_storm(secs, true),
+        distinct_ports(3000, true),
+        // Two series a port: 10,000 live series.
+        distinct_ports(5000, true),
+        hung_tasks(50, true),
+        oom_storm(20, true),
+    ];
+    let table = table(&rows);
+    println!("{table}");
+    if let Ok(path) = std::env::var("KSTALL_BENCH_RESULTS") {
+        std::fs::write(&path, format!("{}\n{table}", machine())).unwrap_or_else(|e| panic!("{path}: {e}"));
+        println!("written to {path}");
+    }
+    for r in &rows {
+        assert!(r.exact(), "{}: {} {} driven, {} counted", r.scenario, r.driven, r.unit, r.counted);
+        assert!(r.accounted(), "{}: events received + lost + suppressed != {} driven", r.scenario, r.driven);
+    }
+}
+
+/// The heading of `bench/results.md`: when, on what, and what was measured.
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|m| m.trim_start_matches([' ', '\t', ':']));
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    format!(
+        "# Storm benchmark results\n\n\
+         Written by `cargo xtask bench` (`tests/benches/storms.rs`); every figure is from one run.\n\n\
+         - When: {}\n- kstall: {}\n- Machine: {} cores, {} ({:.0} GiB)\n- Kernel: {}\n- bpftrace: {}\n\n\
+         eBPF run time is the kernel's own (`kernel.bpf_stats_enabled`), per run of each program that \
+         ran during the storm; bpftrace counts the same storm on the same hooks with one-liners \
+         (`count()`; distinct pids for hung tasks). The ratio compares run time per run on the hooks \
+         both attach to. Agent CPU is utime + stime from `/proc/<pid>/stat` over the storm.\n",
+        run("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).trim(),
+        std::env::var("KSTALL_BENCH_REVISION").unwrap_or_else(|_| "unknown revision".into()),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        model.unwrap_or("unknown CPU"),
+        mem_kib as f64 / (1 << 20) as f64,
+        run("uname", &["-r"]).trim(),
+        run("bpftrace", &["--version"]).trim(),
+    )
+}

@@ -1,0 +1,136 @@
+//! bpftrace (Debian's package) attached beside the agent, counting on the same hooks: the
+//! yardstick the benchmarks measure kstall's programs against, in the same run.
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _},
+    process::{Child, ChildStdout, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::{
+    START_WITHIN,
+    bpf::{ProgramRuns, program_runs_of},
+};
+
+/// A running bpftrace; killed on drop if not stopped.
+pub struct Bpftrace {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+}
+
+/// What bpftrace counted when stopped: each map's name and its values, one per key (one in all
+/// for a map without keys).
+#[derive(Debug, Default)]
+pub struct Counted {
+    maps: Vec<(String, u64)>,
+}
+
+impl Counted {
+    /// The sum of map `name`'s values.
+    pub fn total(&self, name: &str) -> u64 {
+        self.maps.iter().filter(|(m, _)| m == name).map(|(_, n)| n).sum()
+    }
+
+    /// How many keys map `name` has: distinct tasks, say.
+    pub fn keys(&self, name: &str) -> u64 {
+        self.maps.iter().filter(|(m, _)| m == name).count() as u64
+    }
+}
+
+impl Bpftrace {
+    /// Starts `script` and returns once its probes are attached. Classic tracepoints need tracefs
+    /// mounted (see [`Tracefs`]).
+    pub fn start(script: &str) -> Self {
+        let mut child = Command::new("bpftrace")
+            .args(["-e", script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start bpftrace (apt bpftrace)");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let deadline = Instant::now() + START_WITHIN;
+        let mut line = String::new();
+        // bpftrace says "Attaching N probes..." before it attaches them; its programs are in the
+        // kernel once it holds one per probe.
+        stdout.read_line(&mut line).expect("bpftrace's output");
+        let probes: usize = line
+            .strip_prefix("Attaching ")
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("bpftrace did not start `{script}`: {line:?}"));
+        let trace = Bpftrace { child, stdout };
+        while trace.programs().len() < probes {
+            assert!(Instant::now() < deadline, "bpftrace did not attach {probes} probes");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        trace
+    }
+
+    pub fn programs(&self) -> Vec<ProgramRuns> {
+        program_runs_of(self.child.id())
+    }
+
+    /// Stops it (SIGINT, as a user's Ctrl-C) and reads the maps it prints on the way out.
+    pub fn stop(mut self) -> Counted {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let mut out = String::new();
+        self.stdout.read_to_string(&mut out).expect("bpftrace's maps");
+        let _ = self.child.wait();
+        Counted { maps: out.lines().filter_map(map_line).collect() }
+    }
+}
+
+impl Drop for Bpftrace {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `@name: 12` or `@name[key]: 12` as (name, 12).
+fn map_line(line: &str) -> Option<(String, u64)> {
+    let (map, value) = line.strip_prefix('@')?.rsplit_once(": ")?;
+    let name = map.split_once('[').map_or(map, |(name, _)| name);
+    Some((name.to_string(), value.trim().parse().ok()?))
+}
+
+/// tracefs mounted at /sys/kernel/tracing while the guard lives (unmounted on drop only if this
+/// mounted it): bpftrace attaches classic tracepoints through it.
+pub struct Tracefs {
+    mounted: bool,
+}
+
+impl Tracefs {
+    pub fn mount() -> Self {
+        const AT: &str = "/sys/kernel/tracing";
+        if std::path::Path::new(AT).join("events").exists() {
+            return Tracefs { mounted: false };
+        }
+        crate::host::run("mount", &["-t", "tracefs", "tracefs", AT]);
+        Tracefs { mounted: true }
+    }
+}
+
+impl Drop for Tracefs {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new("umount").arg("/sys/kernel/tracing").status();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_with_and_without_keys_are_read() {
+        let out = "Attaching 2 probes...\n\n\n@stuck[4242]: 7\n@stuck[4243]: 1\n@sent: 30\nsomething else\n";
+        let counted = Counted { maps: out.lines().filter_map(map_line).collect() };
+        assert_eq!(counted.total("sent"), 30);
+        assert_eq!(counted.keys("stuck"), 2);
+        assert_eq!(counted.total("stuck"), 8);
+        assert_eq!(counted.total("received"), 0);
+    }
+}

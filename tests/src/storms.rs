@@ -1,0 +1,540 @@
+//! The storms `cargo xtask bench` drives through the real kernel and a real agent, each measured
+//! beside a bpftrace one-liner counting on the same hooks in the same run; the storms smoke test
+//! drives them small and checks only that the agent counted every event. Each storm gets a fresh
+//! agent, so its memory and series are that storm's alone.
+
+use std::{
+    net::{SocketAddr, TcpStream},
+    path::Path,
+    sync::atomic::{AtomicU64, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    agent::{Agent, COUNTED_WITHIN, pod_json, write_pods_file},
+    bpf::{ProgramRuns, program_runs_of},
+    bpftrace::{Bpftrace, Counted},
+    cgroup::{Cgroup, MemoryLimit},
+    host::{Sysctl, cpu_ticks, memory_kib, wait_for},
+    netns::NetNs,
+    oom::{OOM_LIMIT, oom_kill},
+    writeback::FreezableDisk,
+};
+
+/// One storm's figures: what was driven, what the agent and bpftrace made of it, and the cost.
+#[derive(Debug)]
+pub struct Row {
+    pub scenario: String,
+    /// What one driven event is: "resets", "kills", "stuck tasks".
+    pub unit: &'static str,
+    pub driven: u64,
+    /// How long driving took.
+    pub elapsed: Duration,
+    /// From the storm's start until the agent had counted it: what its CPU is measured over.
+    pub window: Duration,
+    /// The counter's growth (the sum of its series).
+    pub counted: f64,
+    pub received: f64,
+    pub lost: f64,
+    pub suppressed: f64,
+    pub agent_cpu_secs: f64,
+    pub rss_kib: u64,
+    /// The counter's series after the storm.
+    pub series: usize,
+    /// The agent's programs that ran during the storm.
+    pub kstall: Vec<ProgramRuns>,
+    pub bpftrace: Option<SideBySide>,
+    /// Whether each driven event is one event from the kernel (a reset, a kill), so that those
+    /// received, lost and suppressed must add up to what was driven. A stuck task is reported
+    /// again at every detector check.
+    pub one_event_each: bool,
+    /// What else the storm measured, one sentence each.
+    pub notes: Vec<String>,
+}
+
+/// bpftrace counting the same storm on the same hooks.
+#[derive(Debug)]
+pub struct SideBySide {
+    pub counted: u64,
+    pub programs: Vec<ProgramRuns>,
+}
+
+impl Row {
+    pub fn rate(&self) -> f64 {
+        self.driven as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Whether the counter grew by exactly what was driven.
+    pub fn exact(&self) -> bool {
+        self.counted == self.driven as f64
+    }
+
+    /// Whether every event is accounted for: received, lost or suppressed.
+    pub fn accounted(&self) -> bool {
+        !self.one_event_each || self.received + self.lost + self.suppressed == self.driven as f64
+    }
+
+    /// kstall's and bpftrace's run time per run on the hooks both attach to, and their ratio.
+    pub fn ratio(&self) -> Option<(f64, f64, f64)> {
+        let theirs = &self.bpftrace.as_ref()?.programs;
+        let ours: Vec<&ProgramRuns> =
+            self.kstall.iter().filter(|p| theirs.iter().any(|t| t.same_hook(p))).collect();
+        let per_run = |ps: &[&ProgramRuns]| {
+            let runs: u64 = ps.iter().map(|p| p.runs).sum();
+            (runs > 0).then(|| ps.iter().map(|p| p.run_time_ns).sum::<u64>() as f64 / runs as f64)
+        };
+        let (ours, theirs) = (per_run(&ours)?, per_run(&theirs.iter().collect::<Vec<_>>())?);
+        Some((ours, theirs, ours / theirs))
+    }
+}
+
+/// The counter a storm is counted by and the probes whose events it drives.
+struct Counter {
+    metric: &'static str,
+    probes: &'static [&'static str],
+    one_event_each: bool,
+    /// A probe whose events the storm also waits for, as many as were driven: the kernel's
+    /// hung-task detector, which reports a task some seconds after the sampler found it, and is
+    /// what bpftrace counts.
+    reported_by: Option<&'static str>,
+    /// Only the series of this pod count: the kernel's own threads may get stuck behind a frozen
+    /// disk too (its journal thread, say), and are counted, but were not driven.
+    pod: Option<&'static str>,
+}
+
+const RESETS: Counter = Counter {
+    metric: "kstall_tcp_resets_total",
+    probes: &["tcp-reset"],
+    one_event_each: true,
+    reported_by: None,
+    pod: None,
+};
+const OOM_KILLS: Counter = Counter {
+    metric: "kstall_oom_kills_total",
+    probes: &["oom"],
+    one_event_each: true,
+    reported_by: None,
+    pod: None,
+};
+const STUCK_TASKS: Counter = Counter {
+    metric: "kstall_stuck_tasks_total",
+    probes: &["stuck-task", "hung-task"],
+    one_event_each: false,
+    reported_by: Some("hung-task"),
+    pod: Some(WRITERS_POD),
+};
+
+/// The agent's figures for one counter.
+#[derive(Default)]
+struct Tally {
+    counted: f64,
+    series: usize,
+    received: f64,
+    lost: f64,
+    suppressed: f64,
+    /// Events of the counter's `reported_by` probe.
+    reports: f64,
+}
+
+impl Tally {
+    fn of(agent: &Agent, counter: &Counter) -> Self {
+        let metrics = agent.metrics();
+        let series: Vec<f64> = metrics
+            .lines()
+            .filter(|l| l.strip_prefix(counter.metric).is_some_and(|rest| rest.starts_with('{')))
+            .filter(|l| counter.pod.is_none_or(|pod| l.contains(&format!("pod=\"{pod}\""))))
+            .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+            .collect();
+        let of_probes = |name: &str| {
+            counter
+                .probes
+                .iter()
+                .map(|p| crate::agent::sample_with(&metrics, name, &[("probe", p)]).unwrap_or(0.0))
+                .sum::<f64>()
+        };
+        Tally {
+            counted: series.iter().sum(),
+            series: series.len(),
+            received: of_probes("kstall_events_total"),
+            lost: of_probes("kstall_events_lost_total"),
+            suppressed: of_probes("kstall_events_suppressed_total"),
+            reports: counter
+                .reported_by
+                .and_then(|p| crate::agent::sample_with(&metrics, "kstall_events_total", &[("probe", p)]))
+                .unwrap_or(0.0),
+        }
+    }
+}
+
+/// Measures `drive` (which returns how many events it drove) with a fresh agent started with
+/// `agent_args`, and with `bpftrace` (a script and what to read of its maps) beside it when given.
+/// The counter is awaited until it reaches what was driven or `counted_within` passes.
+fn measure(
+    scenario: String,
+    unit: &'static str,
+    counter: &Counter,
+    agent_args: &[&str],
+    bpftrace: Option<OneLiner>,
+    counted_within: Duration,
+    drive: impl FnOnce() -> u64,
+) -> Row {
+    let agent = Agent::start(agent_args);
+    let before = Tally::of(&agent, counter);
+    let programs_before = program_runs_of(agent.pid());
+    let cpu_before = cpu_ticks(agent.pid());
+    let side = bpftrace.map(|one| (Bpftrace::start(one.script), one.counted));
+    let start = Instant::now();
+    let driven = drive();
+    let elapsed = start.elapsed();
+    let complete = |t: &Tally| {
+        t.counted - before.counted >= driven as f64
+            && (counter.reported_by.is_none() || t.reports - before.reports >= driven as f64)
+    };
+    // The agent reads the kernel's counters once a second: each scrape before that would only
+    // add to the CPU it is charged with. The CPU is read before the scrape that finds the
+    // counter complete.
+    let deadline = Instant::now() + counted_within;
+    let (after, cpu_after, window) = loop {
+        thread::sleep(COUNTER_INTERVAL);
+        let (cpu, window) = (cpu_ticks(agent.pid()), start.elapsed());
+        let tally = Tally::of(&agent, counter);
+        if complete(&tally) || Instant::now() >= deadline {
+            break (tally, cpu, window);
+        }
+    };
+    let kstall = program_runs_of(agent.pid())
+        .iter()
+        .map(|p| p.since(&programs_before))
+        .filter(|p| p.runs > 0)
+        .collect();
+    let bpftrace = side.map(|(trace, read)| {
+        let programs = trace.programs();
+        SideBySide { counted: read(&trace.stop()), programs }
+    });
+    let (rss_kib, _) = memory_kib(agent.pid());
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Row {
+        scenario,
+        unit,
+        driven,
+        elapsed,
+        window,
+        counted: after.counted - before.counted,
+        received: after.received - before.received,
+        lost: after.lost - before.lost,
+        suppressed: after.suppressed - before.suppressed,
+        agent_cpu_secs: (cpu_after - cpu_before) / ticks_per_sec,
+        rss_kib,
+        series: after.series,
+        kstall,
+        bpftrace,
+        one_event_each: counter.one_event_each,
+        notes: Vec::new(),
+    }
+}
+
+/// A bpftrace one-liner counting a storm on kstall's hooks, and how to read its count.
+#[derive(Clone, Copy)]
+struct OneLiner {
+    script: &'static str,
+    counted: fn(&Counted) -> u64,
+}
+
+const RESETS_ONE_LINER: OneLiner = OneLiner {
+    script: "tracepoint:tcp:tcp_send_reset { @resets = count(); } \
+             tracepoint:tcp:tcp_receive_reset { @resets = count(); }",
+    counted: |c| c.total("resets"),
+};
+
+/// How often the agent reads the kernel's counters (`agent/src/probes/counters.rs`).
+const COUNTER_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Threads connecting from a network namespace to port 2049, redirected to the closed 15001 (a
+/// sidecar's rule without its proxy), for `secs`: one sent and one received reset per connect.
+/// Measured first without the agent, for the slowdown it causes.
+pub fn reset_storm(secs: u64, side_by_side: bool) -> Row {
+    let ns = NetNs::new("storm");
+    ns.redirect_tcp("iptables", 2049, 15001);
+    let without = connect_storm(&ns, secs);
+    let mut with = 0.0;
+    let mut row = measure(
+        "reset storm (2049 redirected to 15001, in a netns)".into(),
+        "resets",
+        &RESETS,
+        &[],
+        side_by_side.then_some(RESETS_ONE_LINER),
+        COUNTED_WITHIN,
+        || {
+            let (connects, elapsed) = connect_storm(&ns, secs);
+            with = connects as f64 / elapsed.as_secs_f64();
+            2 * connects
+        },
+    );
+    let without = without.0 as f64 / without.1.as_secs_f64();
+    row.notes.push(format!(
+        "{}: {without:.0} connects/s without the agent, {with:.0} with it: {:.1}% slower",
+        row.scenario,
+        100.0 * (1.0 - with / without)
+    ));
+    row
+}
+
+/// Connects from `THREADS` threads in `ns` to its port 2049 until `secs` pass; how many and for
+/// how long.
+fn connect_storm(ns: &NetNs, secs: u64) -> (u64, Duration) {
+    const THREADS: usize = 2;
+    let connects = AtomicU64::new(0);
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(secs);
+    thread::scope(|s| {
+        for _ in 0..THREADS {
+            let connects = &connects;
+            s.spawn(move || {
+                let n = ns.run_inside(move || {
+                    let addr = SocketAddr::from(([127, 0, 0, 1], 2049));
+                    let mut n = 0u64;
+                    while Instant::now() < deadline {
+                        let refused = TcpStream::connect(addr)
+                            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
+                        assert!(refused, "connect to the redirected port must be refused");
+                        n += 1;
+                    }
+                    n
+                });
+                connects.fetch_add(n, Ordering::Relaxed);
+            });
+        }
+    });
+    (connects.into_inner(), start.elapsed())
+}
+
+/// One connect to each of `ports` distinct closed ports in a fresh network namespace (a port
+/// scan, a misconfigured client): two series per port.
+pub fn distinct_ports(ports: u16, side_by_side: bool) -> Row {
+    let ns = NetNs::new("ports");
+    measure(
+        format!("resets to {ports} distinct ports"),
+        "resets",
+        &RESETS,
+        &[],
+        side_by_side.then_some(RESETS_ONE_LINER),
+        COUNTED_WITHIN,
+        || {
+            ns.run_inside(move || {
+                for port in 20000..20000 + ports {
+                    let refused = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], port)))
+                        .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
+                    assert!(refused, "port {port} is closed in a fresh namespace");
+                }
+            });
+            2 * u64::from(ports)
+        },
+    )
+}
+
+/// `tasks` writers in D at once, stuck in writeback on a frozen FUSE-backed disk, with the
+/// kernel's detector at 3 s (and its warnings off, both restored after). Each task counts once.
+pub fn hung_tasks(tasks: usize, side_by_side: bool) -> Row {
+    let _detector = Sysctl::set("kernel.hung_task_timeout_secs", "3");
+    // The tracepoint fires whatever this says; only the console is spared 50 stack dumps.
+    let _quiet = Sysctl::set("kernel.hung_task_warnings", "0");
+    let dir = tempfile::tempdir().expect("a folder for the pods file");
+    let pods_file = dir.path().join("pods.json");
+    write_pods_file(&pods_file, &[pod_json(WRITERS_UID, WRITERS_POD, WRITERS_CONTAINER)]);
+    let cgroup = Cgroup::kubepods_container("burstable", WRITERS_UID, WRITERS_CONTAINER);
+    let mut disk = FreezableDisk::new("storm-hung");
+    let row = measure(
+        format!("hung-task storm ({tasks} writers in D on a frozen FUSE disk)"),
+        "stuck tasks",
+        &STUCK_TASKS,
+        &[
+            "--pods-file",
+            pods_file.to_str().expect("a UTF-8 path"),
+            "--stuck-task-interval",
+            "1s",
+            "--stuck-task-threshold",
+            "3s",
+        ],
+        // Distinct tasks the kernel's detector reported.
+        side_by_side.then_some(OneLiner {
+            script: "tracepoint:sched:sched_process_hang { @stuck[args->pid] = count(); }",
+            counted: |c| c.keys("stuck"),
+        }),
+        // The sampler finds a task 3 s plus a sweep after it blocked, the detector 3-6 s.
+        Duration::from_secs(30),
+        || {
+            disk.freeze();
+            let pids: Vec<u32> = (0..tasks).map(|_| disk.start_writer(&cgroup.procs())).collect();
+            let all_in_d = wait_for(Duration::from_secs(30), || pids.iter().all(|&p| in_d(p)).then_some(()));
+            assert!(all_in_d.is_some(), "{tasks} writers in D on the frozen disk");
+            tasks as u64
+        },
+    );
+    disk.thaw();
+    disk.wait_writers(Duration::from_secs(60));
+    row
+}
+
+/// The pod the hung-task storm's writers run in.
+const WRITERS_POD: &str = "storm-writers-7c9d";
+const WRITERS_UID: &str = "5a0b1c2d-3e4f-4a5b-8c6d-7e8f9a0b1c2d";
+const WRITERS_CONTAINER: &str = "7e57a11c0ffee0017e57a11c0ffee0017e57a11c0ffee0017e57a11c0ffee001";
+
+/// Whether task `pid` is in D (uninterruptible sleep, killable or not).
+fn in_d(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('D'))
+}
+
+/// `kills` processes, one after another, allocating past a 64 MiB memory cgroup's limit until the
+/// memcg OOM killer kills them.
+pub fn oom_storm(kills: usize, side_by_side: bool) -> Row {
+    let cgroup = Cgroup::new("storm-oom");
+    let limit = MemoryLimit::new(&cgroup, OOM_LIMIT);
+    // Both hierarchies on a hybrid host: attribution reads the v2 one, the limit is the v1 one.
+    let v2 = cgroup.procs();
+    let procs: [&Path; 2] = [&v2, limit.procs()];
+    measure(
+        format!("memcg OOM storm ({kills} kills in a {} MiB cgroup)", OOM_LIMIT >> 20),
+        "kills",
+        &OOM_KILLS,
+        &[],
+        side_by_side.then_some(OneLiner {
+            script: "tracepoint:oom:mark_victim { @kills = count(); }",
+            counted: |c| c.total("kills"),
+        }),
+        COUNTED_WITHIN,
+        || {
+            for _ in 0..kills {
+                oom_kill(&procs, |_| {});
+            }
+            kills as u64
+        },
+    )
+}
+
+/// The rows as one markdown table, with each row's programs and notes below it.
+pub fn table(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "| storm | driven | counted | events received / lost / suppressed | agent CPU (until counted) | agent RSS | series | kstall eBPF ns/run | bpftrace ns/run (counted) | kstall ÷ bpftrace |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let cpu = format!(
+            "{:.1}% of a core, {:.2} µs per {}",
+            100.0 * r.agent_cpu_secs / r.window.as_secs_f64(),
+            1e6 * r.agent_cpu_secs / r.driven.max(1) as f64,
+            r.unit.trim_end_matches('s')
+        );
+        let programs = |ps: &[ProgramRuns]| {
+            ps.iter().map(|p| format!("{} {:.0}", p.name, p.ns_per_run())).collect::<Vec<_>>().join(", ")
+        };
+        let (theirs, ratio) = match (&r.bpftrace, r.ratio()) {
+            (Some(b), Some((_, _, ratio))) => {
+                (format!("{} ({})", programs(&b.programs), grouped(b.counted)), format!("{ratio:.1}×"))
+            }
+            (Some(b), None) => (format!("{} ({})", programs(&b.programs), grouped(b.counted)), "-".into()),
+            (None, _) => ("-".into(), "-".into()),
+        };
+        out.push_str(&format!(
+            "| {} | {} {} at {}/s | {} | {} / {} / {} | {cpu} | {:.1} MiB | {} | {} | {theirs} | {ratio} |\n",
+            r.scenario,
+            grouped(r.driven),
+            r.unit,
+            grouped(r.rate() as u64),
+            grouped(r.counted as u64),
+            grouped(r.received as u64),
+            grouped(r.lost as u64),
+            grouped(r.suppressed as u64),
+            r.rss_kib as f64 / 1024.0,
+            r.series,
+            programs(&r.kstall),
+        ));
+    }
+    let notes: Vec<&String> = rows.iter().flat_map(|r| &r.notes).collect();
+    if !notes.is_empty() {
+        out.push('\n');
+        for n in notes {
+            out.push_str(&format!("- {n}\n"));
+        }
+    }
+    out
+}
+
+/// 1234567 as "1,234,567".
+fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(id: u64, name: &str, run_time_ns: u64, runs: u64) -> ProgramRuns {
+        ProgramRuns { id, name: name.into(), run_time_ns, runs }
+    }
+
+    #[test]
+    fn numbers_are_grouped_in_thousands() {
+        assert_eq!(grouped(0), "0");
+        assert_eq!(grouped(999), "999");
+        assert_eq!(grouped(1000), "1,000");
+        assert_eq!(grouped(886484), "886,484");
+        assert_eq!(grouped(1234567), "1,234,567");
+    }
+
+    #[test]
+    fn the_ratio_compares_the_hooks_both_attach_to() {
+        let row = Row {
+            scenario: "s".into(),
+            unit: "resets",
+            driven: 100,
+            elapsed: Duration::from_secs(1),
+            window: Duration::from_secs(1),
+            counted: 100.0,
+            received: 0.0,
+            lost: 0.0,
+            suppressed: 100.0,
+            agent_cpu_secs: 0.01,
+            rss_kib: 2048,
+            series: 2,
+            // kfree_skb is kstall's alone: not in the ratio.
+            kstall: vec![
+                runs(1, "tcp_send_reset", 30_000, 50),
+                runs(2, "tcp_receive_res", 20_000, 50),
+                runs(3, "kfree_skb_no_so", 90_000, 900),
+            ],
+            bpftrace: Some(SideBySide {
+                counted: 100,
+                programs: vec![runs(7, "tcp_send_reset", 5_000, 50), runs(8, "tcp_receive_reset", 5_000, 50)],
+            }),
+            one_event_each: true,
+            notes: vec!["a note".into()],
+        };
+        assert_eq!(row.ratio(), Some((500.0, 100.0, 5.0)));
+        assert!(row.exact() && row.accounted());
+        let table = table(&[row]);
+        assert!(table.contains("| s | 100 resets at 100/s | 100 | 0 / 0 / 100 | 1.0% of a core, 100.00 µs per reset | 2.0 MiB | 2 |"), "{table}");
+        assert!(table.contains("tcp_send_reset 600, tcp_receive_res 400, kfree_skb_no_so 100 |"), "{table}");
+        assert!(table.contains("| tcp_send_reset 100, tcp_receive_reset 100 (100) | 5.0× |"), "{table}");
+        assert!(table.ends_with("\n- a note\n"), "{table}");
+    }
+
+    #[test]
+    fn same_hook_matches_cut_and_suffixed_names() {
+        let tp = |n: &str| runs(0, n, 0, 0);
+        assert!(tp("tcp_receive_res").same_hook(&tp("tcp_receive_reset")));
+        assert!(tp("mark_victim_pid").same_hook(&tp("mark_victim")));
+        assert!(!tp("tcp_send_reset").same_hook(&tp("tcp_receive_reset")));
+    }
+}

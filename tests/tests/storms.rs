@@ -1,0 +1,51 @@
+//! The benchmark's storms, small: every event driven is counted, whatever the ring buffer or the
+//! sampling did with it. Checks nothing of timing; `cargo xtask bench` drives them large and
+//! prints what they cost.
+
+use kstall_tests::{
+    kernel_tests_can_run,
+    storms::{Row, distinct_ports, hung_tasks, oom_storm, reset_storm},
+};
+
+fn assert_counted(row: &Row) {
+    assert!(row.exact(), "{}: {} {} driven, {} counted", row.scenario, row.driven, row.unit, row.counted);
+    assert!(
+        row.accounted(),
+        "{}: {} driven, events {} received + {} lost + {} suppressed",
+        row.scenario,
+        row.driven,
+        row.received,
+        row.lost,
+        row.suppressed
+    );
+}
+
+#[test]
+fn a_reset_storm_is_counted_exactly() {
+    if kernel_tests_can_run("a_reset_storm_is_counted_exactly") {
+        assert_counted(&reset_storm(1, false));
+    }
+}
+
+#[test]
+fn resets_to_distinct_ports_are_counted_exactly() {
+    if kernel_tests_can_run("resets_to_distinct_ports_are_counted_exactly") {
+        let row = distinct_ports(300, false);
+        assert_counted(&row);
+        assert_eq!(row.series, 600, "one series per port and direction");
+    }
+}
+
+#[test]
+fn a_hung_task_storm_is_counted_once_per_task() {
+    if kernel_tests_can_run("a_hung_task_storm_is_counted_once_per_task") {
+        assert_counted(&hung_tasks(5, false));
+    }
+}
+
+#[test]
+fn an_oom_storm_is_counted_exactly() {
+    if kernel_tests_can_run("an_oom_storm_is_counted_exactly") {
+        assert_counted(&oom_storm(3, false));
+    }
+}
