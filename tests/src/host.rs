@@ -41,6 +41,14 @@ impl Sysctl {
         std::fs::write(&path, value).unwrap_or_else(|e| panic!("set {name}={value}: {e}"));
         Sysctl { path, previous: previous.trim().to_string() }
     }
+
+    /// Restores `name` on drop to the value it has now: for a sysctl the kernel changes itself
+    /// (each report of the hung-task detector counts `kernel.hung_task_warnings` down).
+    pub fn keep(name: &str) -> Self {
+        let path = Path::new("/proc/sys").join(name.replace('.', "/"));
+        let previous = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        Sysctl { path, previous: previous.trim().to_string() }
+    }
 }
 
 impl Drop for Sysctl {

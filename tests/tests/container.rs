@@ -93,6 +93,7 @@ fn loses_nothing(overlay: &str) {
     // The host's detector reports a task after 3 s (the agent in a pod cannot set it: /proc/sys
     // is read-only there); restored on drop.
     let _detector = Sysctl::set("kernel.hung_task_timeout_secs", "3");
+    let _warnings = Sysctl::keep("kernel.hung_task_warnings");
     let container = Cgroup::kubepods_container("burstable", UID, CONTAINER);
     let netns = NetNs::new("container");
     let _sandbox = PodProcess::start(&netns, &container.procs());

@@ -24,6 +24,7 @@ fn writer_stuck_in_writeback_is_reported_once_and_cleared() {
     // restores it too should the agent die before it can.
     let original = std::fs::read_to_string("/proc/sys/kernel/hung_task_timeout_secs").unwrap();
     let _restore = Sysctl::set(TIMEOUT_SYSCTL, original.trim());
+    let _warnings = Sysctl::keep("kernel.hung_task_warnings");
     let cgroup = Cgroup::new("hung");
     let mut disk = FreezableDisk::new("hung");
     let mut agent = Agent::start(&["--hung-task-timeout-secs", "3"]);

@@ -42,6 +42,7 @@ fn sidecar_redirect_and_stuck_writer_fire_alert_and_resolve() {
     }
     let original = std::fs::read_to_string("/proc/sys/kernel/hung_task_timeout_secs").unwrap();
     let _restore = Sysctl::set("kernel.hung_task_timeout_secs", original.trim());
+    let _warnings = Sysctl::keep("kernel.hung_task_warnings");
     let dir = tempfile::tempdir().unwrap();
     let pods_file = dir.path().join("pods.json");
     write_pods_file(&pods_file, &[pod_json(UID, POD, CONTAINER)]);
