@@ -173,6 +173,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         outputs,
         stop_intake.clone(),
     ));
+    symbols::refresh(loaded.decoding.symbols.clone()).await;
     let symbols = tokio::spawn(symbols::keep_current(loaded.decoding.symbols.clone(), stop_intake.clone()));
     // Stuck tasks leave the set when a sweep no longer finds them asleep, or, without the
     // sampler, when /proc shows them running or gone.
@@ -211,6 +212,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             events: events_tx,
             record_raw,
             held: Default::default(),
+            oom_keys: Default::default(),
         };
         let counters = loaded.counters.take();
         tokio::spawn(pipeline::run(ring, counters, pipeline, states_rx, stop_intake.clone()))

@@ -17,8 +17,8 @@ use crate::{
     probes::{
         self, Decoding,
         hung_task::{self, HungTask},
-        nfs::{self, Nfs},
-        oom::{self, OomKill},
+        nfs::{self, Nfs, NfsCount},
+        oom::{self, OomKill, OomKillCount},
         stuck_task::{self, StuckTaskSample},
         tcp_reset::{self, ResetCount, TcpReset},
         wait::{WaitClass, WaitKind},
@@ -53,7 +53,11 @@ pub enum Payload {
     /// A stuck task, however found, that left D state or exited.
     HungTaskCleared(HungTaskCleared),
     OomKill(OomKill),
+    /// One interval's OOM kills of one series, from the kernel's counters, as `TcpResetCount`.
+    OomKillCount(OomKillCount),
     Nfs(Nfs),
+    /// One interval's NFS events of one series, from the kernel's counters, as `TcpResetCount`.
+    NfsCount(NfsCount),
 }
 
 /// A stuck task that left D state or exited: not from the kernel but from the agent's look at
@@ -93,6 +97,11 @@ impl Default for Decoder {
 impl Decoder {
     pub fn new(probes: Decoding) -> Self {
         Self { probes, boot_to_unix_ns: kernel::boot_to_unix_offset_ns() }
+    }
+
+    /// What OOM kills are decoded with: also what their counts are.
+    pub fn oom_context(&self) -> &oom::Context {
+        &self.probes.oom
     }
 
     pub fn decode(&self, bytes: &[u8]) -> Result<Event, DecodeError> {

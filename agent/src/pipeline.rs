@@ -66,6 +66,57 @@ pub struct Pipeline {
     /// `--record-raw`: every record as received, for replaying a decoder bug.
     pub record_raw: Option<std::io::BufWriter<std::fs::File>>,
     pub held: Held,
+    pub oom_keys: OomKeys,
+}
+
+/// What each OOM counter key's events showed: the scope (which `mark_victim` cannot tell a
+/// count), learnt as they are decoded, and whom they were attributed to (on cgroup v1 by the
+/// victim's process, which a count has not), learnt as they go out. The first kills of a key in
+/// an interval are always sent in full, so a count finds its key here unless all of them were
+/// lost; it is attributed by its cgroup when no event of its key has gone out.
+#[derive(Default)]
+pub struct OomKeys {
+    by_key: std::collections::HashMap<(u64, String), OomKey>,
+}
+
+struct OomKey {
+    scope: probes::oom::Scope,
+    who: Option<Arc<Attribution>>,
+    seen: Instant,
+}
+
+/// How long a key is remembered after its last event: well past the two counter intervals
+/// between a kill and its count.
+const OOM_KEY_MEMORY: Duration = Duration::from_secs(60);
+
+impl OomKeys {
+    fn decoded(&mut self, event: &Event, now: Instant) {
+        if let Payload::OomKill(kill) = &event.payload {
+            let key = (event.header.cgroup_id, event.header.comm.clone());
+            let who = self.by_key.remove(&key).and_then(|k| k.who);
+            self.by_key.insert(key, OomKey { scope: kill.scope, who, seen: now });
+        }
+    }
+
+    fn attributed(&mut self, attributed: &Attributed) {
+        if let Payload::OomKill(_) = &attributed.event.payload {
+            let header = &attributed.event.header;
+            if let Some(key) = self.by_key.get_mut(&(header.cgroup_id, header.comm.clone())) {
+                key.who = Some(attributed.who.clone());
+            }
+        }
+    }
+
+    /// The key's last event's scope and attribution; forgets keys unseen for a while.
+    fn seen(
+        &mut self,
+        cgroup_id: u64,
+        comm: &str,
+        now: Instant,
+    ) -> Option<(probes::oom::Scope, Option<Arc<Attribution>>)> {
+        self.by_key.retain(|_, key| now.saturating_duration_since(key.seen) < OOM_KEY_MEMORY);
+        self.by_key.get(&(cgroup_id, comm.to_string())).map(|key| (key.scope, key.who.clone()))
+    }
 }
 
 /// Events waiting for the resolver, in arrival order.
@@ -94,6 +145,7 @@ impl Pipeline {
         match self.decoder.decode(bytes) {
             Ok(event) => {
                 self.counts.received(event.header.probe);
+                self.oom_keys.decoded(&event, now);
                 self.attribute(event, now);
             }
             Err(e) => {
@@ -173,24 +225,42 @@ impl Pipeline {
     }
 
     /// One interval's counts from the kernel's counters, at `now`: attributed as events are
-    /// (by their network namespace) and emitted like them.
+    /// (resets by their network namespace, OOM kills by the victim's cgroup) and emitted like
+    /// them.
     pub fn count(&mut self, drained: Drained, now: Instant) {
         for error in drained.errors {
             tracing::debug!(error = %error, "undecodable counter key");
             self.metrics.decode_error(error.label());
         }
-        let time_unix_ns = kernel::unix_now_ns();
+        let header = |probe, comm, cgroup_id, netns| crate::events::Header {
+            probe,
+            time_unix_ns: kernel::unix_now_ns(),
+            tgid: 0,
+            pid: 0,
+            comm,
+            cgroup_id,
+            netns,
+        };
         for (netns, count) in drained.resets {
-            let header = crate::events::Header {
-                probe: probes::tcp_reset::NAME,
-                time_unix_ns,
-                tgid: 0,
-                pid: 0,
-                comm: String::new(),
-                cgroup_id: 0,
-                netns,
-            };
+            let header = header(probes::tcp_reset::NAME, String::new(), 0, netns);
             self.attribute(Event { header, payload: Payload::TcpResetCount(count) }, now);
+        }
+        for (netns, count) in drained.nfs {
+            let header = header(probes::nfs::NAME, String::new(), 0, netns);
+            self.attribute(Event { header, payload: Payload::NfsCount(count) }, now);
+        }
+        self.counts.suppressed(probes::nfs::NAME, drained.nfs_overflow);
+        for counted in drained.oom_kills {
+            let seen = self.oom_keys.seen(counted.cgroup_id, &counted.comm, now);
+            let count = counted.settle(seen.as_ref().map(|(scope, _)| *scope), self.decoder.oom_context());
+            let event = Event {
+                header: header(probes::oom::NAME, counted.comm, counted.cgroup_id, 0),
+                payload: Payload::OomKillCount(count),
+            };
+            match seen.and_then(|(_, who)| who) {
+                Some(who) => self.emit(Attributed { event, who }),
+                None => self.attribute(event, now),
+            }
         }
     }
 
@@ -201,6 +271,8 @@ impl Pipeline {
     fn emit(&mut self, attributed: Attributed) {
         let count = match &attributed.event.payload {
             Payload::TcpResetCount(count) => Some(count.suppressed),
+            Payload::OomKillCount(count) => Some(count.suppressed),
+            Payload::NfsCount(count) => Some(count.suppressed),
             _ => None,
         };
         if attributed.unattributed() && count.is_none() {
@@ -214,6 +286,7 @@ impl Pipeline {
                 return;
             }
         }
+        self.oom_keys.attributed(&attributed);
         self.metrics.observe(&attributed);
         lock(&self.incidents).observe(&attributed);
         // A count is news to a trace only for what it did not see: the suppressed events.
@@ -259,6 +332,11 @@ pub async fn run(
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = counter_tick.tick(), if counters.is_some() => {
+                // The events first: a count settles its scope from its key's events.
+                let ring = fd.get_mut();
+                while let Some(item) = ring.next() {
+                    pipeline.handle(&item, Instant::now());
+                }
                 let drained = counters.as_mut().map(Counters::drain);
                 if let Some(drained) = drained {
                     pipeline.take_counts(drained);
@@ -439,6 +517,7 @@ mod tests {
             events: events_tx,
             record_raw: None,
             held: Held::default(),
+            oom_keys: Default::default(),
         };
         Harness { pipeline, index: index_tx, misses, events, t0: Instant::now() }
     }
@@ -546,5 +625,52 @@ mod tests {
         );
         h.pipeline.release_held(h.at(100));
         assert_eq!(h.sent().len(), 20, "every event out after the hold");
+    }
+
+    #[test]
+    fn an_oom_count_takes_the_scope_its_events_showed_and_is_the_metric() {
+        use kstall_common::{
+            counter::Counter,
+            oom::{FLAG_FROM_OOM_CONTROL, FLAG_MEMCG_OOM, OomCountKey},
+        };
+
+        use crate::probes::oom::{decode_count, tests::victim_event};
+        const CGROUP: u64 = 900;
+        let mut h = harness();
+        let mut index = Index::default();
+        let who = Attribution { namespace: "batch".into(), pod: "report-1".into(), ..Default::default() };
+        index.by_cgroup.insert(CGROUP, Arc::new(who));
+        h.index.send(Arc::new(index)).unwrap();
+        h.pipeline.release_held(h.at(0));
+        // A kill sent in full, from the hook that knows the scope.
+        let mut kill = victim_event();
+        kill.header.cgroup_id = CGROUP;
+        kill.flags |= FLAG_FROM_OOM_CONTROL | FLAG_MEMCG_OOM;
+        h.pipeline.handle(&bytes_of(&kill), h.at(1));
+        let counted = |text: &str| text.lines().filter(|l| l.starts_with("kstall_oom_kills_total{")).count();
+        assert_eq!(counted(&h.pipeline.metrics.render()), 0, "events are the detail, not the count");
+        // Its key's count, from a hook that does not know it (mark_victim), and a key never seen.
+        let key = |cgroup_id, comm: &[u8]| {
+            let mut key = OomCountKey { cgroup_id, ..Default::default() };
+            key.comm[..comm.len()].copy_from_slice(comm);
+            key
+        };
+        let drained = Drained {
+            oom_kills: vec![
+                decode_count(&key(CGROUP, b"python3"), &Counter { events: 40, emitted: 32 }),
+                decode_count(&key(CGROUP, b"java"), &Counter { events: 1, emitted: 1 }),
+            ],
+            ..Default::default()
+        };
+        h.pipeline.count(drained, h.at(1000));
+        let text = h.pipeline.metrics.render();
+        assert!(text.contains(r#"kstall_oom_kills_total{comm="python3",container="",critical="false",host="false",namespace="batch",pod="report-1",scope="memcg",workload=""} 40"#), "{text}");
+        assert!(text.contains(r#"comm="java",container="",critical="false",host="false",namespace="batch",pod="report-1",scope="unknown""#), "{text}");
+        // The event, then only the count with events not shown.
+        let sent = h.sent();
+        assert_eq!(sent.len(), 2, "{sent:#?}");
+        assert!(
+            matches!(&sent[1].event.payload, Payload::OomKillCount(c) if c.suppressed == 8 && c.kills == 40)
+        );
     }
 }

@@ -256,29 +256,34 @@ impl Symbols {
 /// How often kallsyms is looked at for modules that came or went.
 const REFRESH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Keeps kernel symbols current: loaded at start, reloaded when modules come or go. The read runs
-/// on the blocking pool.
+/// Keeps kernel symbols current once [`refresh`] loaded them: reloaded when modules come or go.
 pub async fn keep_current(symbols: Arc<Symbols>, stop: tokio_util::sync::CancellationToken) {
-    let mut tick = tokio::time::interval(REFRESH_INTERVAL);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + REFRESH_INTERVAL, REFRESH_INTERVAL);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let symbols = symbols.clone();
-        match tokio::task::spawn_blocking(move || symbols.refresh().map(|reloaded| (reloaded, symbols.len())))
-            .await
-        {
-            Ok(Ok((true, 0))) => {
-                tracing::warn!(
-                    "/proc/kallsyms shows no addresses (kernel.kptr_restrict, or no CAP_SYSLOG): stacks stay unsymbolized"
-                )
-            }
-            Ok(Ok((true, n))) => tracing::info!(symbols = n, "loaded kernel symbols"),
-            Ok(Ok((false, _))) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "cannot read kernel symbols"),
-            Err(e) => tracing::warn!(error = %e, "symbol refresh task failed"),
+        refresh(symbols.clone()).await;
+    }
+}
+
+/// Loads kernel symbols, or reloads them if modules changed, on the blocking pool. At start the
+/// agent awaits it before it decodes an event: a stack read without symbols says nothing (an OOM
+/// kill's scope would be `unknown`).
+pub async fn refresh(symbols: Arc<Symbols>) {
+    match tokio::task::spawn_blocking(move || symbols.refresh().map(|reloaded| (reloaded, symbols.len())))
+        .await
+    {
+        Ok(Ok((true, 0))) => {
+            tracing::warn!(
+                "/proc/kallsyms shows no addresses (kernel.kptr_restrict, or no CAP_SYSLOG): stacks stay unsymbolized"
+            )
         }
+        Ok(Ok((true, n))) => tracing::info!(symbols = n, "loaded kernel symbols"),
+        Ok(Ok((false, _))) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "cannot read kernel symbols"),
+        Err(e) => tracing::warn!(error = %e, "symbol refresh task failed"),
     }
 }
 

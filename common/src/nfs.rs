@@ -79,9 +79,39 @@ pub struct NfsConfig {
     pub nfs_client_addr: u32,
 }
 
+/// A key of the in-kernel NFS counters (`NFS_COUNTS`): one series of the NFS counters before
+/// attribution (its network namespace is attributed to a pod when the agent reads it). Every
+/// event kind is counted (and sampled); the metrics count retransmits, timeouts, failed
+/// connects, socket errors and resets, and state-manager failures.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NfsCountKey {
+    pub netns_ino: u32,
+    pub what: u32,
+    /// As in the event, for the kinds whose series it splits (connects, socket errors,
+    /// state-manager failures); 0 for the others, so that no series is split by a status no
+    /// label shows.
+    pub error: i32,
+    pub server_family: u16,
+    pub _pad: u16,
+    pub server_addr: [u8; 16],
+    /// The failing section of a state-manager failure (as the event's `procedure`), else zeros.
+    pub section: [u8; NAME_LEN],
+    /// See `crate::counter`.
+    pub generation: u8,
+    pub _pad2: [u8; 7],
+}
+
+const _: () = assert!(size_of::<NfsCountKey>() == 72);
+
+/// Entries of `NFS_COUNTS`: two intervals' keys. An event whose key finds the map full is counted
+/// in `NFS_OVERFLOW` and not sent.
+pub const COUNT_KEYS: u32 = 4096;
+
 #[cfg(feature = "user")]
 mod user {
-    // SAFETY: repr(C), integers only, no implicit padding.
+    // SAFETY: repr(C), integers only, no implicit padding (the padding is written out).
+    unsafe impl aya::Pod for super::NfsCountKey {}
     unsafe impl aya::Pod for super::NfsConfig {}
     unsafe impl aya::Pod for super::NfsEvent {}
 }

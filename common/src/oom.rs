@@ -73,9 +73,32 @@ pub struct OomConfig {
     pub memcg_css_cgroup: u32,
 }
 
+/// A key of the in-kernel OOM kill counters (`OOM_KILL_COUNTS`): one `kstall_oom_kills_total`
+/// series before attribution (the victim's cgroup is attributed to a pod when the agent reads
+/// it). `flags` has `FLAG_FROM_OOM_CONTROL` and `FLAG_MEMCG_OOM` when the hook knows the scope,
+/// and `FLAG_VICTIM_PID_ONLY` when it knows nothing of the victim (cgroup and comm are 0 then);
+/// without the first, the scope is the one the key's events show.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct OomCountKey {
+    pub cgroup_id: u64,
+    pub comm: [u8; TASK_COMM_LEN],
+    pub flags: u8,
+    /// See `crate::counter`.
+    pub generation: u8,
+    pub _pad: [u8; 6],
+}
+
+const _: () = assert!(size_of::<OomCountKey>() == 32);
+
+/// Entries of `OOM_KILL_COUNTS`: two intervals' keys (a key per victim cgroup and name). A kill
+/// whose key finds the map full is counted in `OOM_KILL_OVERFLOW` and not sent.
+pub const COUNT_KEYS: u32 = 4096;
+
 #[cfg(feature = "user")]
 mod user {
     // SAFETY: repr(C), integers only, no implicit padding.
+    unsafe impl aya::Pod for super::OomCountKey {}
     unsafe impl aya::Pod for super::OomConfig {}
     unsafe impl aya::Pod for super::OomKillEvent {}
 }

@@ -31,10 +31,7 @@ pub fn fill_header(off: &TaskOffsets, task: *const u8, header: &mut EventHeader)
     header.pid = at(task, off.pid)?;
     header.tgid = at(task, off.tgid)?;
     header.comm = at(task, off.comm)?;
-    let css_set: *const u8 = at(task, off.cgroups)?;
-    let cgroup: *const u8 = at(css_set, off.css_set_dfl_cgrp)?;
-    let kn: *const u8 = at(cgroup, off.cgroup_kn)?;
-    header.cgroup_id = at(kn, off.kernfs_node_id)?;
+    header.cgroup_id = cgroup_id(off, task)?;
     let nsproxy: *const u8 = at(task, off.nsproxy)?;
     if nsproxy.is_null() {
         return Ok(false);
@@ -42,6 +39,15 @@ pub fn fill_header(off: &TaskOffsets, task: *const u8, header: &mut EventHeader)
     let net: *const u8 = at(nsproxy, off.nsproxy_net_ns)?;
     header.netns_ino = at(net, off.net_ns_inum).unwrap_or(0);
     Ok(true)
+}
+
+/// The cgroup v2 id of `task`.
+#[inline(always)]
+pub fn cgroup_id(off: &TaskOffsets, task: *const u8) -> Result<u64, i32> {
+    let css_set: *const u8 = at(task, off.cgroups)?;
+    let cgroup: *const u8 = at(css_set, off.css_set_dfl_cgrp)?;
+    let kn: *const u8 = at(cgroup, off.cgroup_kn)?;
+    at(kn, off.kernfs_node_id)
 }
 
 /// A header for an event about `task` (not `current`), stamped `timestamp_ns`, and the event's

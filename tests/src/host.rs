@@ -57,6 +57,24 @@ impl Drop for Sysctl {
     }
 }
 
+/// A process stopped with SIGSTOP until dropped (SIGCONT), also when the test fails.
+pub struct Stopped(i32);
+
+impl Stopped {
+    pub fn new(pid: u32) -> Self {
+        // SAFETY: signalling a process the test started.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+        Stopped(pid as i32)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as in `new`.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
 /// Pids of the running children of process `pid` (their parent pid in `/proc/<child>/stat`).
 pub fn child_pids(pid: u32) -> Vec<u32> {
     let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };

@@ -8,9 +8,11 @@ use std::{
 };
 
 use kstall_tests::{
-    agent::Agent,
+    agent::{Agent, COUNTED_WITHIN},
     cgroup::{Cgroup, MemoryLimit},
+    host::{Stopped, wait_for},
     kernel_tests_can_run,
+    oom::oom_kill,
 };
 
 const LIMIT: u64 = 64 << 20;
@@ -74,8 +76,42 @@ fn memcg_oom_kill_is_reported_with_victim_cgroup_scope_and_rss() {
         "{k}"
     );
 
-    // A test cgroup outside kubepods: a host process.
+    // A test cgroup outside kubepods: a host process. Counted in the kernel, read within two
+    // counter intervals.
     let series = r#"kstall_oom_kills_total{comm="python3",container="",critical="false",host="true",namespace="",pod="",scope="memcg",workload=""}"#;
-    assert_eq!(agent.metric(series), Some(1.0), "{}", agent.metrics());
+    assert_eq!(agent.counted(series, 1.0), Some(1.0), "{}", agent.metrics());
+    assert_eq!(agent.stop(), Some(0));
+}
+
+/// Kills the agent cannot take in while it is stopped: a ring buffer of one page holds 9 OOM
+/// events, 15 kills happen. The count is the kernel's, exact; the events say what was lost.
+#[test]
+fn oom_kills_are_counted_exactly_while_the_agent_is_stopped() {
+    if !kernel_tests_can_run("oom_kills_are_counted_exactly_while_the_agent_is_stopped") {
+        return;
+    }
+    const KILLS: usize = 15;
+    let cgroup = Cgroup::new("oom-stopped");
+    let limit = MemoryLimit::new(&cgroup, LIMIT);
+    let mut agent = Agent::start(&["--ring-buffer-bytes", "4K"]);
+    let oom = |name: &str| agent.metric(&format!(r#"{name}{{probe="oom"}}"#)).unwrap_or(0.0);
+    let accounted = || {
+        oom("kstall_events_total") + oom("kstall_events_lost_total") + oom("kstall_events_suppressed_total")
+    };
+    let before = accounted();
+
+    let stopped = Stopped::new(agent.pid());
+    let procs = cgroup.procs();
+    for _ in 0..KILLS {
+        oom_kill(&[&procs, limit.procs()], |_| {});
+    }
+    drop(stopped);
+
+    let labels = [("comm", "python3"), ("scope", "memcg"), ("host", "true")];
+    let counted = agent.counted_with("kstall_oom_kills_total", &labels, KILLS as f64);
+    assert_eq!(counted, Some(KILLS as f64), "{}", agent.metrics());
+    let all = wait_for(COUNTED_WITHIN, || (accounted() - before == KILLS as f64).then_some(()));
+    assert!(all.is_some(), "received + lost + suppressed = {} of {KILLS}", accounted() - before);
+    assert!(oom("kstall_events_lost_total") > 0.0, "the ring buffer overflowed: {}", agent.metrics());
     assert_eq!(agent.stop(), Some(0));
 }

@@ -9,7 +9,7 @@ use std::{
 
 use kstall_tests::{
     agent::{Agent, COUNTED_WITHIN},
-    host::{run, wait_for},
+    host::{Stopped, run, wait_for},
     kernel_tests_can_run,
     netns::{NetNs, closed_low_port, nat_rule_packets, own_netns_inode, refused_connects},
 };
@@ -263,20 +263,4 @@ fn counters_are_exact_while_the_agent_is_stopped() {
     );
     assert!(tcp("kstall_events_suppressed_total") > 0.0, "a storm is sampled: {}", agent.metrics());
     assert_eq!(agent.stop(), Some(0));
-}
-
-/// A process stopped with SIGSTOP until dropped (SIGCONT), also when the test fails.
-struct Stopped(i32);
-
-impl Stopped {
-    fn new(pid: u32) -> Self {
-        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
-        Stopped(pid as i32)
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
-    }
 }

@@ -11,7 +11,7 @@ use std::{
 };
 
 use kstall_tests::{
-    agent::{Agent, EventStream, write_pods_file},
+    agent::{Agent, COUNTED_WITHIN, EventStream, write_pods_file},
     cgroup::Cgroup,
     dashboards::{self, Key, Panels, Selection},
     host::{Sysctl, wait_for},
@@ -168,12 +168,22 @@ fn nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it() {
             && e["local_port"] == 15001
             && e["netns"] == pod.netns.inode()
     };
-    // The refused reconnects are counted for the pod too.
-    let refused = agent.metric_with(
-        "kstall_nfs_connect_errors_total",
-        &[("server", nfs::SERVER), ("error", "ECONNREFUSED"), ("pod", &pod.name), ("namespace", "shop")],
-    );
-    assert!(refused.is_some_and(|n| n >= 1.0), "{}", agent.metrics());
+    // The refused reconnects are counted for the pod too (in the kernel: read within two counter
+    // intervals).
+    let refused = wait_for(COUNTED_WITHIN, || {
+        agent
+            .metric_with(
+                "kstall_nfs_connect_errors_total",
+                &[
+                    ("server", nfs::SERVER),
+                    ("error", "ECONNREFUSED"),
+                    ("pod", &pod.name),
+                    ("namespace", "shop"),
+                ],
+            )
+            .filter(|&n| n >= 1.0)
+    });
+    assert!(refused.is_some(), "{}", agent.metrics());
 
     // The break-glass steps, run as the incident prints them: three checks, then the deletion.
     let commands: Vec<String> = incident["remediation"]["break_glass"]
@@ -538,9 +548,11 @@ fn the_global_oom_killer_taking_a_node_daemon_is_a_critical_system_oom() {
     assert_eq!(evidence["system_ooms_24h"], victims.len(), "{incident:#}");
     let ratio = evidence["memory_limit_overcommit_ratio"].as_f64().unwrap_or(0.0);
     assert!((1.9..2.1).contains(&ratio), "pod limits twice the node: {incident:#}");
-    let counted = agent.metric_with(
+    // Counted in the kernel: read within two counter intervals.
+    let counted = agent.counted_with(
         "kstall_oom_kills_total",
         &[("scope", "global"), ("comm", "node_exporter"), ("critical", "true"), ("host", "true")],
+        1.0,
     );
     assert_eq!(counted, Some(1.0), "{}", agent.metrics());
     // Prometheus only now, with the hog gone: next to the hog's memory it cannot start (the VM is

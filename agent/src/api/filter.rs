@@ -75,6 +75,8 @@ impl TraceFilter {
             Payload::Nfs(n) => {
                 (n.server_port.into_iter().collect(), n.server_addr.iter().map(|a| a.to_string()).collect())
             }
+            // A count's series has no port: a port filter leaves it out.
+            Payload::NfsCount(c) => (vec![], c.series.server_addr.iter().map(|a| a.to_string()).collect()),
             _ => (vec![], vec![]),
         };
         if self.port.is_some_and(|p| !ports.contains(&p)) {

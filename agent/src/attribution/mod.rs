@@ -187,7 +187,10 @@ impl Index {
                 return found(a);
             }
             match by_cgroup {
-                Some(host) if self.v1_pods => self.missing(Key::Process(tgid), Some(host.clone())),
+                // A count has no process to look up (tgid 0): its cgroup is all there is.
+                Some(host) if self.v1_pods && tgid != 0 => {
+                    self.missing(Key::Process(tgid), Some(host.clone()))
+                }
                 Some(host) => Resolution::Found(host.clone()),
                 None => self.missing(Key::Cgroup(cgroup), None),
             }
@@ -218,12 +221,17 @@ fn key_for_meta(a: &Attribution) -> Key {
     Key::PodMeta(h.finish())
 }
 
-/// Whether the event's header task is what it is about (a hung task, an OOM victim). Resets and
-/// RPC events run in softirq or kworker context: their task is whoever the CPU was running.
+/// Whether the event's header task (for a count: its cgroup) is what it is about (a hung task, an
+/// OOM victim). Resets and RPC events run in softirq or kworker context: their task is whoever the
+/// CPU was running.
 fn subject_is_task(event: &Event) -> bool {
     matches!(
         event.payload,
-        Payload::HungTask(_) | Payload::StuckTask(_) | Payload::OomKill(_) | Payload::HungTaskCleared(_)
+        Payload::HungTask(_)
+            | Payload::StuckTask(_)
+            | Payload::OomKill(_)
+            | Payload::OomKillCount(_)
+            | Payload::HungTaskCleared(_)
     )
 }
 

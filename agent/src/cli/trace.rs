@@ -391,6 +391,23 @@ fn what(e: &Value) -> String {
             let critical = if e["critical"] == true { " CRITICAL" } else { "" };
             format!("OOM kill ({}) of {pid}{rss}{critical}", s("scope"))
         }
+        // A series' NFS events beyond those shown (sampling).
+        "nfs_count" => format!(
+            "{} more {} not shown ({} counted in 1 s): server {}{}",
+            n("suppressed"),
+            s("what"),
+            n("events"),
+            s("server_addr"),
+            e["error_name"].as_str().map(|e| format!(" {e}")).unwrap_or_default()
+        ),
+        // A series' kills beyond those shown (sampling).
+        "oom_kill_count" => format!(
+            "{} more OOM kills ({}) of {} not shown ({} counted in 1 s)",
+            n("suppressed"),
+            s("scope"),
+            if s("comm").is_empty() { "?" } else { s("comm") },
+            n("kills")
+        ),
         "nfs" => {
             let mut text = format!("{} server {}:{}", s("what"), s("server_addr"), n("server_port"));
             if !s("procedure").is_empty() {
@@ -453,12 +470,26 @@ mod tests {
             render(&oom),
             "04:42:02.123  host (kubelet.service)                oom        OOM kill (global) of 812/812 kubelet rss 100 MiB CRITICAL"
         );
+        let kills = json!({"probe": "oom", "time_unix_ns": T, "tgid": 0, "pid": 0, "comm": "python3",
+            "kind": "oom_kill_count", "scope": "memcg", "critical": false, "kills": 40,
+            "suppressed": 8, "namespace": "batch", "pod": "report-1", "host": false});
+        assert_eq!(
+            render(&kills),
+            "04:42:02.123  batch/report-1                        oom        8 more OOM kills (memcg) of python3 not shown (40 counted in 1 s)"
+        );
         let nfs = json!({"probe": "nfs", "time_unix_ns": T, "tgid": 77, "pid": 77, "comm": "kworker/u4:1",
             "kind": "nfs", "what": "socket_connect", "server_addr": "10.55.0.1", "server_port": 2049,
             "error_name": "ECONNREFUSED", "pod": "", "host": true, "host_network": true});
         assert_eq!(
             render(&nfs),
             "04:42:02.123  host network                          nfs        socket_connect server 10.55.0.1:2049 ECONNREFUSED"
+        );
+        let counted = json!({"probe": "nfs", "time_unix_ns": T, "tgid": 0, "pid": 0, "comm": "",
+            "kind": "nfs_count", "what": "socket_connect", "server_addr": "10.55.0.1", "error_name": "ECONNREFUSED",
+            "events": 300, "suppressed": 236, "namespace": "shop", "pod": "web-1", "host": false});
+        assert_eq!(
+            render(&counted),
+            "04:42:02.123  shop/web-1                            nfs        236 more socket_connect not shown (300 counted in 1 s): server 10.55.0.1 ECONNREFUSED"
         );
     }
 

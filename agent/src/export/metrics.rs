@@ -70,6 +70,12 @@ fn pod_label_values(a: &Attribution) -> [&str; 5] {
 }
 
 /// `labels` followed by the pod labels.
+/// The `server` label: transports without an IP address are local ones (rpcbind over a unix
+/// socket).
+fn nfs_server(nfs: &Nfs) -> String {
+    nfs.server_addr.map(|a| a.to_string()).unwrap_or_else(|| "local".into())
+}
+
 fn with_pod_labels<'a>(labels: &[&'a str], a: &'a Attribution) -> Vec<&'a str> {
     let mut all = labels.to_vec();
     all.extend(pod_label_values(a));
@@ -392,18 +398,35 @@ impl Metrics {
                         .observe(secs as f64);
                 }
             }
-            Payload::Nfs(nfs) => self.observe_nfs(nfs, who),
-            Payload::OomKill(kill) => {
-                let critical = if kill.critical { "true" } else { "false" };
-                let labels = [kill.scope.as_str(), event.header.comm.as_str(), critical];
-                self.inc(Family::OomKills, &with_pod_labels(&labels, who), who)
+            // The counters from the kernel's counts, the server's state from the events.
+            Payload::Nfs(nfs) => self.nfs_responding(nfs, who),
+            Payload::NfsCount(count) => {
+                self.count_nfs(&count.series, who, count.events);
+                self.counts.suppressed(event.header.probe, count.suppressed);
+            }
+            Payload::OomKill(_) => {}
+            Payload::OomKillCount(count) => {
+                let critical = if count.critical { "true" } else { "false" };
+                let labels = [count.scope.as_str(), event.header.comm.as_str(), critical];
+                self.inc_by(Family::OomKills, &with_pod_labels(&labels, who), who, count.kills);
+                self.counts.suppressed(event.header.probe, count.suppressed);
             }
         }
     }
 
-    fn observe_nfs(&self, nfs: &Nfs, who: &Attribution) {
-        // Transports without an IP address are local ones (rpcbind over a unix socket).
-        let server = nfs.server_addr.map(|a| a.to_string()).unwrap_or_else(|| "local".into());
+    fn nfs_responding(&self, nfs: &Nfs, who: &Attribution) {
+        let server = nfs_server(nfs);
+        let server = with_pod_labels(&[server.as_str()], who);
+        match nfs.what {
+            What::Timeout => self.set(Family::NfsResponding, &server, who, 0),
+            What::ServerResponding => self.set(Family::NfsResponding, &server, who, 1),
+            _ => {}
+        }
+    }
+
+    /// `n` events of the series `nfs` (a count's key).
+    fn count_nfs(&self, nfs: &Nfs, who: &Attribution, n: u64) {
+        let server = nfs_server(nfs);
         let server = with_pod_labels(&[server.as_str()], who);
         let error =
             nfs.error_name.map(str::to_string).or(nfs.error.map(|e| e.to_string())).unwrap_or_default();
@@ -413,20 +436,20 @@ impl Metrics {
             labels
         }
         match nfs.what {
-            What::Retransmit => self.inc(Family::NfsRetransmits, &server, who),
-            What::Timeout => {
-                self.inc(Family::NfsTimeouts, &server, who);
-                self.set(Family::NfsResponding, &server, who, 0);
-            }
-            What::ServerResponding => self.set(Family::NfsResponding, &server, who, 1),
+            What::Retransmit => self.inc_by(Family::NfsRetransmits, &server, who, n),
+            What::Timeout => self.inc_by(Family::NfsTimeouts, &server, who, n),
+            What::ServerResponding => {}
             What::SocketConnect if !nfs.connect_failed() => {}
             What::SocketConnect | What::SocketError => {
-                self.inc(Family::NfsConnectErrors, &with(&server, &error), who)
+                self.inc_by(Family::NfsConnectErrors, &with(&server, &error), who, n)
             }
-            What::SocketReset => self.inc(Family::NfsConnectErrors, &with(&server, "reset"), who),
-            What::StateManagerFailed => {
-                self.inc(Family::NfsStateManager, &with(&server, nfs.procedure.as_deref().unwrap_or("")), who)
-            }
+            What::SocketReset => self.inc_by(Family::NfsConnectErrors, &with(&server, "reset"), who, n),
+            What::StateManagerFailed => self.inc_by(
+                Family::NfsStateManager,
+                &with(&server, nfs.procedure.as_deref().unwrap_or("")),
+                who,
+                n,
+            ),
         }
     }
 
@@ -919,6 +942,17 @@ mod tests {
         Decoder::default().decode(&bytes_of(&redirected_syn_reset())).unwrap()
     }
 
+    /// `raw` as the agent takes it in: the event, then the kernel's count of its series.
+    fn observe_nfs(m: &Metrics, raw: &kstall_common::nfs::NfsEvent, who: &std::sync::Arc<Attribution>) {
+        let event = Decoder::default().decode(&bytes_of(raw)).unwrap();
+        m.observe(&Attributed { event: event.clone(), who: who.clone() });
+        let count = crate::probes::nfs::tests::count_of(raw, 1);
+        m.observe(&Attributed {
+            event: Event { payload: Payload::NfsCount(count), ..event },
+            who: who.clone(),
+        });
+    }
+
     /// Label sets of `kstall_nfs_*` for events no pod was found for.
     fn nfs(name: &str, labels: &str) -> String {
         format!(r#"{name}{{container="",{labels}host="false",namespace="",pod="","#)
@@ -932,11 +966,7 @@ mod tests {
 
         use crate::probes::nfs::tests::event as nfs_event;
         let m = Metrics::new(Default::default());
-        let observe = |what, error| {
-            let raw = nfs_event(what, error);
-            let event = Decoder::default().decode(&bytes_of(&raw)).unwrap();
-            m.observe(&Attributed { event, who: Default::default() });
-        };
+        let observe = |what, error| observe_nfs(&m, &nfs_event(what, error), &Default::default());
         observe(WHAT_TIMEOUT, -110);
         let responding = nfs("kstall_nfs_server_responding", "");
         assert!(m.render().contains(&format!(r#"{responding}server="10.55.0.1",workload=""}} 0"#)));
@@ -1001,8 +1031,7 @@ mod tests {
         m.observe(&reset);
         m.observe(&reset);
         for what in [WHAT_TIMEOUT, WHAT_SERVER_RESPONDING] {
-            let event = Decoder::default().decode(&bytes_of(&nfs_event(what, 0))).unwrap();
-            m.observe(&Attributed { event, who: who.clone() });
+            observe_nfs(&m, &nfs_event(what, 0), &who);
         }
         // Another pod's series are not this one's.
         let mut other = event(1);

@@ -369,11 +369,14 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
             }
         }
     }
-    let tcp_reset_up = statuses[index_of(tcp_reset::NAME)].up;
+    let wanted = counters::Wanted {
+        tcp_reset: statuses[index_of(tcp_reset::NAME)].up.then(|| decoding.tcp_reset.clone()),
+        oom: statuses[index_of(oom::NAME)].up,
+    };
     let counters = if settings.sample_events == u32::MAX {
         None
     } else {
-        match counters::Counters::take(&mut ebpf, tcp_reset_up.then(|| decoding.tcp_reset.clone())) {
+        match counters::Counters::take(&mut ebpf, wanted) {
             Ok(counters) => Some(counters),
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the kernel's counters: event metrics stay at 0");

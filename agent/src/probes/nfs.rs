@@ -10,9 +10,12 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use aya::{Ebpf, maps::Array, programs::RawTracePoint};
-use kstall_common::nfs::{
-    NAME_LEN, NfsConfig, NfsEvent, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING, WHAT_SOCKET_CONNECT,
-    WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET, WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
+use kstall_common::{
+    counter::Counter,
+    nfs::{
+        NAME_LEN, NfsConfig, NfsCountKey, NfsEvent, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING,
+        WHAT_SOCKET_CONNECT, WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET, WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
+    },
 };
 use serde::Serialize;
 
@@ -332,8 +335,41 @@ impl Nfs {
     }
 }
 
-pub fn decode(ev: &NfsEvent, clock: Clock) -> Result<Nfs, DecodeError> {
-    let what = match ev.what {
+/// One interval's NFS events of one series, read from the kernel's counters: exact, and how many
+/// were not sent in full. `series` holds what the key has (kind, server, error, section).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NfsCount {
+    #[serde(flatten)]
+    pub series: Nfs,
+    pub events: u64,
+    pub suppressed: u64,
+}
+
+pub fn decode_count(key: &NfsCountKey, counter: &Counter) -> Result<NfsCount, DecodeError> {
+    let server_addr = server_addr(key.server_family, &key.server_addr);
+    let section = name(&key.section);
+    Ok(NfsCount {
+        series: Nfs {
+            what: what(key.what)?,
+            server_addr,
+            server_port: None,
+            xid: None,
+            ntrans: None,
+            client_id: None,
+            owner_pid: None,
+            timeout_ms: None,
+            program: None,
+            procedure: section,
+            error: (key.error != 0).then_some(key.error),
+            error_name: errno_name(key.error),
+        },
+        events: counter.events,
+        suppressed: counter.suppressed(),
+    })
+}
+
+fn what(raw: u32) -> Result<What, DecodeError> {
+    Ok(match raw {
         WHAT_RETRANSMIT => What::Retransmit,
         WHAT_TIMEOUT => What::Timeout,
         WHAT_SOCKET_CONNECT => What::SocketConnect,
@@ -342,17 +378,21 @@ pub fn decode(ev: &NfsEvent, clock: Clock) -> Result<Nfs, DecodeError> {
         WHAT_SERVER_RESPONDING => What::ServerResponding,
         WHAT_STATE_MGR_FAILED => What::StateManagerFailed,
         other => return Err(DecodeError::BadField { field: "nfs.what", value: other.into() }),
-    };
-    let server_addr = match ev.server_family {
-        2 => Some(IpAddr::V4(Ipv4Addr::new(
-            ev.server_addr[0],
-            ev.server_addr[1],
-            ev.server_addr[2],
-            ev.server_addr[3],
-        ))),
-        10 => Some(IpAddr::V6(Ipv6Addr::from(ev.server_addr))),
+    })
+}
+
+/// A transport's server address: `AF_INET` or `AF_INET6`, else none (a local transport).
+fn server_addr(family: u16, addr: &[u8; 16]) -> Option<IpAddr> {
+    match family {
+        2 => Some(IpAddr::V4(Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3]))),
+        10 => Some(IpAddr::V6(Ipv6Addr::from(*addr))),
         _ => None,
-    };
+    }
+}
+
+pub fn decode(ev: &NfsEvent, clock: Clock) -> Result<Nfs, DecodeError> {
+    let what = what(ev.what)?;
+    let server_addr = server_addr(ev.server_family, &ev.server_addr);
     let nonzero = |v: u32| (v != 0).then_some(v);
     Ok(Nfs {
         what,
@@ -437,6 +477,42 @@ pub(crate) mod tests {
             assert_eq!(from_vmlinux, resolve(&sunrpc, Some(&nfsv4)).unwrap(), "{k}");
         }
         assert!(resolve(&kernel("7.3"), Some(&kernel("7.3"))).is_ok(), "7.3's vmlinux describes them too");
+    }
+
+    /// The count the kernel makes of `ev`'s series (as `ebpf/src/probes/nfs.rs` keys it), of
+    /// `events` events, all sent.
+    pub(crate) fn count_of(ev: &NfsEvent, events: u64) -> NfsCount {
+        let by_error = matches!(ev.what, WHAT_SOCKET_CONNECT | WHAT_SOCKET_ERROR | WHAT_STATE_MGR_FAILED);
+        let key = NfsCountKey {
+            netns_ino: ev.header.netns_ino,
+            what: ev.what,
+            error: if by_error { ev.error } else { 0 },
+            server_family: ev.server_family,
+            server_addr: ev.server_addr,
+            section: if ev.what == WHAT_STATE_MGR_FAILED { ev.procedure } else { [0; NAME_LEN] },
+            ..Default::default()
+        };
+        decode_count(&key, &Counter { events, emitted: events }).unwrap()
+    }
+
+    #[test]
+    fn a_count_key_reads_back_as_its_series() {
+        let ev = event(WHAT_SOCKET_CONNECT, -111);
+        let key = NfsCountKey {
+            what: WHAT_SOCKET_CONNECT,
+            error: -111,
+            server_family: 2,
+            server_addr: ev.server_addr,
+            ..Default::default()
+        };
+        let count = decode_count(&key, &Counter { events: 40, emitted: 32 }).unwrap();
+        assert_eq!(count.series.what, What::SocketConnect);
+        assert_eq!(count.series.server_addr, Some("10.55.0.1".parse().unwrap()));
+        assert_eq!((count.series.error_name, count.events, count.suppressed), (Some("ECONNREFUSED"), 40, 8));
+        assert!(count.series.connect_failed());
+        assert!(decode_count(&NfsCountKey { what: 99, ..Default::default() }, &Counter::default()).is_err());
+        let json = serde_json::to_value(&count).unwrap();
+        assert_eq!((json["what"].as_str(), json["events"].as_u64()), (Some("socket_connect"), Some(40)));
     }
 
     pub(crate) fn event(what: u32, error: i32) -> NfsEvent {

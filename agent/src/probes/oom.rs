@@ -7,9 +7,12 @@
 //! `out_of_memory` without it only on the node-wide one; the OOMing cgroup is then unknown. With
 //! no usable stack the scope is `unknown`: it is never guessed.
 
-use kstall_common::oom::{
-    FLAG_FROM_OOM_CONTROL, FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_MEMCG_OOM, FLAG_VICTIM_PID_ONLY, OomConfig,
-    OomKillEvent,
+use kstall_common::{
+    counter::Counter,
+    oom::{
+        FLAG_FROM_OOM_CONTROL, FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_MEMCG_OOM, FLAG_VICTIM_PID_ONLY,
+        OomConfig, OomCountKey, OomKillEvent,
+    },
 };
 use serde::Serialize;
 
@@ -160,6 +163,70 @@ pub struct OomKill {
     pub invoker_stack: Stack,
 }
 
+/// One interval's OOM kills of one series, read from the kernel's counters: exact, and how many
+/// were not sent in full. The victim's name is the event header's `comm`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OomKillCount {
+    pub scope: Scope,
+    pub critical: bool,
+    pub kills: u64,
+    pub suppressed: u64,
+}
+
+/// A key read back from the kernel's counters, before its scope is settled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CountedKills {
+    /// The victim's cgroup (0 when unknown): what the count is attributed by.
+    pub cgroup_id: u64,
+    /// The victim's name: empty where the hook gives only its pid, `overflow` for kills counted
+    /// without a key (the map was full).
+    pub comm: String,
+    /// What the hook knew; `None` where the scope comes from the call path, which only the
+    /// key's events carry ([`Scopes`]).
+    pub scope: Option<Scope>,
+    pub kills: u64,
+    pub suppressed: u64,
+}
+
+pub fn decode_count(key: &OomCountKey, counter: &Counter) -> CountedKills {
+    let flags = u32::from(key.flags);
+    CountedKills {
+        cgroup_id: key.cgroup_id,
+        comm: comm_string(&key.comm),
+        scope: match (flags & FLAG_FROM_OOM_CONTROL != 0, flags & FLAG_MEMCG_OOM != 0) {
+            (false, _) => None,
+            (true, true) => Some(Scope::Memcg),
+            (true, false) => Some(Scope::Global),
+        },
+        kills: counter.events,
+        suppressed: counter.suppressed(),
+    }
+}
+
+/// The kills counted without a key (the map was full).
+pub fn overflow_count(kills: u64) -> CountedKills {
+    CountedKills {
+        cgroup_id: 0,
+        comm: "overflow".into(),
+        scope: Some(Scope::Unknown),
+        kills,
+        suppressed: kills,
+    }
+}
+
+impl CountedKills {
+    /// The count, its scope what the hook knew or else `seen` (what the key's events showed,
+    /// `unknown` without them: never guessed), `critical` from the victim's name.
+    pub fn settle(&self, seen: Option<Scope>, ctx: &Context) -> OomKillCount {
+        OomKillCount {
+            scope: self.scope.or(seen).unwrap_or(Scope::Unknown),
+            critical: !self.comm.is_empty() && ctx.critical_comms.contains(&self.comm),
+            kills: self.kills,
+            suppressed: self.suppressed,
+        }
+    }
+}
+
 /// What decoding an OOM kill needs besides the record.
 #[derive(Debug, Clone)]
 pub struct Context {
@@ -271,6 +338,46 @@ pub(crate) mod tests {
             scope_of(["0xffffffff81597b20"].iter().copied()),
             Scope::Unknown,
             "unsymbolized, no guess"
+        );
+    }
+
+    #[test]
+    fn a_count_key_says_the_scope_only_where_the_hook_knew_it() {
+        use kstall_common::oom::OomCountKey;
+        let mut key = OomCountKey { cgroup_id: 7, ..Default::default() };
+        key.comm[..7].copy_from_slice(b"kubelet");
+        let counter = Counter { events: 5, emitted: 2 };
+        let counted = decode_count(&key, &counter);
+        assert_eq!((counted.cgroup_id, counted.comm.as_str(), counted.scope), (7, "kubelet", None));
+        assert_eq!((counted.kills, counted.suppressed), (5, 3));
+        key.flags = FLAG_FROM_OOM_CONTROL as u8;
+        assert_eq!(decode_count(&key, &counter).scope, Some(Scope::Global));
+        key.flags = (FLAG_FROM_OOM_CONTROL | FLAG_MEMCG_OOM) as u8;
+        assert_eq!(decode_count(&key, &counter).scope, Some(Scope::Memcg));
+        let overflow = overflow_count(9);
+        assert_eq!(
+            (overflow.comm.as_str(), overflow.scope, overflow.suppressed),
+            ("overflow", Some(Scope::Unknown), 9)
+        );
+    }
+
+    #[test]
+    fn a_count_takes_the_scope_the_hook_knew_or_its_events_showed() {
+        let ctx = Context::default();
+        let counted = |comm: &str, scope| CountedKills {
+            cgroup_id: 7,
+            comm: comm.into(),
+            scope,
+            kills: 3,
+            suppressed: 0,
+        };
+        assert_eq!(counted("kubelet", None).settle(None, &ctx).scope, Scope::Unknown, "never guessed");
+        let count = counted("kubelet", None).settle(Some(Scope::Global), &ctx);
+        assert_eq!((count.scope, count.critical, count.kills), (Scope::Global, true, 3));
+        assert!(!counted("python3", None).settle(None, &ctx).critical);
+        assert_eq!(
+            counted("kubelet", Some(Scope::Memcg)).settle(Some(Scope::Global), &ctx).scope,
+            Scope::Memcg
         );
     }
 

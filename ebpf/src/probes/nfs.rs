@@ -17,22 +17,28 @@
 //!   arrived; reported only for a transport that had timed out ("server ... OK")
 //! - `nfs4_state_mgr_failed`: `TP_PROTO(const struct nfs_client *clp, const char *section, int
 //!   status)`
+//!
+//! Every event is counted in `NFS_COUNTS` by its series (netns, kind, server, error, section)
+//! before it is sent; only the first of a key in an interval are sent (`kstall_common::counter`).
 
 use aya_ebpf::{
     macros::{map, raw_tracepoint},
-    maps::{Array, HashMap},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
     programs::RawTracePointContext,
 };
 use kstall_common::{
-    EventHeader, kind,
+    EventHeader,
+    counter::Counter,
+    kind,
     nfs::{
-        NAME_LEN, NfsConfig, NfsEvent, VERSION, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING, WHAT_SOCKET_CONNECT,
-        WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET, WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
+        COUNT_KEYS, NAME_LEN, NfsConfig, NfsCountKey, NfsEvent, VERSION, WHAT_RETRANSMIT,
+        WHAT_SERVER_RESPONDING, WHAT_SOCKET_CONNECT, WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET,
+        WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
     },
 };
 
 use crate::{
-    maps::{Filtered, emit},
+    maps::{self, Filtered},
     read::{field, string},
     task::current_header,
 };
@@ -43,6 +49,18 @@ static NFS_CONFIG: Array<NfsConfig> = Array::with_max_entries(1, 0);
 /// Transports (`struct rpc_xprt *`) that had a major timeout and have not answered since.
 #[map]
 static NFS_UNRESPONSIVE: HashMap<u64, u8> = HashMap::with_max_entries(1024, 0);
+
+/// NFS events by series, per CPU; read and emptied by the agent once per interval.
+#[map]
+static NFS_COUNTS: PerCpuHashMap<NfsCountKey, Counter> = PerCpuHashMap::with_max_entries(COUNT_KEYS, 0);
+
+/// Where an event's key is built: the event itself fills most of the 512-byte stack.
+#[map]
+static NFS_KEY: PerCpuArray<NfsCountKey> = PerCpuArray::with_max_entries(1, 0);
+
+/// Events whose key found `NFS_COUNTS` full.
+#[map]
+static NFS_OVERFLOW: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 const AF_INET: u16 = 2;
 const AF_INET6: u16 = 10;
@@ -60,7 +78,7 @@ pub fn nfs_xprt_retransmit(ctx: RawTracePointContext) -> i32 {
     let mut ev = new_event(&ctx, WHAT_RETRANSMIT);
     fill_request(&cfg, &mut ev, rqst);
     fill_task(&cfg, &mut ev, field(rqst, cfg.rqst_task));
-    emit(kind::NFS, &ev);
+    count_and_emit(&ev);
     0
 }
 
@@ -76,7 +94,7 @@ pub fn nfs_xprt_transmit(ctx: RawTracePointContext) -> i32 {
     let mut ev = new_event(&ctx, WHAT_RETRANSMIT);
     fill_request(&cfg, &mut ev, rqst);
     fill_task(&cfg, &mut ev, field(rqst, cfg.rqst_task));
-    emit(kind::NFS, &ev);
+    count_and_emit(&ev);
     0
 }
 
@@ -91,7 +109,7 @@ pub fn nfs_rpc_timeout_status(ctx: RawTracePointContext) -> i32 {
     if !xprt.is_null() {
         let _ = NFS_UNRESPONSIVE.insert(xprt as u64, 1, 0);
     }
-    emit(kind::NFS, &ev);
+    count_and_emit(&ev);
     0
 }
 
@@ -118,7 +136,7 @@ fn socket_event(ctx: &RawTracePointContext, what: u32) -> i32 {
     let mut ev = new_event(ctx, what);
     ev.error = error as i32;
     fill_xprt(&cfg, &mut ev, xprt);
-    emit(kind::NFS, &ev);
+    count_and_emit(&ev);
     0
 }
 
@@ -137,7 +155,7 @@ pub fn nfs_xprt_lookup_rqst(ctx: RawTracePointContext) -> i32 {
     let xid: u64 = ctx.arg(1);
     ev.xid = u32::from_be(xid as u32);
     fill_xprt(&cfg, &mut ev, xprt);
-    emit(kind::NFS, &ev);
+    count_and_emit(&ev);
     0
 }
 
@@ -154,8 +172,31 @@ pub fn nfs4_state_mgr_failed(ctx: RawTracePointContext) -> i32 {
     ev.error = status as i32;
     fill_sockaddr(&mut ev, clp, cfg.nfs_client_addr);
     string(section, &mut ev.procedure);
-    emit(kind::NFS, &ev);
+    count_and_emit(&ev);
     0
+}
+
+/// Counts `ev` by its series and sends it when it is among the first of its key.
+#[inline(always)]
+fn count_and_emit(ev: &NfsEvent) {
+    let labelled_by_error =
+        matches!(ev.what, WHAT_SOCKET_CONNECT | WHAT_SOCKET_ERROR | WHAT_STATE_MGR_FAILED);
+    let Some(key) = NFS_KEY.get_ptr_mut(0) else { return };
+    // SAFETY: this CPU's scratch slot (the usual place for what does not fit the stack), written
+    // whole before it is read.
+    let key = unsafe { &mut *key };
+    key.netns_ino = ev.header.netns_ino;
+    key.what = ev.what;
+    key.error = if labelled_by_error { ev.error } else { 0 };
+    key.server_family = ev.server_family;
+    key._pad = 0;
+    key.server_addr = ev.server_addr;
+    key.section = if ev.what == WHAT_STATE_MGR_FAILED { ev.procedure } else { [0; NAME_LEN] };
+    key.generation = maps::generation();
+    key._pad2 = [0; 7];
+    if maps::count(&NFS_COUNTS, &NFS_OVERFLOW, 0, key) {
+        maps::emit(kind::NFS, ev);
+    }
 }
 
 #[inline(always)]

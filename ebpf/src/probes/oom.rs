@@ -15,26 +15,41 @@
 //! `oc->chosen` is the victim, `oc->memcg` the cgroup that hit its limit (NULL: the node ran
 //! out), `oc->totalpages` what the victim was weighed against. The agent attaches it instead of
 //! `mark_victim` when it can.
+//!
+//! Every kill is counted in `OOM_KILL_COUNTS` by its series (the victim's cgroup and name, and the
+//! scope where the hook knows it) before anything is sent; only the first of a key in an interval
+//! are sent in full (`kstall_common::counter`).
 
 use aya_ebpf::{
     EbpfContext,
     helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_stack, bpf_ktime_get_boot_ns},
-    macros::{btf_tracepoint, fentry},
+    macros::{btf_tracepoint, fentry, map},
+    maps::{PerCpuArray, PerCpuHashMap},
     programs::{BtfTracePointContext, FEntryContext},
 };
 use kstall_common::{
-    EventHeader, kind,
+    EventHeader,
+    counter::Counter,
+    kind,
     oom::{
-        FLAG_FROM_OOM_CONTROL, FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_MEMCG_OOM, FLAG_VICTIM_PID_ONLY,
-        OomConfig, OomKillEvent, STACK_DEPTH, VERSION,
+        COUNT_KEYS, FLAG_FROM_OOM_CONTROL, FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_MEMCG_OOM,
+        FLAG_VICTIM_PID_ONLY, OomConfig, OomCountKey, OomKillEvent, STACK_DEPTH, VERSION,
     },
 };
 
 use crate::{
-    maps::{Filtered, reserve, submit},
+    maps::{self, Filtered, reserve, submit},
     read::at,
-    task::fill_header,
+    task::{cgroup_id, fill_header},
 };
+
+/// OOM kills by series, per CPU; read and emptied by the agent once per interval.
+#[map]
+static OOM_KILL_COUNTS: PerCpuHashMap<OomCountKey, Counter> = PerCpuHashMap::with_max_entries(COUNT_KEYS, 0);
+
+/// Kills whose key found `OOM_KILL_COUNTS` full.
+#[map]
+static OOM_KILL_OVERFLOW: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Filled by the agent from the running kernel's BTF before load.
 #[unsafe(no_mangle)]
@@ -62,6 +77,7 @@ pub fn mark_victim_pid(ctx: BtfTracePointContext) -> u32 {
     0
 }
 
+#[derive(Clone, Copy)]
 enum Victim {
     OomControl(*const u8),
     Task(*const u8),
@@ -72,6 +88,29 @@ enum Victim {
 fn emit_kill<C: EbpfContext>(ctx: &C, victim: Victim) {
     let cfg = unsafe { core::ptr::read_volatile(&OOM_CONFIG) };
     if cfg.valid == 0 {
+        return;
+    }
+    // The victim, and the OOMing cgroup where the hook has it: what the key needs.
+    let (task, memcg) = match victim {
+        Victim::OomControl(oc) => {
+            let Ok(task) = at::<*const u8>(oc, cfg.oc_chosen) else { return };
+            (task, at::<*const u8>(oc, cfg.oc_memcg).unwrap_or(core::ptr::null()))
+        }
+        Victim::Task(task) => (task, core::ptr::null()),
+        Victim::Pid(_) => (core::ptr::null(), core::ptr::null()),
+    };
+    let flags = match victim {
+        Victim::OomControl(_) if memcg.is_null() => FLAG_FROM_OOM_CONTROL,
+        Victim::OomControl(_) => FLAG_FROM_OOM_CONTROL | FLAG_MEMCG_OOM,
+        Victim::Task(_) => 0,
+        Victim::Pid(_) => FLAG_VICTIM_PID_ONLY,
+    };
+    let mut key = OomCountKey { flags: flags as u8, generation: maps::generation(), ..Default::default() };
+    if !task.is_null() {
+        key.comm = at(task, cfg.task.comm).unwrap_or_default();
+        key.cgroup_id = cgroup_id(&cfg.task, task).unwrap_or(0);
+    }
+    if !maps::count(&OOM_KILL_COUNTS, &OOM_KILL_OVERFLOW, 0, &key) {
         return;
     }
     let Some(mut entry) = reserve::<OomKillEvent>(kind::OOM_KILL) else { return };
@@ -85,36 +124,25 @@ fn emit_kill<C: EbpfContext>(ctx: &C, victim: Victim) {
         ev.invoker_tgid = ctx.tgid();
         ev.invoker_cgroup_id = bpf_get_current_cgroup_id();
         ev.invoker_comm = bpf_get_current_comm().unwrap_or_default();
+        ev.flags = flags;
         match victim {
             Victim::OomControl(oc) => {
-                let Ok(task) = at::<*const u8>(oc, cfg.oc_chosen) else {
-                    entry.discard(0);
-                    return;
-                };
-                let _ = fill_header(&cfg.task, task, &mut ev.header);
-                fill_rss(&cfg, task, ev);
-                ev.flags |= FLAG_FROM_OOM_CONTROL;
-                ev.totalpages = at(oc, cfg.oc_totalpages).unwrap_or(0);
-                if let Ok(memcg) = at::<*const u8>(oc, cfg.oc_memcg)
-                    && !memcg.is_null()
-                {
-                    ev.flags |= FLAG_MEMCG_OOM;
-                    if let Ok(cgroup) = at::<*const u8>(memcg, cfg.memcg_css_cgroup)
-                        && let Ok(kn) = at::<*const u8>(cgroup, cfg.task.cgroup_kn)
-                    {
-                        ev.oom_cgroup_id = at(kn, cfg.task.kernfs_node_id).unwrap_or(0);
-                    }
-                }
-            }
-            Victim::Task(task) => {
                 // An exiting victim has no nsproxy: that only leaves netns at 0.
                 let _ = fill_header(&cfg.task, task, &mut ev.header);
                 fill_rss(&cfg, task, ev);
+                ev.totalpages = at(oc, cfg.oc_totalpages).unwrap_or(0);
+                if !memcg.is_null()
+                    && let Ok(cgroup) = at::<*const u8>(memcg, cfg.memcg_css_cgroup)
+                    && let Ok(kn) = at::<*const u8>(cgroup, cfg.task.cgroup_kn)
+                {
+                    ev.oom_cgroup_id = at(kn, cfg.task.kernfs_node_id).unwrap_or(0);
+                }
             }
-            Victim::Pid(pid) => {
-                ev.header.pid = pid;
-                ev.flags |= FLAG_VICTIM_PID_ONLY;
+            Victim::Task(task) => {
+                let _ = fill_header(&cfg.task, task, &mut ev.header);
+                fill_rss(&cfg, task, ev);
             }
+            Victim::Pid(pid) => ev.header.pid = pid,
         }
         ev.stack_bytes =
             bpf_get_stack(ctx.as_ptr(), ev.invoker_stack.as_mut_ptr().cast(), (STACK_DEPTH * 8) as u32, 0);
