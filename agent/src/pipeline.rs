@@ -92,9 +92,9 @@ const OOM_KEY_MEMORY: Duration = Duration::from_secs(60);
 impl OomKeys {
     fn decoded(&mut self, event: &Event, now: Instant) {
         if let Payload::OomKill(kill) = &event.payload {
-            let key = (event.header.cgroup_id, event.header.comm.clone());
-            let who = self.by_key.remove(&key).and_then(|k| k.who);
-            self.by_key.insert(key, OomKey { scope: kill.scope, who, seen: now });
+            let key = self.by_key.entry((event.header.cgroup_id, event.header.comm.clone()));
+            let key = key.or_insert(OomKey { scope: kill.scope, who: None, seen: now });
+            (key.scope, key.seen) = (kill.scope, now);
         }
     }
 
@@ -107,14 +107,13 @@ impl OomKeys {
         }
     }
 
-    /// The key's last event's scope and attribution; forgets keys unseen for a while.
-    fn seen(
-        &mut self,
-        cgroup_id: u64,
-        comm: &str,
-        now: Instant,
-    ) -> Option<(probes::oom::Scope, Option<Arc<Attribution>>)> {
+    /// Forgets the keys whose last event is older than [`OOM_KEY_MEMORY`] at `now`.
+    fn forget_old(&mut self, now: Instant) {
         self.by_key.retain(|_, key| now.saturating_duration_since(key.seen) < OOM_KEY_MEMORY);
+    }
+
+    /// The key's last event's scope and attribution.
+    fn seen(&self, cgroup_id: u64, comm: &str) -> Option<(probes::oom::Scope, Option<Arc<Attribution>>)> {
         self.by_key.get(&(cgroup_id, comm.to_string())).map(|key| (key.scope, key.who.clone()))
     }
 }
@@ -250,8 +249,9 @@ impl Pipeline {
             self.attribute(Event { header, payload: Payload::NfsCount(count) }, now);
         }
         self.counts.suppressed(probes::nfs::NAME, drained.nfs_overflow);
+        self.oom_keys.forget_old(now);
         for counted in drained.oom_kills {
-            let seen = self.oom_keys.seen(counted.cgroup_id, &counted.comm, now);
+            let seen = self.oom_keys.seen(counted.cgroup_id, &counted.comm);
             let count = counted.settle(seen.as_ref().map(|(scope, _)| *scope), self.decoder.oom_context());
             let event = Event {
                 header: header(probes::oom::NAME, counted.comm, counted.cgroup_id, 0),
@@ -304,6 +304,16 @@ impl Pipeline {
     }
 }
 
+/// Hands every record queued in `ring` to `pipeline`; returns how many there were.
+fn read_ring(ring: &mut RingBuf<MapData>, pipeline: &mut Pipeline) -> u64 {
+    let mut read = 0;
+    while let Some(item) = ring.next() {
+        pipeline.handle(&item, Instant::now());
+        read += 1;
+    }
+    read
+}
+
 /// Reads the ring buffer (and the stuck tasks' states, and the kernel's counters once per
 /// interval) until intake stops, then drains what is left. Returns the number of records drained
 /// after the stop.
@@ -333,10 +343,7 @@ pub async fn run(
             _ = stop.cancelled() => break,
             _ = counter_tick.tick(), if counters.is_some() => {
                 // The events first: a count settles its scope from its key's events.
-                let ring = fd.get_mut();
-                while let Some(item) = ring.next() {
-                    pipeline.handle(&item, Instant::now());
-                }
+                read_ring(fd.get_mut(), &mut pipeline);
                 let drained = counters.as_mut().map(Counters::drain);
                 if let Some(drained) = drained {
                     pipeline.take_counts(drained);
@@ -345,17 +352,11 @@ pub async fn run(
             _ = hold_tick.tick() => pipeline.release_held(Instant::now()),
             Some(states) = task_states.recv() => pipeline.apply_task_states(&states, kernel::unix_now_ns()),
             _ = drain_tick.tick() => {
-                let ring = fd.get_mut();
-                while let Some(item) = ring.next() {
-                    pipeline.handle(&item, Instant::now());
-                }
+                read_ring(fd.get_mut(), &mut pipeline);
             }
             guard = fd.readable_mut() => match guard {
                 Ok(mut guard) => {
-                    let ring = guard.get_inner_mut();
-                    while let Some(item) = ring.next() {
-                        pipeline.handle(&item, Instant::now());
-                    }
+                    read_ring(guard.get_inner_mut(), &mut pipeline);
                     guard.clear_ready();
                 }
                 Err(e) => {
@@ -365,12 +366,7 @@ pub async fn run(
             },
         }
     }
-    let ring = fd.get_mut();
-    let mut drained = 0;
-    while let Some(item) = ring.next() {
-        pipeline.handle(&item, Instant::now());
-        drained += 1;
-    }
+    let drained = read_ring(fd.get_mut(), &mut pipeline);
     // The programs are detached: both generations are complete.
     if let Some(counters) = &mut counters {
         pipeline.take_counts(counters.drain_all());

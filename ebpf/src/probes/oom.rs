@@ -90,20 +90,16 @@ fn emit_kill<C: EbpfContext>(ctx: &C, victim: Victim) {
     if cfg.valid == 0 {
         return;
     }
-    // The victim, and the OOMing cgroup where the hook has it: what the key needs.
-    let (task, memcg) = match victim {
+    // The victim, the OOMing cgroup where the hook has it, and what the hook knows: the key.
+    let (task, memcg, flags) = match victim {
         Victim::OomControl(oc) => {
             let Ok(task) = at::<*const u8>(oc, cfg.oc_chosen) else { return };
-            (task, at::<*const u8>(oc, cfg.oc_memcg).unwrap_or(core::ptr::null()))
+            let memcg = at::<*const u8>(oc, cfg.oc_memcg).unwrap_or(core::ptr::null());
+            let scope = if memcg.is_null() { 0 } else { FLAG_MEMCG_OOM };
+            (task, memcg, FLAG_FROM_OOM_CONTROL | scope)
         }
-        Victim::Task(task) => (task, core::ptr::null()),
-        Victim::Pid(_) => (core::ptr::null(), core::ptr::null()),
-    };
-    let flags = match victim {
-        Victim::OomControl(_) if memcg.is_null() => FLAG_FROM_OOM_CONTROL,
-        Victim::OomControl(_) => FLAG_FROM_OOM_CONTROL | FLAG_MEMCG_OOM,
-        Victim::Task(_) => 0,
-        Victim::Pid(_) => FLAG_VICTIM_PID_ONLY,
+        Victim::Task(task) => (task, core::ptr::null(), 0),
+        Victim::Pid(_) => (core::ptr::null(), core::ptr::null(), FLAG_VICTIM_PID_ONLY),
     };
     let mut key = OomCountKey { flags: flags as u8, generation: maps::generation(), ..Default::default() };
     if !task.is_null() {
