@@ -8,6 +8,7 @@ mod maps;
 mod probes;
 mod read;
 mod task;
+mod zero;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -2,6 +2,7 @@
 //! full ring buffer, indexed by event kind, and the generation and sample budget of the in-kernel
 //! counters (`kstall_common::counter`).
 
+use crate::zero::{Zeroable, zero};
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     macros::map,
@@ -83,13 +84,13 @@ pub fn emit<T: Filtered + 'static>(kind: u32, event: &T) {
 /// fill stay defined) to be written in place; `None` (counted as lost for `kind`) when the ring
 /// buffer is full. Finish with [`submit`].
 #[inline(always)]
-pub fn reserve<T: 'static>(kind: u32) -> Option<RingBufEntry<T>> {
+pub fn reserve<T: Zeroable + 'static>(kind: u32) -> Option<RingBufEntry<T>> {
     let Some(mut entry) = EVENTS.reserve::<T>(0) else {
         count_lost(kind);
         return None;
     };
-    // SAFETY: the entry is reserved ring buffer memory of `T`'s size.
-    unsafe { core::ptr::write_bytes(entry.as_mut_ptr(), 0, 1) };
+    // SAFETY: the entry is reserved ring buffer memory of `T`'s size, 8-byte aligned.
+    unsafe { zero(entry.as_mut_ptr()) };
     Some(entry)
 }
 

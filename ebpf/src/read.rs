@@ -1,4 +1,9 @@
 //! Reads of kernel memory at offsets the agent resolved from BTF.
+//!
+//! Two kinds: [`typed`], a plain load from an object the verifier knows the BTF type of (a
+//! `tp_btf` or `fentry` argument, or a struct pointer loaded from one), and [`field`]/[`at`],
+//! `bpf_probe_read_kernel` for everything else (packet bytes, integers that hold pointers, and
+//! offsets past the typed struct, such as `inet_sock`'s fields of a `struct sock *`).
 
 use aya_ebpf::{
     cty::c_void,
@@ -42,6 +47,15 @@ pub fn field<T: Plain>(base: *const u8, offset: u32) -> T {
         // Read or zeroed by the helper.
         value.assume_init()
     }
+}
+
+/// Loads a `T` at `base + offset` where `base` is BTF-typed: no helper call (the JIT turns the
+/// load into one that reads zero where the address faults). The verifier checks the access
+/// against the type, so `offset` must be a constant to it (read from the .rodata the agent
+/// patched before load) and `T` must fit the field; a pointer to a struct loads as typed again.
+#[inline(always)]
+pub fn typed<T: Plain>(base: *const u8, offset: u32) -> T {
+    unsafe { core::ptr::read_volatile(base.wrapping_add(offset as usize).cast::<T>()) }
 }
 
 /// Copies the NUL-terminated string at `src` into `dst`; `dst` is all zero when it cannot be read.

@@ -3,25 +3,32 @@
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_ktime_get_boot_ns},
+    cty::c_void,
+    helpers::{bpf_get_current_cgroup_id, bpf_ktime_get_boot_ns, generated},
 };
-use kstall_common::{EventHeader, task::TaskOffsets};
+use kstall_common::{EventHeader, TASK_COMM_LEN, task::TaskOffsets};
 
 use crate::read::at;
 
-/// A header for an event about `current`, stamped now; `netns_ino` is left for the probe (the
-/// event's own namespace, which in softirq context is not current's).
+/// Stamps the (zeroed) header of an event about `current`, now, in place (a copy would not fit
+/// the stack beside the larger events); `netns_ino` is left to the probe (the event's own
+/// namespace, which in softirq context is not current's).
 #[inline(always)]
-pub fn current_header<C: EbpfContext>(ctx: &C, kind: u32, version: u32) -> EventHeader {
-    let mut header = EventHeader::zeroed();
+pub fn stamp_current<C: EbpfContext>(ctx: &C, header: &mut EventHeader, kind: u32, version: u32) {
     header.kind = kind;
     header.version = version;
     header.timestamp_ns = unsafe { bpf_ktime_get_boot_ns() };
     header.tgid = ctx.tgid();
     header.pid = ctx.pid();
     header.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-    header.comm = bpf_get_current_comm().unwrap_or_default();
-    header
+    current_comm(&mut header.comm);
+}
+
+/// `current`'s comm into `comm` (zeroed by the helper when it fails), in place: aya's
+/// `bpf_get_current_comm` zeroes a copy first, with a byte loop (see `zero`).
+#[inline(always)]
+pub fn current_comm(comm: &mut [u8; TASK_COMM_LEN]) {
+    unsafe { generated::bpf_get_current_comm(comm.as_mut_ptr().cast::<c_void>(), TASK_COMM_LEN as u32) };
 }
 
 /// Fills pid, tgid, comm, cgroup id and netns of `task` into `header`. Returns false when the

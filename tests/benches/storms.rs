@@ -2,7 +2,7 @@
 //! the agent counted, lost and suppressed, what it cost in CPU, memory and eBPF run time, and how
 //! that compares. Real kernel, real agent (root). Prints one table; with `KSTALL_BENCH_RESULTS`
 //! set (by `cargo xtask bench`), writes it there with the machine it ran on.
-//! `KSTALL_BENCH_SECS` sets the reset storm's length.
+//! `KSTALL_BENCH_SECS` sets the reset storm's length, `KSTALL_BENCH_STORMS` picks storms.
 
 use kstall_tests::{
     bpftrace::Tracefs,
@@ -19,14 +19,24 @@ fn main() {
     // Per-program run time in the kernel; restored when the guard drops.
     let _stats = Sysctl::set("kernel.bpf_stats_enabled", "1");
     let _tracefs = Tracefs::mount();
-    let rows: Vec<Row> = vec![
-        reset_storm(secs, true),
-        distinct_ports(3000, true),
+    // `KSTALL_BENCH_STORMS=resets,ports,hung,oom`: only these (all by default), to iterate on one.
+    let only = std::env::var("KSTALL_BENCH_STORMS").ok();
+    let wanted = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|w| w.trim() == name));
+    let mut rows: Vec<Row> = Vec::new();
+    if wanted("resets") {
+        rows.push(reset_storm(secs, true));
+    }
+    if wanted("ports") {
+        rows.push(distinct_ports(3000, true));
         // Two series a port: 10,000 live series.
-        distinct_ports(5000, true),
-        hung_tasks(50, true),
-        oom_storm(20, true),
-    ];
+        rows.push(distinct_ports(5000, true));
+    }
+    if wanted("hung") {
+        rows.push(hung_tasks(50, true));
+    }
+    if wanted("oom") {
+        rows.push(oom_storm(20, true));
+    }
     let table = table(&rows);
     println!("{table}");
     if let Ok(path) = std::env::var("KSTALL_BENCH_RESULTS") {

@@ -40,7 +40,7 @@ use kstall_common::{
 use crate::{
     maps::{self, Filtered},
     read::{field, string},
-    task::current_header,
+    task::stamp_current,
 };
 
 #[map]
@@ -201,9 +201,8 @@ fn count_and_emit(ev: &NfsEvent) {
 
 #[inline(always)]
 fn new_event(ctx: &RawTracePointContext, what: u32) -> NfsEvent {
-    let header = current_header(ctx, kind::NFS, VERSION);
-    NfsEvent {
-        header,
+    let mut ev = NfsEvent {
+        header: EventHeader::zeroed(),
         what,
         error: 0,
         xid: 0,
@@ -217,7 +216,9 @@ fn new_event(ctx: &RawTracePointContext, what: u32) -> NfsEvent {
         server_addr: [0; 16],
         program: [0; NAME_LEN],
         procedure: [0; NAME_LEN],
-    }
+    };
+    stamp_current(ctx, &mut ev.header, kind::NFS, VERSION);
+    ev
 }
 
 // Every field below is best-effort and read without a branch (`read::field`): a NULL pointer

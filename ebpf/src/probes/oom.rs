@@ -20,9 +20,11 @@
 //! scope where the hook knows it) before anything is sent; only the first of a key in an interval
 //! are sent in full (`kstall_common::counter`).
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_stack, bpf_ktime_get_boot_ns},
+    helpers::{bpf_get_current_cgroup_id, bpf_get_stack, bpf_ktime_get_boot_ns},
     macros::{btf_tracepoint, fentry, map},
     maps::{PerCpuArray, PerCpuHashMap},
     programs::{BtfTracePointContext, FEntryContext},
@@ -39,8 +41,9 @@ use kstall_common::{
 
 use crate::{
     maps::{self, Filtered, reserve, submit},
-    read::at,
-    task::{cgroup_id, fill_header},
+    read::{at, field},
+    task::{cgroup_id, current_comm, fill_header},
+    zero::zeroed_in,
 };
 
 /// OOM kills by series, per CPU; read and emptied by the agent once per interval.
@@ -101,12 +104,15 @@ fn emit_kill<C: EbpfContext>(ctx: &C, victim: Victim) {
         Victim::Task(task) => (task, core::ptr::null(), 0),
         Victim::Pid(_) => (core::ptr::null(), core::ptr::null(), FLAG_VICTIM_PID_ONLY),
     };
-    let mut key = OomCountKey { flags: flags as u8, generation: maps::generation(), ..Default::default() };
+    let mut slot = MaybeUninit::uninit();
+    let key: &mut OomCountKey = zeroed_in(&mut slot);
+    key.flags = flags as u8;
+    key.generation = maps::generation();
     if !task.is_null() {
-        key.comm = at(task, cfg.task.comm).unwrap_or_default();
+        key.comm = field(task, cfg.task.comm);
         key.cgroup_id = cgroup_id(&cfg.task, task).unwrap_or(0);
     }
-    if !maps::count(&OOM_KILL_COUNTS, &OOM_KILL_OVERFLOW, 0, &key) {
+    if !maps::count(&OOM_KILL_COUNTS, &OOM_KILL_OVERFLOW, 0, key) {
         return;
     }
     let Some(mut entry) = reserve::<OomKillEvent>(kind::OOM_KILL) else { return };
@@ -119,7 +125,7 @@ fn emit_kill<C: EbpfContext>(ctx: &C, victim: Victim) {
         ev.invoker_pid = ctx.pid();
         ev.invoker_tgid = ctx.tgid();
         ev.invoker_cgroup_id = bpf_get_current_cgroup_id();
-        ev.invoker_comm = bpf_get_current_comm().unwrap_or_default();
+        current_comm(&mut ev.invoker_comm);
         ev.flags = flags;
         match victim {
             Victim::OomControl(oc) => {

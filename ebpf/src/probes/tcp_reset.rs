@@ -15,6 +15,8 @@
 //! - `tp_btf/tcp_receive_reset`: `TP_PROTO(struct sock *sk)` (>= 4.15): the client side; its
 //!   `skc_dport` is the destination the application dialled (NAT is invisible to it).
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
     EbpfContext,
     macros::{btf_tracepoint, fentry, map},
@@ -35,8 +37,9 @@ use kstall_common::{
 
 use crate::{
     maps::{self, Filtered, emit},
-    read::{at, field},
-    task::current_header,
+    read::{field, typed},
+    task::stamp_current,
+    zero::zeroed_in,
 };
 
 /// Filled by the agent from the running kernel's BTF before load.
@@ -72,10 +75,13 @@ const IP_CT_IS_REPLY: usize = 3;
 const IP_CT_UNTRACKED: usize = 7;
 const NFCT_INFOMASK: usize = 7;
 
+/// The configuration, loaded field by field from .rodata where used: each load is then a
+/// constant to the verifier (frozen read-only data), as [`typed`] loads need their offsets to be.
 #[inline(always)]
-fn config() -> TcpResetConfig {
-    // Volatile: the verifier must see a load from .rodata the agent patched, not a folded zero.
-    unsafe { core::ptr::read_volatile(&TCP_RESET_CONFIG) }
+fn config() -> &'static TcpResetConfig {
+    // Through a volatile copy of its address: the compiler must not fold the zeroed initializer.
+    let config = &raw const TCP_RESET_CONFIG;
+    unsafe { &*core::ptr::read_volatile(&config) }
 }
 
 /// >= 6.10: `(sk, skb, reason)`, fires also without a socket.
@@ -105,31 +111,32 @@ fn send_reset(ctx: &BtfTracePointContext, reason: Option<u32>) -> u32 {
     if sk.is_null() && cfg.send_reset_skips_no_socket != 0 {
         return 0;
     }
-    let mut ev = new_event(DIRECTION_SENT, HOOK_TCP_SEND_RESET);
+    let mut slot = MaybeUninit::uninit();
+    let ev = new_event(&mut slot, DIRECTION_SENT, HOOK_TCP_SEND_RESET);
     if let Some(reason) = reason {
         ev.reason = reason;
         ev.flags |= FLAG_HAS_REASON;
     }
-    let segment = if !skb.is_null() { read_incoming_skb(&cfg, &mut ev, skb).ok() } else { None };
+    let segment = if !skb.is_null() { read_incoming_skb(cfg, ev, skb).ok() } else { None };
     if !sk.is_null() {
         ev.flags |= FLAG_HAS_SOCKET;
-        if read_sock(&cfg, &mut ev, sk, segment.is_none()).is_err() && segment.is_none() {
+        if read_sock(cfg, ev, sk, segment.is_none()).is_err() && segment.is_none() {
             return 0;
         }
     } else if segment.is_none() {
         return 0;
     }
-    if !counted_in_full(&cfg, &ev) {
+    if !counted_in_full(cfg, ev) {
         return 0;
     }
-    stamp(ctx, &mut ev);
+    stamp(ctx, ev);
     if !sk.is_null() {
-        read_sock_detail(&cfg, &mut ev, sk, segment.is_none());
+        read_sock_detail(cfg, ev, sk, segment.is_none());
     }
     if !skb.is_null() && segment.is_some() {
-        read_redirect_port(&cfg, &mut ev, skb);
+        read_redirect_port(cfg, ev, skb);
     }
-    emit(kind::TCP_RESET, &ev);
+    emit(kind::TCP_RESET, ev);
     0
 }
 
@@ -144,12 +151,13 @@ pub fn kfree_skb_no_socket(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
     let skb: *const u8 = ctx.arg(0);
-    let mut ev = new_event(DIRECTION_SENT, HOOK_KFREE_SKB_NO_SOCKET);
+    let mut slot = MaybeUninit::uninit();
+    let ev = new_event(&mut slot, DIRECTION_SENT, HOOK_KFREE_SKB_NO_SOCKET);
     ev.reason = reason;
     ev.flags |= FLAG_HAS_REASON;
-    match read_incoming_skb(&cfg, &mut ev, skb) {
+    match read_incoming_skb(cfg, ev, skb) {
         // A RST is never answered with a RST.
-        Ok(tcp_flags) if tcp_flags & TCP_FLAG_RST == 0 => emit_segment_reset(&ctx, &cfg, ev, skb),
+        Ok(tcp_flags) if tcp_flags & TCP_FLAG_RST == 0 => emit_segment_reset(&ctx, cfg, ev, skb),
         _ => {}
     }
     0
@@ -174,10 +182,11 @@ fn send_reset_without_socket(ctx: &FEntryContext) -> u32 {
         return 0;
     }
     let skb: *const u8 = ctx.arg(1);
-    let mut ev = new_event(DIRECTION_SENT, HOOK_SEND_RESET_FUNCTION);
-    match read_incoming_skb(&cfg, &mut ev, skb) {
+    let mut slot = MaybeUninit::uninit();
+    let ev = new_event(&mut slot, DIRECTION_SENT, HOOK_SEND_RESET_FUNCTION);
+    match read_incoming_skb(cfg, ev, skb) {
         // The function returns without sending when the segment is itself a RST.
-        Ok(tcp_flags) if tcp_flags & TCP_FLAG_RST == 0 => emit_segment_reset(ctx, &cfg, ev, skb),
+        Ok(tcp_flags) if tcp_flags & TCP_FLAG_RST == 0 => emit_segment_reset(ctx, cfg, ev, skb),
         _ => {}
     }
     0
@@ -185,11 +194,11 @@ fn send_reset_without_socket(ctx: &FEntryContext) -> u32 {
 
 /// A reset seen only through the segment that provoked it: counted, and sent in full if sampled.
 #[inline(always)]
-fn emit_segment_reset<C: EbpfContext>(ctx: &C, cfg: &TcpResetConfig, mut ev: TcpResetEvent, skb: *const u8) {
-    if counted_in_full(cfg, &ev) {
-        stamp(ctx, &mut ev);
-        read_redirect_port(cfg, &mut ev, skb);
-        emit(kind::TCP_RESET, &ev);
+fn emit_segment_reset<C: EbpfContext>(ctx: &C, cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *const u8) {
+    if counted_in_full(cfg, ev) {
+        stamp(ctx, ev);
+        read_redirect_port(cfg, ev, skb);
+        emit(kind::TCP_RESET, ev);
     }
 }
 
@@ -200,44 +209,29 @@ pub fn tcp_receive_reset(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
     let sk: *const u8 = ctx.arg(0);
-    let mut ev = new_event(DIRECTION_RECEIVED, HOOK_TCP_RECEIVE_RESET);
+    let mut slot = MaybeUninit::uninit();
+    let ev = new_event(&mut slot, DIRECTION_RECEIVED, HOOK_TCP_RECEIVE_RESET);
     ev.flags |= FLAG_HAS_SOCKET;
-    if read_sock(&cfg, &mut ev, sk, true).is_ok() && counted_in_full(&cfg, &ev) {
-        stamp(&ctx, &mut ev);
-        read_sock_detail(&cfg, &mut ev, sk, true);
-        emit(kind::TCP_RESET, &ev);
+    if read_sock(cfg, ev, sk, true).is_ok() && counted_in_full(cfg, ev) {
+        stamp(&ctx, ev);
+        read_sock_detail(cfg, ev, sk, true);
+        emit(kind::TCP_RESET, ev);
     }
     0
 }
 
 #[inline(always)]
-fn new_event(direction: u8, hook: u8) -> TcpResetEvent {
-    TcpResetEvent {
-        header: EventHeader::zeroed(),
-        direction,
-        hook,
-        family: 0,
-        flags: 0,
-        state: 0,
-        _pad: [0; 3],
-        reason: 0,
-        _pad2: 0,
-        local_port: 0,
-        remote_port: 0,
-        orig_dst_port: 0,
-        redirect_port: 0,
-        local_addr: [0; 16],
-        remote_addr: [0; 16],
-        orig_dst_addr: [0; 16],
-    }
+fn new_event(slot: &mut MaybeUninit<TcpResetEvent>, direction: u8, hook: u8) -> &mut TcpResetEvent {
+    let ev = zeroed_in(slot);
+    ev.direction = direction;
+    ev.hook = hook;
+    ev
 }
 
 /// The header of an event sent in full: `current` and the time (the netns is the event's own).
 #[inline(always)]
 fn stamp<C: EbpfContext>(ctx: &C, ev: &mut TcpResetEvent) {
-    let netns_ino = ev.header.netns_ino;
-    ev.header = current_header(ctx, kind::TCP_RESET, VERSION);
-    ev.header.netns_ino = netns_ino;
+    stamp_current(ctx, &mut ev.header, kind::TCP_RESET, VERSION);
 }
 
 /// Counts the reset by its series' key; true when it is one of the key's resets sent in full.
@@ -282,21 +276,21 @@ fn rewritten(ev: &TcpResetEvent) -> bool {
 /// for the verifier to walk); only the family decides whether there is an event.
 #[inline(always)]
 fn read_sock(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, sk: *const u8, ports: bool) -> Result<(), i32> {
-    let net: *const u8 = field(sk, cfg.sk_net);
-    ev.header.netns_ino = field(net, cfg.net_ns_inum);
+    let net: *const u8 = typed(sk, cfg.sk_net);
+    ev.header.netns_ino = typed(net, cfg.net_ns_inum);
     if !ports {
         return Ok(());
     }
-    let family: u16 = field(sk, cfg.sk_family);
+    let family: u16 = typed(sk, cfg.sk_family);
     ev.family = match family {
         AF_INET => FAMILY_INET,
         AF_INET6 => FAMILY_INET6,
         _ => return Err(-1),
     };
-    ev.remote_port = u16::from_be(field(sk, cfg.sk_dport));
-    ev.local_port = field(sk, cfg.sk_num);
+    ev.remote_port = u16::from_be(typed(sk, cfg.sk_dport));
+    ev.local_port = typed(sk, cfg.sk_num);
     if ev.direction == DIRECTION_SENT {
-        ev.state = field::<u8>(sk, cfg.sk_state);
+        ev.state = typed::<u8>(sk, cfg.sk_state);
         ev.local_port = released_port(cfg, ev, sk);
     }
     Ok(())
@@ -304,7 +298,8 @@ fn read_sock(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, sk: *const u8, ports:
 
 /// A full socket closed with unread data has released its port before it sends the reset (a
 /// proxy killed mid-connection): the port it sends from is still `inet_sport`. Request and
-/// timewait sockets have no `inet_sock`, and always their own `skc_num`.
+/// timewait sockets have no `inet_sock`, and always their own `skc_num`. `inet_sport` lies past
+/// `struct sock`, where the verifier allows no typed load.
 #[inline(always)]
 fn released_port(cfg: &TcpResetConfig, ev: &TcpResetEvent, sk: *const u8) -> u16 {
     if ev.local_port == 0 && ev.state != TCP_TIME_WAIT && ev.state != TCP_NEW_SYN_RECV {
@@ -318,17 +313,17 @@ fn released_port(cfg: &TcpResetConfig, ev: &TcpResetEvent, sk: *const u8) -> u16
 /// addresses.
 #[inline(always)]
 fn read_sock_detail(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, sk: *const u8, addresses: bool) {
-    ev.state = field::<u8>(sk, cfg.sk_state);
+    ev.state = typed::<u8>(sk, cfg.sk_state);
     if !addresses {
         return;
     }
     ev.local_port = released_port(cfg, ev, sk);
     if ev.family == FAMILY_INET {
-        ev.local_addr[..4].copy_from_slice(&field::<[u8; 4]>(sk, cfg.sk_rcv_saddr));
-        ev.remote_addr[..4].copy_from_slice(&field::<[u8; 4]>(sk, cfg.sk_daddr));
+        ev.local_addr[..4].copy_from_slice(&typed::<[u8; 4]>(sk, cfg.sk_rcv_saddr));
+        ev.remote_addr[..4].copy_from_slice(&typed::<[u8; 4]>(sk, cfg.sk_daddr));
     } else {
-        ev.local_addr = field(sk, cfg.sk_v6_rcv_saddr);
-        ev.remote_addr = field(sk, cfg.sk_v6_daddr);
+        ev.local_addr = typed(sk, cfg.sk_v6_rcv_saddr);
+        ev.remote_addr = typed(sk, cfg.sk_v6_daddr);
     }
 }
 
@@ -340,57 +335,69 @@ fn read_sock_detail(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, sk: *const u8,
 /// rewrote the destination), but the redirect port ([`read_redirect_port`]).
 #[inline(always)]
 fn read_incoming_skb(cfg: &TcpResetConfig, ev: &mut TcpResetEvent, skb: *const u8) -> Result<u8, i32> {
-    let head: *const u8 = field(skb, cfg.skb_head);
-    let network: u16 = field(skb, cfg.skb_network_header);
-    let transport: u16 = at(skb, cfg.skb_transport_header)?;
+    // `head` is a `char *`: an integer to the verifier, so the packet is read with the helper.
+    let head: *const u8 = typed(skb, cfg.skb_head);
+    let network: u16 = typed(skb, cfg.skb_network_header);
+    let transport: u16 = typed(skb, cfg.skb_transport_header);
     if transport == HEADER_UNSET || head.is_null() {
         return Err(-1);
     }
-    let protocol = u16::from_be(field(skb, cfg.skb_protocol));
+    let protocol = u16::from_be(typed(skb, cfg.skb_protocol));
     let ip = head.wrapping_add(network as usize);
-    if protocol == ETH_P_IP {
-        // Protocol at 9, source at 12, destination at 16: one read.
-        let header: [u8; 20] = field(ip, 0);
+    // Each header read with the TCP header's first 14 bytes behind it (ports, then the flags at
+    // 13): one read where no IP options or extension headers sit between, the usual case.
+    let (tcp, next_to_ip): ([u8; 14], bool) = if protocol == ETH_P_IP {
+        // Protocol at 9, source at 12, destination at 16.
+        let header: [u8; 20 + 14] = field(ip, 0);
         if header[9] != IPPROTO_TCP {
             return Err(-1);
         }
         ev.family = FAMILY_INET;
         ev.remote_addr[..4].copy_from_slice(&header[12..16]);
         ev.local_addr[..4].copy_from_slice(&header[16..20]);
+        (tcp_part(&header, 20), transport == network.wrapping_add(20))
     } else if protocol == ETH_P_IPV6 {
         // Next header at 6, source at 8, destination at 24. Extension headers may sit between;
         // the transport header offset skips them for us, so only the first next-header is checked.
-        let header: [u8; 40] = field(ip, 0);
+        let header: [u8; 40 + 14] = field(ip, 0);
         if header[6] != IPPROTO_TCP {
             return Err(-1);
         }
         ev.family = FAMILY_INET6;
         ev.remote_addr.copy_from_slice(&header[8..24]);
         ev.local_addr.copy_from_slice(&header[24..40]);
+        (tcp_part(&header, 40), transport == network.wrapping_add(40))
     } else {
         return Err(-1);
-    }
-    let tcp = head.wrapping_add(transport as usize);
-    // Source and destination port, then (at 13) the flags: one read of the first 14 bytes.
-    let header: [u8; 14] = field(tcp, 0);
+    };
+    let header: [u8; 14] = if next_to_ip { tcp } else { field(head.wrapping_add(transport as usize), 0) };
     ev.remote_port = u16::from_be_bytes([header[0], header[1]]);
     ev.local_port = u16::from_be_bytes([header[2], header[3]]);
     let tcp_flags = header[13];
 
-    let dev: *const u8 = field(skb, cfg.skb_dev);
-    let net: *const u8 = field(dev, cfg.dev_nd_net);
-    ev.header.netns_ino = field(net, cfg.net_ns_inum);
+    let dev: *const u8 = typed(skb, cfg.skb_dev);
+    let net: *const u8 = typed(dev, cfg.dev_nd_net);
+    ev.header.netns_ino = typed(net, cfg.net_ns_inum);
     if cfg.skb_nfct != 0 {
         read_conntrack(cfg, ev, skb);
     }
     Ok(tcp_flags)
 }
 
+/// The 14 bytes of `header` from `at` (the TCP header behind an IP header read with it).
+#[inline(always)]
+fn tcp_part<const N: usize>(header: &[u8; N], at: usize) -> [u8; 14] {
+    let mut tcp = [0u8; 14];
+    tcp.copy_from_slice(&header[at..at + 14]);
+    tcp
+}
+
 /// The segment's conntrack entry, when it is an original-direction packet's: "the destination
 /// the client dialled" is in the ORIGINAL tuple's destination.
 #[inline(always)]
 fn conntrack_of(cfg: &TcpResetConfig, skb: *const u8) -> Option<(*const u8, ConntrackOffsets)> {
-    let nfct: u64 = field(skb, cfg.skb_nfct);
+    // An integer holding the pointer and ctinfo: the entry itself is read with the helper.
+    let nfct: u64 = typed(skb, cfg.skb_nfct);
     let ctinfo = nfct as usize & NFCT_INFOMASK;
     if nfct == 0 || ctinfo >= IP_CT_IS_REPLY || ctinfo == IP_CT_UNTRACKED {
         return None;
