@@ -17,6 +17,7 @@ pub mod incidents;
 mod kernel;
 pub mod kernel_btf;
 pub mod kubelet;
+mod memory;
 pub mod pipeline;
 pub mod probes;
 pub mod state;

@@ -21,9 +21,20 @@ use serde::{Serialize, Serializer, ser::SerializeSeq as _};
 pub struct SymbolTable {
     index: Vec<u64>,
     addrs: Vec<u64>,
-    /// Per symbol: name and index into `modules` (`VMLINUX` for the kernel image).
-    names: Vec<(Box<str>, u16)>,
+    /// Per symbol, where its name is in `text` and which of `modules` it is in. One text for all
+    /// names rather than one allocation each: a kernel has over 100,000 text symbols, and this
+    /// table lives as long as the agent (4 MB of its resident size rather than 8).
+    symbols: Vec<Symbol>,
+    text: String,
     modules: Vec<Box<str>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Symbol {
+    name_start: u32,
+    name_len: u16,
+    /// Index into `modules`, `VMLINUX` for the kernel image.
+    module: u16,
 }
 
 const VMLINUX: u16 = u16::MAX;
@@ -34,7 +45,7 @@ impl SymbolTable {
     /// addresses 0 (kptr_restrict hides them) leave the table empty.
     pub fn parse(text: &str) -> Self {
         let mut modules: Vec<Box<str>> = Vec::new();
-        let mut symbols: Vec<(u64, Box<str>, u16)> = text
+        let mut parsed: Vec<(u64, &str, u16)> = text
             .lines()
             .filter_map(|line| {
                 let mut parts = line.split_whitespace();
@@ -42,7 +53,7 @@ impl SymbolTable {
                 let kind = parts.next()?;
                 let name = parts.next()?;
                 // Text symbols only: stacks point into code.
-                if addr == 0 || !matches!(kind, "T" | "t" | "W" | "w") {
+                if addr == 0 || !matches!(kind, "T" | "t" | "W" | "w") || name.len() > usize::from(u16::MAX) {
                     return None;
                 }
                 let module = match parts.next().map(|m| m.trim_matches(|c| c == '[' || c == ']')) {
@@ -56,14 +67,22 @@ impl SymbolTable {
                         None => VMLINUX,
                     },
                 };
-                Some((addr, name.into(), module))
+                Some((addr, name, module))
             })
             .collect();
-        symbols.sort_by_key(|s| s.0);
-        let addrs: Vec<u64> = symbols.iter().map(|s| s.0).collect();
+        parsed.sort_by_key(|s| s.0);
+        let mut text = String::with_capacity(parsed.iter().map(|s| s.1.len()).sum());
+        let mut addrs = Vec::with_capacity(parsed.len());
+        let mut symbols = Vec::with_capacity(parsed.len());
+        for (addr, name, module) in parsed {
+            // kallsyms is a few MB, so offsets fit u32; a text past 4 GiB ends the table there.
+            let Ok(name_start) = u32::try_from(text.len()) else { break };
+            symbols.push(Symbol { name_start, name_len: name.len() as u16, module });
+            addrs.push(addr);
+            text.push_str(name);
+        }
         let index = addrs.iter().step_by(BLOCK).copied().collect();
-        let names = symbols.into_iter().map(|(_, name, module)| (name, module)).collect();
-        Self { index, addrs, names, modules }
+        Self { index, addrs, symbols, text, modules }
     }
 
     pub fn len(&self) -> usize {
@@ -83,11 +102,13 @@ impl SymbolTable {
     }
 
     fn name(&self, symbol: u32) -> &str {
-        &self.names[symbol as usize].0
+        let s = self.symbols[symbol as usize];
+        let start = s.name_start as usize;
+        &self.text[start..start + usize::from(s.name_len)]
     }
 
     fn module(&self, symbol: u32) -> Option<&str> {
-        let module = self.names[symbol as usize].1;
+        let module = self.symbols[symbol as usize].module;
         (module != VMLINUX).then(|| &*self.modules[usize::from(module)])
     }
 }

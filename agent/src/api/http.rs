@@ -21,7 +21,9 @@ pub async fn serve(listener: TcpListener, state: Arc<AgentState>, shutdown: Canc
 }
 
 async fn metrics_handler(State(state): State<Arc<AgentState>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render())
+    let text = state.metrics.render();
+    crate::memory::return_freed();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)
 }
 
 async fn incidents_handler(State(state): State<Arc<AgentState>>) -> impl IntoResponse {
