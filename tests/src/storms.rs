@@ -237,15 +237,30 @@ fn measure(
 
 /// A bpftrace one-liner counting a storm on kstall's hooks, and how to read its count.
 #[derive(Clone, Copy)]
-struct OneLiner {
+pub struct OneLiner {
+    /// What it counts by, for the storm's name; empty for the plain count.
+    by: &'static str,
     script: &'static str,
     counted: fn(&Counted) -> u64,
 }
 
-const RESETS_ONE_LINER: OneLiner = OneLiner {
+/// The issue's yardstick: one count, no key.
+pub const RESETS_ONE_LINER: OneLiner = OneLiner {
+    by: "",
     script: "tracepoint:tcp:tcp_send_reset { @resets = count(); } \
              tracepoint:tcp:tcp_receive_reset { @resets = count(); }",
     counted: |c| c.total("resets"),
+};
+
+/// Counting by a key as kstall does — direction, the refusing port (sent) or the remote port
+/// (received), and the reason; kstall adds netns and original port: a per-CPU hash lookup a
+/// reset, the part of kstall's cost that a count without a key does not pay. The sent reset's
+/// port is in its `sockaddr`, big-endian.
+pub const RESETS_BY_PORTS_ONE_LINER: OneLiner = OneLiner {
+    by: ", bpftrace counting by direction, port and reason",
+    script: "tracepoint:tcp:tcp_send_reset { @sent[args->reason, (uint16)args->saddr[2] << 8 | args->saddr[3]] = count(); } \
+             tracepoint:tcp:tcp_receive_reset { @received[args->dport] = count(); }",
+    counted: |c| c.total("sent") + c.total("received"),
 };
 
 /// How often the agent reads the kernel's counters (`agent/src/probes/counters.rs`).
@@ -254,17 +269,17 @@ const COUNTER_INTERVAL: Duration = Duration::from_secs(1);
 /// Threads connecting from a network namespace to port 2049, redirected to the closed 15001 (a
 /// sidecar's rule without its proxy), for `secs`: one sent and one received reset per connect.
 /// Measured first without the agent, for the slowdown it causes.
-pub fn reset_storm(secs: u64, side_by_side: bool) -> Row {
+pub fn reset_storm(secs: u64, bpftrace: Option<OneLiner>) -> Row {
     let ns = NetNs::new("storm");
     ns.redirect_tcp("iptables", 2049, 15001);
     let without = connect_storm(&ns, secs);
     let mut with = 0.0;
     let mut row = measure(
-        "reset storm (2049 redirected to 15001, in a netns)".into(),
+        format!("reset storm (2049 redirected to 15001, in a netns){}", bpftrace.map_or("", |b| b.by)),
         "resets",
         &RESETS,
         &[],
-        side_by_side.then_some(RESETS_ONE_LINER),
+        bpftrace,
         COUNTED_WITHIN,
         || {
             let (connects, elapsed) = connect_storm(&ns, secs);
@@ -358,6 +373,7 @@ pub fn hung_tasks(tasks: usize, side_by_side: bool) -> Row {
         ],
         // Distinct tasks the kernel's detector reported.
         side_by_side.then_some(OneLiner {
+            by: "",
             script: "tracepoint:sched:sched_process_hang { @stuck[args->pid] = count(); }",
             counted: |c| c.keys("stuck"),
         }),
@@ -401,6 +417,7 @@ pub fn oom_storm(kills: usize, side_by_side: bool) -> Row {
         &OOM_KILLS,
         &[],
         side_by_side.then_some(OneLiner {
+            by: "",
             script: "tracepoint:oom:mark_victim { @kills = count(); }",
             counted: |c| c.total("kills"),
         }),

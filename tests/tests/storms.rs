@@ -23,7 +23,7 @@ fn assert_counted(row: &Row) {
 #[test]
 fn a_reset_storm_is_counted_exactly() {
     if kernel_tests_can_run("a_reset_storm_is_counted_exactly") {
-        assert_counted(&reset_storm(1, false));
+        assert_counted(&reset_storm(1, None));
     }
 }
 
