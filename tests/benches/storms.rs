@@ -9,8 +9,8 @@ use kstall_tests::{
     host::{Sysctl, run},
     kernel_tests_can_run,
     storms::{
-        RESETS_BY_PORTS_ONE_LINER, RESETS_ONE_LINER, Row, distinct_ports, hung_tasks, oom_storm, reset_storm,
-        table,
+        Detail, RESETS_BY_PORTS_ONE_LINER, RESETS_ONE_LINER, Row, distinct_ports, hung_tasks, oom_storm,
+        reset_storm, table,
     },
 };
 
@@ -27,8 +27,9 @@ fn main() {
     let wanted = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|w| w.trim() == name));
     let mut rows: Vec<Row> = Vec::new();
     if wanted("resets") {
-        rows.push(reset_storm(secs, Some(RESETS_ONE_LINER)));
-        rows.push(reset_storm(secs, Some(RESETS_BY_PORTS_ONE_LINER)));
+        rows.push(reset_storm(secs, Detail::Sampled, Some(RESETS_ONE_LINER)));
+        rows.push(reset_storm(secs, Detail::Sampled, Some(RESETS_BY_PORTS_ONE_LINER)));
+        rows.push(reset_storm(secs, Detail::Full, Some(RESETS_BY_PORTS_ONE_LINER)));
     }
     if wanted("ports") {
         rows.push(distinct_ports(3000, true));

@@ -187,9 +187,16 @@ fn measure(
     let start = Instant::now();
     let driven = drive();
     let elapsed = start.elapsed();
+    // Every event accounted for too: one still in the ring buffer when the count is complete is
+    // neither received nor lost yet.
     let complete = |t: &Tally| {
         t.counted - before.counted >= driven as f64
             && (counter.reported_by.is_none() || t.reports - before.reports >= driven as f64)
+            && (!counter.one_event_each
+                || (t.received - before.received)
+                    + (t.lost - before.lost)
+                    + (t.suppressed - before.suppressed)
+                    >= driven as f64)
     };
     // The agent reads the kernel's counters once a second: each scrape before that would only
     // add to the CPU it is charged with. The CPU is read before the scrape that finds the
@@ -266,19 +273,49 @@ pub const RESETS_BY_PORTS_ONE_LINER: OneLiner = OneLiner {
 /// How often the agent reads the kernel's counters (`agent/src/probes/counters.rs`).
 const COUNTER_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How many of a storm's resets the agent has the kernel send in full.
+#[derive(Clone, Copy)]
+pub enum Detail {
+    /// The default: the first of a series per CPU per second, the rest only counted.
+    Sampled,
+    /// Every one, and counted too: what a reset costs on the full-detail path.
+    Full,
+}
+
+impl Detail {
+    fn agent_args(self) -> &'static [&'static str] {
+        match self {
+            Detail::Sampled => &[],
+            // The largest budget short of `all`, which would stop the counting in the kernel.
+            Detail::Full => &["--sample-events", "4294967294"],
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Detail::Sampled => "",
+            Detail::Full => ", every reset sent in full",
+        }
+    }
+}
+
 /// Threads connecting from a network namespace to port 2049, redirected to the closed 15001 (a
 /// sidecar's rule without its proxy), for `secs`: one sent and one received reset per connect.
 /// Measured first without the agent, for the slowdown it causes.
-pub fn reset_storm(secs: u64, bpftrace: Option<OneLiner>) -> Row {
+pub fn reset_storm(secs: u64, detail: Detail, bpftrace: Option<OneLiner>) -> Row {
     let ns = NetNs::new("storm");
     ns.redirect_tcp("iptables", 2049, 15001);
     let without = connect_storm(&ns, secs);
     let mut with = 0.0;
     let mut row = measure(
-        format!("reset storm (2049 redirected to 15001, in a netns){}", bpftrace.map_or("", |b| b.by)),
+        format!(
+            "reset storm (2049 redirected to 15001, in a netns){}{}",
+            detail.what(),
+            bpftrace.map_or("", |b| b.by)
+        ),
         "resets",
         &RESETS,
-        &[],
+        detail.agent_args(),
         bpftrace,
         COUNTED_WITHIN,
         || {

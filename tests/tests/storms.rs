@@ -4,7 +4,7 @@
 
 use kstall_tests::{
     kernel_tests_can_run,
-    storms::{Row, distinct_ports, hung_tasks, oom_storm, reset_storm},
+    storms::{Detail, Row, distinct_ports, hung_tasks, oom_storm, reset_storm},
 };
 
 fn assert_counted(row: &Row) {
@@ -23,7 +23,14 @@ fn assert_counted(row: &Row) {
 #[test]
 fn a_reset_storm_is_counted_exactly() {
     if kernel_tests_can_run("a_reset_storm_is_counted_exactly") {
-        assert_counted(&reset_storm(1, None));
+        assert_counted(&reset_storm(1, Detail::Sampled, None));
+    }
+}
+
+#[test]
+fn a_reset_storm_sent_in_full_is_counted_exactly() {
+    if kernel_tests_can_run("a_reset_storm_sent_in_full_is_counted_exactly") {
+        assert_counted(&reset_storm(1, Detail::Full, None));
     }
 }
 
