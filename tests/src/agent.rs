@@ -179,6 +179,11 @@ impl Agent {
         sample_with(&self.metrics(), name, labels)
     }
 
+    /// The sum of every series of `name` that has `labels` (0 when there is none).
+    pub fn metric_sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        samples_with(&self.metrics(), name, labels).sum()
+    }
+
     /// SIGTERM and wait; returns the exit status code. The whole log is readable afterwards.
     /// SIGTERM, then the exit code; fails the test if any program the agent held is still
     /// loaded after it exited (so every test that stops an agent checks the programs it loaded,
@@ -218,13 +223,22 @@ impl Drop for Agent {
     }
 }
 
-/// Value of the first sample of `name` in a `/metrics` text whose labels include every one of
-/// `labels`.
 /// How long a count takes at most to reach `/metrics` (two 1 s counter intervals), with room.
 pub const COUNTED_WITHIN: Duration = Duration::from_secs(10);
 
+/// Value of the first sample of `name` in a `/metrics` text whose labels include every one of
+/// `labels`.
 pub fn sample_with(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    metrics.lines().find_map(|line| {
+    samples_with(metrics, name, labels).next()
+}
+
+/// The value of every series of `name` that has `labels`.
+fn samples_with<'a>(
+    metrics: &'a str,
+    name: &'a str,
+    labels: &'a [(&str, &str)],
+) -> impl Iterator<Item = f64> + 'a {
+    metrics.lines().filter_map(move |line| {
         let rest = line.strip_prefix(name)?.strip_prefix('{')?;
         let (set, value) = rest.split_once("} ")?;
         let set = format!(",{set}");
