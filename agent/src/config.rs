@@ -63,6 +63,15 @@ pub struct AgentArgs {
     /// default list [default: kubelet,containerd,crio,dockerd,systemd,sshd,node_exporter,alloy,kstall].
     #[arg(long, env = "KSTALL_CRITICAL_COMMS", value_name = "LIST", value_delimiter = ',')]
     pub critical_comms: Option<Vec<String>>,
+    /// Ports counted by number in kstall_tcp_resets_total besides the well-known ones (system
+    /// ports, NFS, the Kubernetes and mesh ports: see the README), comma-separated ports and
+    /// ranges, e.g. 8081,30000-30100; any other port is counted as `ephemeral` or `other`.
+    #[arg(long, env = "KSTALL_METRIC_PORTS", value_name = "LIST", value_delimiter = ',')]
+    pub metric_ports: Option<Vec<String>>,
+    /// Series one metric family may have; past it, new series are counted in the family's
+    /// overflow series and in kstall_metric_series_dropped_total [default: 5000].
+    #[arg(long, env = "KSTALL_MAX_SERIES_PER_METRIC", value_name = "N")]
+    pub max_series_per_metric: Option<String>,
     /// Append every raw kernel record to FILE, one `<kind> <hex>` line each: for bug reports,
     /// and how the decoders' test samples are recorded on real kernels.
     #[arg(long, env = "KSTALL_RECORD_RAW", value_name = "FILE")]
@@ -177,6 +186,8 @@ struct FileConfig {
     stuck_task_threshold: Option<String>,
     stuck_task_max_reports: Option<u32>,
     critical_comms: Option<Vec<String>>,
+    metric_ports: Option<Vec<String>>,
+    max_series_per_metric: Option<u64>,
     record_raw: Option<PathBuf>,
     pod_metadata: Option<String>,
     pods_file: Option<PathBuf>,
@@ -238,6 +249,7 @@ pub struct Config {
     pub pod_labels: Vec<String>,
     pub pod_retention: Duration,
     pub incidents: crate::incidents::Settings,
+    pub metrics: crate::export::series::Settings,
     pub alertmanager_urls: Vec<String>,
     /// Incidents become Kubernetes Events (needs the API pod source).
     pub kubernetes_events: bool,
@@ -353,6 +365,15 @@ impl Config {
             Some(list) => validate_comms(list)?,
         };
 
+        let metric_ports = args.metric_ports.or(file.metric_ports).unwrap_or_default();
+        let mut kept_ports =
+            probes::Settings::metric_ports(metric_ports).map_err(|e| invalid("metric_ports", e))?;
+        let metrics = match args.max_series_per_metric.or(file.max_series_per_metric.map(|n| n.to_string())) {
+            Some(text) => crate::export::series::Settings::max_series_per_metric(&text)
+                .map_err(|e| invalid("max_series_per_metric", e))?,
+            None => crate::export::series::Settings::default(),
+        };
+
         let pods_file = args.pods_file.or(file.pods_file);
         let kubeconfig = args.kubeconfig.or(file.kubeconfig);
         let pod_metadata = match args.pod_metadata.or(file.pod_metadata).as_deref() {
@@ -423,6 +444,9 @@ impl Config {
             kubelet_unhealthy_after: args.kubelet_unhealthy_after.or(file.kubelet_unhealthy_after),
         })?;
 
+        // The signatures match redirected resets by their original port: it must keep its number.
+        kept_ports.extend(incidents.nfs_ports.iter().map(|&port| port..=port));
+
         let alertmanager_urls: Vec<String> = args
             .alertmanager_url
             .or(file.alertmanager_url)
@@ -480,9 +504,11 @@ impl Config {
                 sample_events,
                 tcp_reset_hook,
                 critical_comms,
+                kept_ports,
                 stuck_task,
                 capture,
             },
+            metrics,
             alertmanager_urls,
             kubernetes_events,
             node_conditions,
@@ -830,6 +856,24 @@ mod tests {
             (AgentArgs { quiet_window: Some("soon".into()), ..Default::default() }, "quiet_window"),
             (AgentArgs { oom_loop_count: Some("1".into()), ..Default::default() }, "oom_loop_count"),
             (
+                AgentArgs { metric_ports: Some(vec!["8080".into(), "http".into()]), ..Default::default() },
+                "metric_ports",
+            ),
+            (AgentArgs { metric_ports: Some(vec!["0".into()]), ..Default::default() }, "metric_ports"),
+            (
+                AgentArgs { metric_ports: Some(vec!["9010-9000".into()]), ..Default::default() },
+                "metric_ports",
+            ),
+            (AgentArgs { metric_ports: Some(vec!["1-70000".into()]), ..Default::default() }, "metric_ports"),
+            (
+                AgentArgs { max_series_per_metric: Some("0".into()), ..Default::default() },
+                "max_series_per_metric",
+            ),
+            (
+                AgentArgs { max_series_per_metric: Some("lots".into()), ..Default::default() },
+                "max_series_per_metric",
+            ),
+            (
                 AgentArgs { termination_blocked_after: Some("0s".into()), ..Default::default() },
                 "termination_blocked_after",
             ),
@@ -972,6 +1016,22 @@ mod tests {
         assert_eq!(c.incidents.termination_blocked_after, Duration::from_secs(5));
         assert_eq!(c.incidents.oom_loop_count, 4);
         assert_eq!(c.incidents.quiet_window, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn metric_ports_add_to_the_nfs_ports_and_the_series_cap_is_set() {
+        let c = resolve(AgentArgs {
+            metric_ports: Some(vec!["8081".into(), " 30000-30100".into(), "".into()]),
+            nfs_ports: Some(vec!["2050".into()]),
+            max_series_per_metric: Some("200".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.probes.kept_ports, [8081..=8081, 30000..=30100, 2050..=2050]);
+        assert_eq!(c.metrics.max_series_per_metric, 200);
+        let defaults = resolve(AgentArgs::default()).unwrap();
+        assert_eq!(defaults.metrics.max_series_per_metric, 5000);
+        assert_eq!(defaults.probes.kept_ports, [2049..=2049, 111..=111, 20048..=20048]);
     }
 
     #[test]

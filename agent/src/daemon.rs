@@ -65,7 +65,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let kernel_release = kernel::release();
     let counts = Arc::new(Counts::default());
-    let metrics = Arc::new(Metrics::new(counts.clone()));
+    let metrics = Arc::new(Metrics::new(counts.clone(), config.metrics));
     let hung_task_timeout = match config.hung_task_timeout_secs {
         Some(secs) => {
             Some(kernel::HungTaskTimeout::set(secs).context("cannot set kernel.hung_task_timeout_secs")?)

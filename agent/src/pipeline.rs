@@ -507,7 +507,7 @@ mod tests {
             misses: misses_tx,
             pod_source: Health::new("none".into(), true),
             counts: Arc::default(),
-            metrics: Arc::new(Metrics::new(Arc::default())),
+            metrics: Arc::new(Metrics::new(Arc::default(), Default::default())),
             stuck: Arc::default(),
             incidents: Arc::new(Mutex::new(Engine::new("node-a".into(), &Settings::default()))),
             events: events_tx,

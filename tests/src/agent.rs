@@ -233,7 +233,7 @@ pub fn sample_with(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option
 }
 
 /// The value of every series of `name` that has `labels`.
-fn samples_with<'a>(
+pub fn samples_with<'a>(
     metrics: &'a str,
     name: &'a str,
     labels: &'a [(&str, &str)],

@@ -126,3 +126,22 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     head.split_whitespace().nth(1).filter(|code| code.starts_with('2'))?;
     Some(body.to_string())
 }
+
+/// `promtool check metrics` of an exposition: its complaints (lint and format), empty when clean.
+pub fn promtool_complaints(exposition: &str) -> String {
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    promtool.stdin.take().expect("stdin").write_all(exposition.as_bytes()).expect("write to promtool");
+    let checked = promtool.wait_with_output().expect("promtool");
+    let complaints =
+        format!("{}{}", String::from_utf8_lossy(&checked.stdout), String::from_utf8_lossy(&checked.stderr));
+    match (checked.status.success(), complaints.trim()) {
+        (true, "") => String::new(),
+        (ok, text) => format!("promtool check metrics (exit ok: {ok}):\n{text}"),
+    }
+}

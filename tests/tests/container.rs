@@ -7,7 +7,6 @@
 
 use std::{
     net::{Ipv4Addr, SocketAddr},
-    process::Stdio,
     time::Duration,
 };
 
@@ -186,21 +185,8 @@ fn loses_nothing(overlay: &str) {
 
     // The exposition a Prometheus scrapes, with every kind of series present, is clean.
     let metrics = agent.metrics().expect("/metrics");
-    let mut promtool = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run promtool");
-    std::io::Write::write_all(&mut promtool.stdin.take().unwrap(), metrics.as_bytes()).unwrap();
-    let checked = promtool.wait_with_output().unwrap();
-    let complaints =
-        format!("{}{}", String::from_utf8_lossy(&checked.stdout), String::from_utf8_lossy(&checked.stderr));
-    assert!(
-        checked.status.success() && complaints.trim().is_empty(),
-        "promtool check metrics:\n{complaints}"
-    );
+    let complaints = kstall_tests::alerting::promtool_complaints(&metrics);
+    assert!(complaints.is_empty(), "{complaints}");
 
     disk.thaw();
     disk.wait_writers(Duration::from_secs(30));

@@ -207,6 +207,9 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
         pods_file.to_str().unwrap(),
         "--node-name",
         NODE,
+        // The stalled client's ports below, each its own series.
+        "--metric-ports",
+        "20000-29999",
         "--hung-task-timeout-secs",
         "3",
         "--termination-blocked-after",

@@ -183,9 +183,10 @@ fn plain_reset_in_root_netns_has_no_original_port() {
     if !kernel_tests_can_run("plain_reset_in_root_netns_has_no_original_port") {
         return;
     }
-    let agent = Agent::start(&[]);
-    let events = agent.subscribe();
+    // A port that is not well known, kept by number as configured (else it would be `other`).
     let port = closed_low_port();
+    let agent = Agent::start(&["--metric-ports", &port.to_string()]);
+    let events = agent.subscribe();
     let n = 7;
     refused_connects(SocketAddr::from(([127, 0, 0, 1], port)), n);
 

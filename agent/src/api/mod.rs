@@ -45,6 +45,9 @@ pub struct StatusReport {
     pub uptime_secs: u64,
     pub probes: Vec<ProbeReport>,
     pub attribution: AttributionReport,
+    /// The metric families about events: series now, the cap, new series refused.
+    #[serde(default)]
+    pub series: Vec<crate::export::series::FamilySeries>,
 }
 
 /// Where pod names come from and how much the agent knows.

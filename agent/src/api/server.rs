@@ -54,6 +54,7 @@ pub fn status(state: &AgentState) -> StatusReport {
                 v1_pod_processes: index.by_process.len(),
             }
         },
+        series: state.metrics.families(),
     }
 }
 

@@ -115,6 +115,12 @@ fn render(report: &StatusReport) -> String {
         out.push_str(&format!(" · {} processes in v1 pod cgroups", a.v1_pod_processes));
     }
     out.push('\n');
+    if !report.series.is_empty() {
+        out.push_str(&format!("\n{:<42} {:>8} {:>8} {:>10}\n", "SERIES", "NOW", "MAX", "DROPPED"));
+        for f in &report.series {
+            out.push_str(&format!("{:<42} {:>8} {:>8} {:>10}\n", f.metric, f.series, f.max, f.dropped));
+        }
+    }
     out
 }
 
@@ -173,6 +179,12 @@ mod tests {
                 pod_namespaces: 29,
                 v1_pod_processes: 0,
             },
+            series: vec![crate::export::series::FamilySeries {
+                metric: "kstall_tcp_resets_total".into(),
+                series: 5000,
+                max: 5000,
+                dropped: 1042,
+            }],
         };
         let text = render(&report);
         assert!(
@@ -190,6 +202,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("31 pods known, 2 deleted kept for 3600s"), "{text}");
+        assert!(
+            text.contains("kstall_tcp_resets_total                        5000     5000       1042\n"),
+            "{text}"
+        );
     }
 
     #[test]

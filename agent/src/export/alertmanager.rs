@@ -316,7 +316,7 @@ mod tests {
     #[tokio::test]
     async fn fires_then_resolves_with_a_retry_after_a_failure() {
         let (url, posts) = fake_alertmanager(1).await;
-        let metrics = Arc::new(Metrics::new(Default::default()));
+        let metrics = Arc::new(Metrics::new(Default::default(), Default::default()));
         let (tx, rx) = mpsc::channel(4);
         let stop = CancellationToken::new();
         let task = tokio::spawn(run(vec![url.clone()], rx, metrics.clone(), stop.clone()));

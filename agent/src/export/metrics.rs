@@ -1,6 +1,8 @@
-//! Prometheus metrics. Label values are bounded: ports in the ephemeral range collapse to
-//! `ephemeral` (in the kernel's counters), reasons are kernel enum names. Every metric about events carries the pod labels
-//! ([`POD_LABELS`]); a pod's series live as long as kstall remembers the pod.
+//! Prometheus metrics. Label values are bounded: ports are kept by number only when well known
+//! or configured, else counted as `ephemeral` or `other` (in the kernel's counters); reasons are
+//! kernel enum names; every family about events is capped by the series book (`series.rs`).
+//! Every metric about events carries the pod labels ([`POD_LABELS`], after the family's own); a pod's series live as
+//! long as kstall remembers the pod.
 
 use prometheus::{Encoder as _, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
@@ -21,6 +23,8 @@ use crate::{
     stuck::StuckSet,
 };
 
+use super::series::{self, Admission, Family, FamilySeries, POD_LABELS, PodName, SeriesBook};
+
 pub struct Metrics {
     registry: Registry,
     probe_up: IntGaugeVec,
@@ -36,7 +40,9 @@ pub struct Metrics {
     kubelet_check_up: IntGaugeVec,
     /// Every state `node_pods` has a series for.
     node_pod_states: std::sync::Mutex<std::collections::BTreeSet<PodState>>,
-    pod_series: std::sync::Mutex<PodSeries>,
+    /// Every series of the families about events: the cap, and a pod's series.
+    series: std::sync::Mutex<SeriesBook>,
+    series_dropped_total: IntCounterVec,
     incident_active: IntGaugeVec,
     alertmanager_posts_total: IntCounterVec,
     kubernetes_writes_total: IntCounterVec,
@@ -60,10 +66,6 @@ pub struct Metrics {
     /// Read into `events_total` and `events_lost_total` when scraped.
     counts: std::sync::Arc<Counts>,
 }
-
-/// The labels that say who an event is about. `host` is "true" for node processes and
-/// host-network events, "false" otherwise (an empty pod with host="false": not attributed).
-pub const POD_LABELS: [&str; 5] = ["namespace", "pod", "container", "workload", "host"];
 
 fn pod_label_values(a: &Attribution) -> [&str; 5] {
     [&a.namespace, &a.pod, &a.container, &a.workload, if a.host { "true" } else { "false" }]
@@ -94,7 +96,7 @@ fn event_counter(registry: &Registry, family: Family, help: &str) -> IntCounterV
 }
 
 impl Metrics {
-    pub fn new(counts: std::sync::Arc<Counts>) -> Self {
+    pub fn new(counts: std::sync::Arc<Counts>, settings: series::Settings) -> Self {
         let registry = Registry::new();
         let probe_up = IntGaugeVec::new(
             Opts::new(
@@ -247,7 +249,15 @@ impl Metrics {
                 "Per-key incident state dropped because a signature's cap was reached.",
                 &["signature"],
             ),
-            pod_series: std::sync::Mutex::default(),
+            series: std::sync::Mutex::new(SeriesBook::new(settings)),
+            series_dropped_total: counter(
+                &registry,
+                "kstall_metric_series_dropped_total",
+                "New series not made because their metric family had --max-series-per-metric \
+                 series already, each counted once (until a forgotten pod frees room); their \
+                 counts went to the family's overflow series (its own labels \"overflow\").",
+                &["metric"],
+            ),
             pod_metadata_up,
             attribution_pods,
             node_pods,
@@ -355,6 +365,9 @@ impl Metrics {
         }
         for queue in ["misses", "held"] {
             metrics.attribution_queue_full_total.with_label_values(&[queue]);
+        }
+        for family in Family::ALL {
+            metrics.series_dropped_total.with_label_values(&[family.name()]);
         }
         metrics
     }
@@ -494,17 +507,39 @@ impl Metrics {
     }
 
     fn inc_by(&self, family: Family, labels: &[&str], who: &Attribution, n: u64) {
-        if let Some(counter) = self.counter(family) {
-            counter.with_label_values(labels).inc_by(n);
-            self.track(family, labels, who, |v| *v += n as i64);
+        let Some(counter) = self.counter(family) else { return };
+        let mut book = self.series.lock().expect("series book");
+        match book.admit(family, labels, who) {
+            Admission::Series(slot) => {
+                counter.with_label_values(labels).inc_by(n);
+                book.update(slot, |v| *v += n as i64);
+            }
+            Admission::Overflow { first } => {
+                counter.with_label_values(&family.overflow_labels()).inc_by(n);
+                self.dropped(family, first);
+            }
         }
     }
 
+    /// A gauge has no overflow series (a value of many series means nothing): the update is
+    /// dropped and counted.
     fn set(&self, family: Family, labels: &[&str], who: &Attribution, value: i64) {
-        if let Family::NfsResponding = family {
-            self.nfs_server_responding.with_label_values(labels).set(value);
+        let mut book = self.series.lock().expect("series book");
+        match book.admit(family, labels, who) {
+            Admission::Series(slot) => {
+                if let Family::NfsResponding = family {
+                    self.nfs_server_responding.with_label_values(labels).set(value);
+                }
+                book.update(slot, |v| *v = value);
+            }
+            Admission::Overflow { first } => self.dropped(family, first),
         }
-        self.track(family, labels, who, |v| *v = value);
+    }
+
+    fn dropped(&self, family: Family, first: bool) {
+        if first {
+            self.series_dropped_total.with_label_values(&[family.name()]).inc();
+        }
     }
 
     fn counter(&self, family: Family) -> Option<&IntCounterVec> {
@@ -520,20 +555,16 @@ impl Metrics {
         })
     }
 
-    /// Keeps a named pod's series and its value, so that it can go when the pod is forgotten
-    /// and `kstall explain` can list it.
-    fn track(&self, family: Family, labels: &[&str], who: &Attribution, update: impl FnOnce(&mut i64)) {
-        if who.pod.is_empty() {
-            return;
-        }
-        self.pod_series.lock().expect("pod series").record(family, labels, who, update);
+    /// The series count, cap and refusals of each family about events (`kstall status`).
+    pub fn families(&self) -> Vec<FamilySeries> {
+        self.series.lock().expect("series book").families()
     }
 
     /// Removes the series of pods kstall no longer names (deleted longer than the retention
     /// time): a node's pods churn, its metric series must not grow with them forever.
     pub fn forget_pods_except(&self, named: &std::collections::HashSet<PodName>) {
-        let gone = self.pod_series.lock().expect("pod series").take_except(named);
-        for PodSeriesEntry { family, labels, .. } in gone {
+        let gone = self.series.lock().expect("series book").take_except(named);
+        for series::Entry { family, labels, .. } in gone {
             let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
             let _ = match self.counter(family) {
                 Some(counter) => counter.remove_label_values(&labels),
@@ -545,7 +576,7 @@ impl Metrics {
     /// `name{labels} value` of every event series of pod `namespace/pod`, its pod labels (and
     /// empty ones) left out, sorted: what `kstall explain` shows as the pod's activity.
     pub fn pod_activity(&self, namespace: &str, pod: &str) -> Vec<String> {
-        let series = self.pod_series.lock().expect("pod series");
+        let series = self.series.lock().expect("series book");
         let mut lines: Vec<String> = series
             .of(namespace, pod)
             .iter()
@@ -710,130 +741,6 @@ impl Sweeps {
     }
 }
 
-/// The metric families that carry pod labels (the stuck-task gauge is rebuilt whole instead).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Family {
-    TcpResets,
-    StuckTasks,
-    OomKills,
-    NfsRetransmits,
-    NfsTimeouts,
-    NfsConnectErrors,
-    NfsStateManager,
-    NfsResponding,
-}
-
-impl Family {
-    fn name(self) -> &'static str {
-        match self {
-            Family::TcpResets => "kstall_tcp_resets_total",
-            Family::StuckTasks => "kstall_stuck_tasks_total",
-            Family::OomKills => "kstall_oom_kills_total",
-            Family::NfsRetransmits => "kstall_nfs_rpc_retransmits_total",
-            Family::NfsTimeouts => "kstall_nfs_rpc_timeouts_total",
-            Family::NfsConnectErrors => "kstall_nfs_connect_errors_total",
-            Family::NfsStateManager => "kstall_nfs_state_manager_failures_total",
-            Family::NfsResponding => "kstall_nfs_server_responding",
-        }
-    }
-
-    /// Its own labels, before the pod labels.
-    fn labels(self) -> &'static [&'static str] {
-        match self {
-            Family::TcpResets => &["direction", "port", "original_port", "reason"],
-            Family::StuckTasks => &["wait", "kind", "source"],
-            Family::OomKills => &["scope", "comm", "critical"],
-            Family::NfsRetransmits | Family::NfsTimeouts | Family::NfsResponding => &["server"],
-            Family::NfsConnectErrors => &["server", "error"],
-            Family::NfsStateManager => &["server", "section"],
-        }
-    }
-}
-
-/// (namespace, pod).
-type PodName = (String, String);
-
-/// One series of a named pod: its family, label values, and value (a counter's count, a gauge's
-/// last value).
-struct PodSeriesEntry {
-    family: Family,
-    labels: Vec<String>,
-    value: i64,
-}
-
-/// Every series of every named pod: the owner of what `kstall explain` lists as a pod's activity,
-/// and of which series go when the pod is forgotten.
-#[derive(Default)]
-struct PodSeries {
-    /// The series, where `seen` and `by_pod` point; a forgotten pod's slots are reused.
-    slots: Vec<Option<PodSeriesEntry>>,
-    free: Vec<usize>,
-    by_pod: std::collections::HashMap<PodName, Vec<usize>>,
-    /// Series hash -> its slot: the event path pays a hash, not an allocation, for a series it
-    /// has seen.
-    seen: std::collections::HashMap<u64, usize>,
-}
-
-impl PodSeries {
-    fn hash(family: Family, labels: &[&str]) -> u64 {
-        use std::hash::{Hash as _, Hasher as _};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        family.hash(&mut h);
-        labels.hash(&mut h);
-        h.finish()
-    }
-
-    fn record(&mut self, family: Family, labels: &[&str], who: &Attribution, update: impl FnOnce(&mut i64)) {
-        let hash = Self::hash(family, labels);
-        let slot = match self.seen.get(&hash) {
-            Some(&slot) => slot,
-            None => {
-                let entry = PodSeriesEntry {
-                    family,
-                    labels: labels.iter().map(|l| l.to_string()).collect(),
-                    value: 0,
-                };
-                let slot = match self.free.pop() {
-                    Some(slot) => {
-                        self.slots[slot] = Some(entry);
-                        slot
-                    }
-                    None => {
-                        self.slots.push(Some(entry));
-                        self.slots.len() - 1
-                    }
-                };
-                self.seen.insert(hash, slot);
-                self.by_pod.entry((who.namespace.clone(), who.pod.clone())).or_default().push(slot);
-                slot
-            }
-        };
-        if let Some(entry) = &mut self.slots[slot] {
-            update(&mut entry.value);
-        }
-    }
-
-    fn of(&self, namespace: &str, pod: &str) -> Vec<&PodSeriesEntry> {
-        let slots = self.by_pod.get(&(namespace.to_string(), pod.to_string()));
-        slots.into_iter().flatten().filter_map(|&slot| self.slots[slot].as_ref()).collect()
-    }
-
-    fn take_except(&mut self, named: &std::collections::HashSet<PodName>) -> Vec<PodSeriesEntry> {
-        let gone: Vec<PodName> = self.by_pod.keys().filter(|k| !named.contains(*k)).cloned().collect();
-        let mut series = Vec::new();
-        for key in gone {
-            for slot in self.by_pod.remove(&key).unwrap_or_default() {
-                let Some(entry) = self.slots[slot].take() else { continue };
-                let refs: Vec<&str> = entry.labels.iter().map(String::as_str).collect();
-                self.seen.remove(&Self::hash(entry.family, &refs));
-                self.free.push(slot);
-                series.push(entry);
-            }
-        }
-        series
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use kstall_common::tcp_reset::{
@@ -868,7 +775,7 @@ mod tests {
     #[test]
     fn reset_labels() {
         let counts = std::sync::Arc::new(Counts::default());
-        let m = Metrics::new(counts.clone());
+        let m = Metrics::new(counts.clone(), Default::default());
         let observe = |e: &Attributed| {
             counts.received(e.event.header.probe);
             m.observe(e);
@@ -965,7 +872,7 @@ mod tests {
         };
 
         use crate::probes::nfs::tests::event as nfs_event;
-        let m = Metrics::new(Default::default());
+        let m = Metrics::new(Default::default(), Default::default());
         let observe = |what, error| observe_nfs(&m, &nfs_event(what, error), &Default::default());
         observe(WHAT_TIMEOUT, -110);
         let responding = nfs("kstall_nfs_server_responding", "");
@@ -988,8 +895,37 @@ mod tests {
     }
 
     #[test]
+    fn past_the_cap_new_series_go_to_the_overflow_series_and_are_counted() {
+        let m = Metrics::new(Default::default(), series::Settings { max_series_per_metric: 3 });
+        for port in 1..=5 {
+            m.observe(&count(10, |k| k.port = port));
+        }
+        // A refused series seen again is not refused twice; a kept one still counts.
+        m.observe(&count(10, |k| k.port = 5));
+        m.observe(&count(1, |k| k.port = 1));
+        let text = m.render();
+        let ports = |port: &str| {
+            format!(r#"direction="sent",host="false",namespace="",original_port="2049",pod="",port="{port}""#)
+        };
+        assert!(text.contains(&format!("{},reason=\"1\",workload=\"\"}} 11", ports("1"))), "{text}");
+        assert!(!text.contains(&ports("4")), "{text}");
+        assert!(
+            text.contains(r#"kstall_tcp_resets_total{container="",direction="overflow",host="",namespace="",original_port="overflow",pod="",port="overflow",reason="overflow",workload=""} 30"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kstall_metric_series_dropped_total{metric="kstall_tcp_resets_total"} 2"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"kstall_metric_series_dropped_total{metric="kstall_oom_kills_total"} 0"#));
+        let families = m.families();
+        let resets = families.iter().find(|f| f.metric == "kstall_tcp_resets_total").unwrap();
+        assert_eq!((resets.series, resets.max, resets.dropped), (3, 3, 2));
+    }
+
+    #[test]
     fn a_forgotten_pods_series_are_removed() {
-        let m = Metrics::new(Default::default());
+        let m = Metrics::new(Default::default(), Default::default());
         let named = |pod: &str| {
             let mut e = event(1);
             e.who = std::sync::Arc::new(Attribution {
@@ -1019,7 +955,7 @@ mod tests {
         use kstall_common::nfs::{WHAT_SERVER_RESPONDING, WHAT_TIMEOUT};
 
         use crate::probes::nfs::tests::event as nfs_event;
-        let m = Metrics::new(Default::default());
+        let m = Metrics::new(Default::default(), Default::default());
         let who = std::sync::Arc::new(Attribution {
             namespace: "shop".into(),
             pod: "web-1".into(),
@@ -1059,7 +995,7 @@ mod tests {
 
     #[test]
     fn incident_metrics() {
-        let m = Metrics::new(Default::default());
+        let m = Metrics::new(Default::default(), Default::default());
         let incident = crate::incidents::tests::incident(None);
         m.set_incidents(
             [&incident].into_iter(),
@@ -1084,7 +1020,7 @@ mod tests {
 
     #[test]
     fn node_pods_by_phase_and_waiting_reason() {
-        let m = Metrics::new(Default::default());
+        let m = Metrics::new(Default::default(), Default::default());
         let backoff = PodState { phase: "Pending", waiting_reason: "ImagePullBackOff" };
         let running = PodState { phase: "Running", waiting_reason: "" };
         let mut index = Index { pod_states: [(backoff, 360), (running, 12)].into(), ..Index::default() };

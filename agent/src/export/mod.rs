@@ -1,3 +1,4 @@
 pub mod alertmanager;
 pub mod kubernetes;
 pub mod metrics;
+pub mod series;

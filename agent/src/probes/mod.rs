@@ -62,6 +62,8 @@ pub struct Settings {
     pub tcp_reset_hook: tcp_reset::Hook,
     /// Process names whose OOM kill makes the victim node-critical.
     pub critical_comms: Vec<String>,
+    /// Ports the reset counters keep by number besides [`tcp_reset::WELL_KNOWN_PORTS`].
+    pub kept_ports: Vec<std::ops::RangeInclusive<u16>>,
     pub stuck_task: stuck_task::Settings,
     /// The in-kernel capture filter of a standalone `kstall trace`; all zero (everything) for the
     /// agent.
@@ -114,6 +116,29 @@ impl Settings {
                 .filter(|&n| n < u32::MAX)
                 .ok_or_else(|| format!("{text:?} is not a number of events (0 to 4294967294) or \"all\"")),
         }
+    }
+
+    /// `--metric-ports`: ports (`8080`) and ranges (`9000-9010`) counted by number.
+    pub fn metric_ports(list: Vec<String>) -> Result<Vec<std::ops::RangeInclusive<u16>>, String> {
+        let port = |text: &str| {
+            text.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| format!("{text:?} is not a port (1-65535)"))
+        };
+        let mut ranges = Vec::new();
+        for item in list.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+            let range = match item.split_once('-') {
+                Some((low, high)) => port(low)?..=port(high)?,
+                None => port(item)?..=port(item)?,
+            };
+            if range.is_empty() {
+                return Err(format!("{item:?} is not a range (the low port first)"));
+            }
+            ranges.push(range);
+        }
+        Ok(ranges)
     }
 
     /// Process names whose OOM kill is node-critical: each must fit the kernel's process name,
@@ -269,6 +294,8 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
     loader.override_global("WAKEUP_BYTES", &wakeup_bytes, true);
     loader.override_global("CAPTURE", &settings.capture, true);
     loader.override_global("SAMPLE_EVENTS", &settings.sample_events, true);
+    let kept_ports = tcp_reset::kept_ports(&settings.kept_ports);
+    loader.override_global("KEPT_PORTS", &kept_ports, true);
     for (_, plan) in &plans {
         loader.override_global(plan.global, plan.global_value.as_slice(), true);
     }

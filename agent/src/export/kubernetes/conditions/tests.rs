@@ -48,7 +48,7 @@ impl Running {
         let kubeconfig = crate::fake_api::kubeconfig(addr);
         let client = crate::attribution::pods::api::client(Some(kubeconfig.path())).await.unwrap();
         let (wanted, receiver) = watch::channel(super::wanted(enabled, std::iter::empty()));
-        let metrics = Arc::new(Metrics::new(Default::default()));
+        let metrics = Arc::new(Metrics::new(Default::default(), Default::default()));
         let stop = CancellationToken::new();
         let settings = Settings { heartbeat: Duration::from_secs(3600), retry: Duration::from_millis(200) };
         let task =

@@ -36,7 +36,7 @@ impl Running {
         let kubeconfig = crate::fake_api::kubeconfig(addr);
         let client = crate::attribution::pods::api::client(Some(kubeconfig.path())).await.unwrap();
         let (queue, fired) = mpsc::channel(QUEUE);
-        let metrics = Arc::new(Metrics::new(Default::default()));
+        let metrics = Arc::new(Metrics::new(Default::default(), Default::default()));
         let stop = CancellationToken::new();
         let settings = Settings { series_interval: SERIES_INTERVAL, forget_after: Duration::from_secs(600) };
         let task = tokio::spawn(run(client, "node-a".into(), settings, fired, metrics.clone(), stop.clone()));
@@ -182,7 +182,7 @@ async fn refused_writes_are_counted_and_the_writer_goes_on() {
 
 #[tokio::test]
 async fn a_full_queue_drops_and_counts() {
-    let metrics = Metrics::new(Default::default());
+    let metrics = Metrics::new(Default::default(), Default::default());
     let (queue, _fired) = mpsc::channel(1);
     offer(&queue, &[pod_incident()], &metrics);
     offer(&queue, &[pod_incident(), pod_incident()], &metrics);
