@@ -10,6 +10,7 @@ use crate::{export::kubernetes::conditions::Condition, kubelet, probes};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9700";
 pub const DEFAULT_API_SOCKET: &str = "/run/kstall/kstall.sock";
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/kstall";
 
 #[derive(Debug, Default, clap::Args)]
 pub struct AgentArgs {
@@ -22,6 +23,10 @@ pub struct AgentArgs {
     /// Unix socket of the agent's API (`kstall status`) [default: /run/kstall/kstall.sock].
     #[arg(long, env = "KSTALL_API_SOCKET", value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
+    /// Directory where the incident history is kept across restarts, or `none` to keep it in
+    /// memory only [default: /var/lib/kstall].
+    #[arg(long, env = "KSTALL_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Probes to load, comma-separated [default: all].
     #[arg(long, env = "KSTALL_PROBES", value_name = "LIST", value_delimiter = ',')]
     pub probes: Option<Vec<String>>,
@@ -175,6 +180,7 @@ pub struct AgentArgs {
 struct FileConfig {
     listen: Option<String>,
     api_socket: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
     probes: Option<Vec<String>>,
     ring_buffer_bytes: Option<toml::Value>,
     sample_events: Option<toml::Value>,
@@ -239,6 +245,8 @@ pub enum PodMetadata {
 pub struct Config {
     pub listen: SocketAddr,
     pub api_socket: PathBuf,
+    /// Where the incident history is written; `None`: memory only.
+    pub state_dir: Option<PathBuf>,
     pub probes: probes::Settings,
     pub log_format: LogFormat,
     pub log_level: String,
@@ -289,6 +297,17 @@ impl Config {
             .parse::<SocketAddr>()
             .map_err(|_| invalid("listen", format!("{listen:?} is not an address like 127.0.0.1:9700")))?;
 
+        let state_dir = match args.state_dir.or(file.state_dir) {
+            Some(dir) if dir.as_os_str() == "none" => None,
+            Some(dir) if !dir.is_absolute() => {
+                return Err(invalid(
+                    "state_dir",
+                    format!("{} is not an absolute path (or none)", dir.display()),
+                ));
+            }
+            Some(dir) => Some(dir),
+            None => Some(DEFAULT_STATE_DIR.into()),
+        };
         let api_socket = args.api_socket.or(file.api_socket).unwrap_or_else(|| DEFAULT_API_SOCKET.into());
         if !api_socket.is_absolute() {
             return Err(invalid("api_socket", format!("{} is not an absolute path", api_socket.display())));
@@ -521,6 +540,7 @@ impl Config {
             record_raw: args.record_raw.or(file.record_raw),
             listen,
             api_socket,
+            state_dir,
             log_format,
             log_level,
             hung_task_timeout_secs,
@@ -770,6 +790,9 @@ mod tests {
         let c = resolve(AgentArgs::default()).unwrap();
         assert_eq!(c.listen, "127.0.0.1:9700".parse().unwrap());
         assert_eq!(c.api_socket, PathBuf::from("/run/kstall/kstall.sock"));
+        assert_eq!(c.state_dir, Some(PathBuf::from("/var/lib/kstall")));
+        let memory_only = resolve(AgentArgs { state_dir: Some("none".into()), ..Default::default() });
+        assert_eq!(memory_only.unwrap().state_dir, None);
         assert_eq!(c.probes.enabled, vec!["tcp-reset", "hung-task", "oom", "nfs", "stuck-task"]);
         assert_eq!(c.probes.stuck_task, probes::stuck_task::Settings::default());
         assert_eq!(c.probes.stuck_task.interval, Duration::from_secs(5));
@@ -784,6 +807,7 @@ mod tests {
         let cases: Vec<(AgentArgs, &str)> = vec![
             (AgentArgs { listen: Some("localhost".into()), ..Default::default() }, "listen"),
             (AgentArgs { api_socket: Some("rel/sock".into()), ..Default::default() }, "api_socket"),
+            (AgentArgs { state_dir: Some("var/lib/kstall".into()), ..Default::default() }, "state_dir"),
             (
                 AgentArgs { probes: Some(vec!["tcp-reset".into(), "nope".into()]), ..Default::default() },
                 "probes",

@@ -4,6 +4,7 @@
 //! what it changed, and exits.
 
 use std::{
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Instant,
 };
@@ -27,7 +28,10 @@ use crate::{
     config::{Config, PodMetadata},
     events::{Counts, Decoder},
     export::{alertmanager, kubernetes, metrics::Metrics},
-    incidents::engine::Engine,
+    incidents::{
+        engine::Engine,
+        saved::{self, Loaded},
+    },
     kernel, kubelet,
     pipeline::{self, IncidentOutputs, Pipeline},
     probes::{self, hung_task},
@@ -99,7 +103,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let stop_intake = CancellationToken::new();
     let attribution = start_attribution(&config, stop_intake.clone()).await;
-    let incidents = Arc::new(Mutex::new(Engine::new(config.node_name.clone(), &config.incidents)));
+    let mut engine = Engine::new(config.node_name.clone(), &config.incidents);
+    let state_dir =
+        config.state_dir.as_deref().filter(|dir| restore_incidents(dir, &config.node_name, &mut engine));
+    let incidents = Arc::new(Mutex::new(engine));
     let stuck = Arc::new(Mutex::new(StuckSet::default()));
     let statuses = Arc::new(Mutex::new(statuses));
     let state = Arc::new(AgentState {
@@ -126,6 +133,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     });
     let mut outputs = IncidentOutputs { alerts: pusher.is_some().then_some(alerts_tx), ..Default::default() };
     let mut writers = Vec::new();
+    if let Some(dir) = state_dir {
+        let (saved_tx, saved) = watch::channel(None);
+        outputs.saved = Some(saved_tx);
+        writers.push(tokio::spawn(saved::keep_written(
+            dir.to_path_buf(),
+            saved,
+            history_written(dir.to_path_buf(), metrics.clone()),
+            shutdown.clone(),
+        )));
+    }
     if let Some(client) = &attribution.client {
         let node = config.node_name.clone();
         if config.kubernetes_events {
@@ -350,6 +367,51 @@ struct RunningAttribution {
     health: Health,
     /// The API client of the pod source, shared with the API's writers.
     client: Option<kube::Client>,
+}
+
+/// Takes back the incident history an earlier run left in `dir`; false when the directory cannot
+/// be used (the agent then runs with its history in memory only, and says so once).
+fn restore_incidents(dir: &Path, node: &str, engine: &mut Engine) -> bool {
+    let unusable = |e: std::io::Error| {
+        tracing::warn!(dir = %dir.display(), error = %e,
+            "state directory unusable: the incident history will not survive a restart");
+        false
+    };
+    if let Err(e) = saved::create_dir(dir) {
+        return unusable(e);
+    }
+    match saved::load(dir, node) {
+        Ok(Loaded::Nothing) => {}
+        Ok(Loaded::History(history)) => {
+            tracing::info!(
+                firing = history.firing.len(),
+                resolved = history.resolved.len(),
+                saved_unix_ns = history.saved_unix_ns,
+                "incident history restored"
+            );
+            engine.restore(history, kernel::unix_now_ns());
+        }
+        Ok(Loaded::MovedAside { to, why }) => {
+            tracing::warn!(file = %to.display(), reason = %why, "incident history not restored: moved aside");
+        }
+        Err(e) => return unusable(e),
+    }
+    true
+}
+
+/// Counts each write of the history and logs a failure once, until a write succeeds again.
+fn history_written(dir: PathBuf, metrics: Arc<Metrics>) -> impl Fn(&std::io::Result<usize>) + Send + 'static {
+    let failing = std::sync::atomic::AtomicBool::new(false);
+    move |result| {
+        metrics.state_write(result.is_ok());
+        let was_failing = failing.swap(result.is_err(), std::sync::atomic::Ordering::Relaxed);
+        match result {
+            Err(e) if !was_failing => tracing::warn!(dir = %dir.display(), error = %e,
+                "cannot write the incident history; it will not survive a restart"),
+            Ok(_) if was_failing => tracing::info!(dir = %dir.display(), "incident history written again"),
+            _ => {}
+        }
+    }
 }
 
 /// Adds what the hung-task detector is set to, to the probe's status: a probe that is up but

@@ -27,7 +27,7 @@ use crate::{
         kubernetes::{self, conditions},
         metrics::Metrics,
     },
-    incidents::{Incident, NodeView, engine::Engine},
+    incidents::{Incident, NodeView, engine::Engine, saved::Saved},
     kernel, kubelet,
     probes::{
         self,
@@ -421,7 +421,13 @@ pub struct IncidentOutputs {
     pub kubernetes_events: Option<mpsc::Sender<Vec<Incident>>>,
     /// What the enabled node conditions should say, for their writer.
     pub node_conditions: Option<(Vec<conditions::Condition>, watch::Sender<conditions::Wanted>)>,
+    /// The history to write to the state directory, for its writer.
+    pub saved: Option<watch::Sender<Option<Arc<Saved>>>>,
 }
+
+/// While incidents fire, their last-seen times and evidence reach the state directory this often
+/// (what fires or resolves is written at once).
+const SAVE_FIRING_EVERY: Duration = Duration::from_secs(30);
 
 /// Asks the signatures what fires, once a second, with the node as it is now (stuck tasks,
 /// memory, the kubelet's pods and health); logs what started and what ended, updates the incident
@@ -436,9 +442,15 @@ pub async fn evaluate_incidents(
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(INCIDENT_EVALUATION_INTERVAL);
+    let mut last_saved = Instant::now();
     loop {
         tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => {
+                if let Some(saved) = &outputs.saved {
+                    saved.send_replace(Some(Arc::new(lock(&engine).saved(kernel::unix_now_ns()))));
+                }
+                return;
+            }
             _ = tick.tick() => {}
         }
         let now = kernel::unix_now_ns();
@@ -464,6 +476,13 @@ pub async fn evaluate_incidents(
         let (firing, evictions): (Vec<_>, Vec<_>) = (engine.firing().cloned().collect(), engine.evictions());
         // Under the engine's lock: the API and /metrics never disagree on what fires.
         metrics.set_incidents(firing.iter(), &changes.fired, &evictions);
+        if let Some(saved) = &outputs.saved {
+            let changed = !changes.fired.is_empty() || !changes.resolved.is_empty();
+            if changed || (!firing.is_empty() && last_saved.elapsed() >= SAVE_FIRING_EVERY) {
+                saved.send_replace(Some(Arc::new(engine.saved(now))));
+                last_saved = Instant::now();
+            }
+        }
         drop(engine);
         if let Some(queue) = &outputs.kubernetes_events {
             kubernetes::events::offer(queue, &changes.fired, &metrics);

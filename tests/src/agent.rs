@@ -36,9 +36,17 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// An agent with its own state directory, removed with it.
     pub fn start(extra_args: &[&str]) -> Self {
+        Self::start_with_state(None, extra_args)
+    }
+
+    /// An agent whose incident history is kept in `state` (which outlives it), or in its own
+    /// directory.
+    pub fn start_with_state(state: Option<&Path>, extra_args: &[&str]) -> Self {
         let dir = std::env::temp_dir().join(format!("kstall-test-{}-{}", std::process::id(), unique()));
         std::fs::create_dir_all(&dir).expect("agent dir");
+        let state = state.map_or_else(|| dir.join("state"), Path::to_path_buf);
         let socket = dir.join("kstall.sock");
         let listen: SocketAddr = {
             let l = TcpListener::bind("127.0.0.1:0").expect("free port");
@@ -48,6 +56,8 @@ impl Agent {
             .arg("agent")
             .args(["--listen", &listen.to_string(), "--api-socket", socket.to_str().unwrap()])
             .args(["--log-format", "json"])
+            .arg("--state-dir")
+            .arg(&state)
             .args(extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -197,6 +207,15 @@ impl Agent {
         let left = bpf::still_loaded_after_grace(&held);
         assert!(left.is_empty(), "programs {left:?} still loaded after the agent exited:\n{}", self.log());
         code
+    }
+
+    /// SIGKILL, as the OOM killer or a node's crash would: nothing the agent does at exit runs.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(reader) = self.log_reader.take() {
+            let _ = reader.join();
+        }
     }
 
     fn terminate(&mut self) -> Option<i32> {

@@ -335,19 +335,24 @@ fn the_daemonset_keeps_what_the_agent_needs() {
             Some(&json!("spec.nodeName")),
             "{name}"
         );
-        for (path, read_only) in [("/sys/kernel/btf", true), ("/sys/fs/cgroup", true), ("/run/kstall", false)]
-        {
+        let mounted = [
+            ("/sys/kernel/btf", true),
+            ("/sys/fs/cgroup", true),
+            ("/run/kstall", false),
+            ("/var/lib/kstall", false),
+        ];
+        for (path, read_only) in mounted {
             let mounts = agent["volumeMounts"].as_array().unwrap();
             let mount =
                 mounts.iter().find(|m| m["mountPath"] == path).unwrap_or_else(|| panic!("{name}: no {path}"));
             assert_eq!(mount["readOnly"].as_bool().unwrap_or(false), read_only, "{name}: {path} read-only");
             let volume =
                 pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == mount["name"]).unwrap();
-            if non_root && path == "/run/kstall" {
+            if non_root && path.ends_with("/kstall") {
                 assert_eq!(
                     volume["emptyDir"],
                     json!({}),
-                    "{name}: the non-root agent's socket is in the pod"
+                    "{name}: the non-root agent's socket and history are in the pod"
                 );
             } else {
                 assert_eq!(volume["hostPath"]["path"], path, "{name}: {path} is the host's");

@@ -249,8 +249,8 @@ impl StandaloneAgent {
         if !filter.probes.is_empty() {
             command.arg("--probes").arg(filter.probes.join(","));
         }
-        // A capture shows every event; it exports no counters.
-        command.args(["--sample-events", "all"]);
+        // A capture shows every event; it exports no counters, and keeps no incident history.
+        command.args(["--sample-events", "all", "--state-dir", "none"]);
         if let Some(pid) = filter.pid {
             command.arg("--capture-pid").arg(pid.to_string());
         }

@@ -45,6 +45,7 @@ pub struct Metrics {
     series_dropped_total: IntCounterVec,
     incident_active: IntGaugeVec,
     alertmanager_posts_total: IntCounterVec,
+    state_writes_total: IntCounterVec,
     kubernetes_writes_total: IntCounterVec,
     overcommit: prometheus::Gauge,
     incidents_total: IntCounterVec,
@@ -226,6 +227,13 @@ impl Metrics {
                 "Pushes of incidents to an Alertmanager (--alertmanager-url), by result.",
                 &["url", "result"],
             ),
+            state_writes_total: counter(
+                &registry,
+                "kstall_state_writes_total",
+                "Writes of the incident history to the state directory (--state-dir), by result: ok, \
+                 error (the agent's log says why; the history then does not survive a restart).",
+                &["result"],
+            ),
             kubernetes_writes_total: counter(
                 &registry,
                 "kstall_kubernetes_writes_total",
@@ -368,6 +376,9 @@ impl Metrics {
         }
         for family in Family::ALL {
             metrics.series_dropped_total.with_label_values(&[family.name()]);
+        }
+        for result in ["ok", "error"] {
+            metrics.state_writes_total.with_label_values(&[result]);
         }
         metrics
     }
@@ -648,6 +659,11 @@ impl Metrics {
 
     pub fn kubernetes_write(&self, kind: &str, result: &str) {
         self.kubernetes_writes_total.with_label_values(&[kind, result]).inc();
+    }
+
+    /// A write of the incident history to the state directory.
+    pub fn state_write(&self, ok: bool) {
+        self.state_writes_total.with_label_values(&[if ok { "ok" } else { "error" }]).inc();
     }
 
     pub fn alertmanager_post(&self, url: &str, ok: bool) {

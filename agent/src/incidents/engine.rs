@@ -6,6 +6,7 @@ use std::collections::{HashMap, VecDeque};
 
 use super::{
     Finding, Incident, NodeView, Settings, Signature, State,
+    saved::Saved,
     signatures::{
         container_oom_loop::ContainerOomLoop,
         kubelet_degraded::KubeletDegraded,
@@ -21,11 +22,18 @@ use crate::attribution::Attributed;
 /// Resolved incidents kept for the API.
 const HISTORY: usize = 1000;
 
+/// How long an incident that fired before a restart stays firing without its signature finding
+/// it again: the signatures start empty, and the slowest evidence to come back (an NFS client's
+/// reconnects, backing off to minutes) needs this long.
+pub const CARRIED_OVER_FOR: std::time::Duration = std::time::Duration::from_secs(300);
+
 pub struct Engine {
     node: String,
     signatures: Vec<Box<dyn Signature>>,
     firing: HashMap<String, Incident>,
     resolved: VecDeque<Incident>,
+    /// Incidents restored as firing, until when they stay so unless found again.
+    carried_over: HashMap<String, u64>,
 }
 
 /// What one evaluation changed.
@@ -53,7 +61,13 @@ impl Engine {
     }
 
     pub fn with(node: String, signatures: Vec<Box<dyn Signature>>) -> Self {
-        Self { node, signatures, firing: HashMap::new(), resolved: VecDeque::new() }
+        Self {
+            node,
+            signatures,
+            firing: HashMap::new(),
+            resolved: VecDeque::new(),
+            carried_over: HashMap::new(),
+        }
     }
 
     /// Takes one attributed event (on the event path: each signature's work is a map update).
@@ -75,6 +89,7 @@ impl Engine {
         let reported: std::collections::HashSet<String> = current.keys().cloned().collect();
         let mut changes = Changes::default();
         for (id, mut incident) in current {
+            self.carried_over.remove(&id);
             match self.firing.get(&id) {
                 Some(known) => {
                     incident.first_seen_unix_ns = known.first_seen_unix_ns.min(incident.first_seen_unix_ns)
@@ -83,7 +98,13 @@ impl Engine {
             }
             self.firing.insert(id, incident);
         }
-        let gone: Vec<String> = self.firing.keys().filter(|id| !reported.contains(*id)).cloned().collect();
+        self.carried_over.retain(|_, until| *until > now_unix_ns);
+        let gone: Vec<String> = self
+            .firing
+            .keys()
+            .filter(|id| !reported.contains(*id) && !self.carried_over.contains_key(*id))
+            .cloned()
+            .collect();
         for id in gone {
             if let Some(mut incident) = self.firing.remove(&id) {
                 incident.state = State::Resolved;
@@ -110,6 +131,28 @@ impl Engine {
 
     pub fn firing(&self) -> impl Iterator<Item = &Incident> {
         self.firing.values()
+    }
+
+    /// What to write to the state directory.
+    pub fn saved(&self, now_unix_ns: u64) -> Saved {
+        Saved::new(
+            &self.node,
+            now_unix_ns,
+            self.firing.values().cloned().collect(),
+            self.resolved.iter().cloned().collect(),
+        )
+    }
+
+    /// Takes back what an earlier run saved: its history, and its firing incidents, which stay
+    /// firing for [`CARRIED_OVER_FOR`] unless their signature finds them again (they then go on,
+    /// from when they first fired) and resolve after it otherwise.
+    pub fn restore(&mut self, saved: Saved, now_unix_ns: u64) {
+        let until = now_unix_ns.saturating_add(super::ns(CARRIED_OVER_FOR));
+        for incident in saved.firing {
+            self.carried_over.insert(incident.id.clone(), until);
+            self.firing.insert(incident.id.clone(), incident);
+        }
+        self.resolved.extend(saved.resolved.into_iter().take(HISTORY - self.resolved.len().min(HISTORY)));
     }
 
     /// Per-signature state evictions (caps reached), for `kstall_incident_state_evictions_total`.
@@ -201,5 +244,40 @@ mod tests {
         );
         assert_eq!(engine.firing().count(), 0);
         assert_eq!(engine.incidents().len(), 2, "kept as history");
+    }
+
+    #[test]
+    fn a_restored_incident_goes_on_when_found_again_and_resolves_when_not() {
+        let who = pod("u1", "web-1");
+        let mut before = Engine::new("node-a".into(), &Settings::default());
+        before.observe(&redirected_reset(101 * SEC, 2049, &who));
+        before.observe(&redirected_reset(102 * SEC, 2049, &who));
+        let empty = stuck(&[]);
+        assert_eq!(before.evaluate(103 * SEC, &node(&empty)).fired.len(), 1);
+        let mut resolved = crate::incidents::tests::incident(Some(50 * SEC));
+        resolved.state = State::Resolved;
+        let mut saved = before.saved(104 * SEC);
+        saved.resolved.push(resolved.clone());
+
+        // Restarted: found again, it goes on from when it first fired, not fired anew.
+        let mut after = Engine::new("node-a".into(), &Settings::default());
+        after.restore(saved.clone(), 200 * SEC);
+        assert_eq!(after.firing().count(), 1);
+        after.observe(&redirected_reset(201 * SEC, 2049, &who));
+        after.observe(&redirected_reset(202 * SEC, 2049, &who));
+        let again = after.evaluate(203 * SEC, &node(&empty));
+        assert!(again.fired.is_empty() && again.resolved.is_empty(), "{again:?}");
+        assert_eq!(after.firing().next().unwrap().first_seen_unix_ns, 101 * SEC);
+        assert_eq!(after.incidents().last(), Some(&resolved), "the history is back");
+
+        // Restarted, and nothing shows it again: firing through the grace, resolved after.
+        let mut quiet = Engine::new("node-a".into(), &Settings::default());
+        quiet.restore(saved, 200 * SEC);
+        let grace_ends = 200 * SEC + crate::incidents::ns(CARRIED_OVER_FOR);
+        assert!(quiet.evaluate(grace_ends - SEC, &node(&empty)).resolved.is_empty());
+        let done = quiet.evaluate(grace_ends, &node(&empty));
+        assert_eq!(done.resolved.len(), 1, "{done:?}");
+        assert_eq!(done.resolved[0].resolved_unix_ns, Some(grace_ends));
+        assert_eq!(quiet.firing().count(), 0);
     }
 }

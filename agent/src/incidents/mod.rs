@@ -7,6 +7,7 @@
 
 pub mod engine;
 pub mod keyed;
+pub mod saved;
 pub mod signatures;
 
 use std::{sync::Arc, time::Duration};

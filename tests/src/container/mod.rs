@@ -171,6 +171,10 @@ impl AgentContainer {
         // As the kubelet makes an emptyDir: writable for a non-root agent too.
         std::fs::set_permissions(run_dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777))
             .unwrap();
+        // The `state` hostPath: the test's own, not the host's /var/lib/kstall.
+        let state_dir = run_dir.path().join("state");
+        std::fs::create_dir(&state_dir).unwrap();
+        std::fs::set_permissions(&state_dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
         let name = format!("kstall-test-{}", std::process::id());
         let _ = podman().args(["rm", "--force", &name]).output();
         let translated =
@@ -253,7 +257,8 @@ struct Translated {
 
 /// `podman run` arguments for the pod spec `spec`, plus what the kubelet adds to every pod (the
 /// downward API's node name, the service account, the API server's address); the `run` hostPath
-/// goes to `run_dir`, so that the test's agent has its own socket. Panics on a setting it does
+/// goes to `run_dir` and the `state` one to its `state`, so that the test's agent has its own
+/// socket and incident history. Panics on a setting it does
 /// not translate.
 fn podman_run_args(spec: &Value, api: &ApiServer, run_dir: &Path, overrides: &Overrides) -> Translated {
     let mut args: Vec<String> = Vec::new();
@@ -346,6 +351,7 @@ fn podman_run_args(spec: &Value, api: &ApiServer, run_dir: &Path, overrides: &Ov
                         volumes.iter().find(|v| v["name"] == mount["name"]).expect("the mount's volume");
                     let host = match volume["name"].as_str() {
                         Some("run") => run_dir.to_str().unwrap().to_string(),
+                        Some("state") => run_dir.join("state").to_str().unwrap().to_string(),
                         _ => volume["hostPath"]["path"].as_str().expect("a hostPath volume").to_string(),
                     };
                     let mode = if mount["readOnly"] == true { ":ro" } else { "" };
