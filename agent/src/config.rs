@@ -20,6 +20,10 @@ pub struct AgentArgs {
     /// Address for /metrics and /healthz [default: 127.0.0.1:9700].
     #[arg(long, env = "KSTALL_LISTEN", value_name = "ADDR")]
     pub listen: Option<String>,
+    /// The exporter toolkit's web configuration for /metrics (node_exporter's --web.config.file
+    /// YAML): TLS certificate and key, client CA, basic-auth users with bcrypt hashes.
+    #[arg(long, env = "KSTALL_WEB_CONFIG_FILE", value_name = "FILE")]
+    pub web_config_file: Option<PathBuf>,
     /// Unix socket of the agent's API (`kstall status`) [default: /run/kstall/kstall.sock].
     #[arg(long, env = "KSTALL_API_SOCKET", value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
@@ -179,6 +183,7 @@ pub struct AgentArgs {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     listen: Option<String>,
+    web_config_file: Option<PathBuf>,
     api_socket: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     probes: Option<Vec<String>>,
@@ -244,6 +249,8 @@ pub enum PodMetadata {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// TLS and basic auth for /metrics, checked here, read again by the server.
+    pub web_config_file: Option<PathBuf>,
     pub api_socket: PathBuf,
     /// Where the incident history is written; `None`: memory only.
     pub state_dir: Option<PathBuf>,
@@ -297,6 +304,10 @@ impl Config {
             .parse::<SocketAddr>()
             .map_err(|_| invalid("listen", format!("{listen:?} is not an address like 127.0.0.1:9700")))?;
 
+        let web_config_file = args.web_config_file.or(file.web_config_file);
+        if let Some(path) = &web_config_file {
+            crate::web_config::load(path).map_err(|e| invalid("web_config_file", e))?;
+        }
         let state_dir = match args.state_dir.or(file.state_dir) {
             Some(dir) if dir.as_os_str() == "none" => None,
             Some(dir) if !dir.is_absolute() => {
@@ -539,6 +550,7 @@ impl Config {
             pod_retention,
             record_raw: args.record_raw.or(file.record_raw),
             listen,
+            web_config_file,
             api_socket,
             state_dir,
             log_format,
@@ -808,6 +820,10 @@ mod tests {
             (AgentArgs { listen: Some("localhost".into()), ..Default::default() }, "listen"),
             (AgentArgs { api_socket: Some("rel/sock".into()), ..Default::default() }, "api_socket"),
             (AgentArgs { state_dir: Some("var/lib/kstall".into()), ..Default::default() }, "state_dir"),
+            (
+                AgentArgs { web_config_file: Some("/nonexistent/web.yml".into()), ..Default::default() },
+                "web_config_file",
+            ),
             (
                 AgentArgs { probes: Some(vec!["tcp-reset".into(), "nope".into()]), ..Default::default() },
                 "probes",

@@ -123,7 +123,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         stuck: stuck.clone(),
     });
 
-    let http_task = tokio::spawn(api::http::serve(http_listener, state.clone(), shutdown.clone()));
+    let web = match &config.web_config_file {
+        Some(path) => Some((path.clone(), crate::web_config::load(path).map_err(anyhow::Error::msg)?)),
+        None => None,
+    };
+    let http_task = tokio::spawn(api::http::serve(http_listener, state.clone(), web, shutdown.clone()));
     let api_task =
         tokio::spawn(api::server::serve(api_listener, config.api_socket.clone(), state, shutdown.clone()));
     let (alerts_tx, alerts_rx) = mpsc::channel(ALERT_SNAPSHOTS);

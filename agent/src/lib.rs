@@ -23,3 +23,4 @@ pub mod probes;
 pub mod state;
 pub mod stuck;
 pub mod symbols;
+pub mod web_config;

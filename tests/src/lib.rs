@@ -28,6 +28,7 @@ pub mod netns;
 pub mod nfs;
 pub mod oom;
 pub mod storms;
+pub mod tls;
 pub mod writeback;
 
 /// Returns false (after printing why) when kernel tests cannot run here; panics instead when they

@@ -60,21 +60,7 @@ impl ApiServer {
     pub fn start(pods: &[Value]) -> Self {
         let dir = tempfile::tempdir().expect("api server dir");
         let d = dir.path();
-        let openssl = |args: &str| {
-            let args: Vec<&str> = args.split_whitespace().collect();
-            let out = Command::new("openssl").args(&args).current_dir(d).output().expect("run openssl");
-            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        };
-        // A CA and a server certificate for 127.0.0.1 signed by it: rustls takes no self-signed
-        // leaf as its own trust anchor.
-        let new_key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
-        openssl(&format!("req -x509 {new_key} -keyout ca.key -out ca.crt -days 1 -subj /CN=kstall-test-ca"));
-        openssl(&format!("req {new_key} -keyout server.key -out server.csr -subj /CN=kube-apiserver"));
-        std::fs::write(d.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-        openssl(
-            "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 1 \
-             -extfile san.ext",
-        );
+        crate::tls::make_certificates(d);
         let account = d.join("serviceaccount");
         std::fs::create_dir(&account).unwrap();
         std::fs::copy(d.join("ca.crt"), account.join("ca.crt")).unwrap();
