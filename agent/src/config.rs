@@ -165,9 +165,21 @@ pub struct AgentArgs {
     /// A kubelet check failing this long fires kubelet-degraded [default: 30s].
     #[arg(long, env = "KSTALL_KUBELET_UNHEALTHY_AFTER", value_name = "DURATION")]
     pub kubelet_unhealthy_after: Option<String>,
-    /// Push incidents to this Alertmanager (http://host:port), repeatable or comma-separated.
+    /// Push incidents to this Alertmanager (http[s]://host:port), repeatable or comma-separated.
     #[arg(long, env = "KSTALL_ALERTMANAGER_URL", value_name = "URL", value_delimiter = ',')]
     pub alertmanager_url: Option<Vec<String>>,
+    /// CA certificates (PEM) that sign https Alertmanagers' certificates [default: the system's].
+    #[arg(long, env = "KSTALL_ALERTMANAGER_CA_FILE", value_name = "FILE")]
+    pub alertmanager_ca_file: Option<PathBuf>,
+    /// A file holding the bearer token pushes carry (read on every push).
+    #[arg(long, env = "KSTALL_ALERTMANAGER_BEARER_TOKEN_FILE", value_name = "FILE")]
+    pub alertmanager_bearer_token_file: Option<PathBuf>,
+    /// The basic-auth user pushes carry, with --alertmanager-basic-auth-password-file.
+    #[arg(long, env = "KSTALL_ALERTMANAGER_BASIC_AUTH_USER", value_name = "USER")]
+    pub alertmanager_basic_auth_user: Option<String>,
+    /// A file holding that user's password (read on every push).
+    #[arg(long, env = "KSTALL_ALERTMANAGER_BASIC_AUTH_PASSWORD_FILE", value_name = "FILE")]
+    pub alertmanager_basic_auth_password_file: Option<PathBuf>,
     /// For an agent run by `kstall trace --standalone`: keep only this process's events, in the
     /// kernel (the node agent must see every event).
     #[arg(long, hide = true, value_name = "PID")]
@@ -216,6 +228,10 @@ struct FileConfig {
     system_oom_hold: Option<String>,
     node_wide_min_pods: Option<String>,
     alertmanager_url: Option<Vec<String>>,
+    alertmanager_ca_file: Option<PathBuf>,
+    alertmanager_bearer_token_file: Option<PathBuf>,
+    alertmanager_basic_auth_user: Option<String>,
+    alertmanager_basic_auth_password_file: Option<PathBuf>,
     kubernetes_events: Option<bool>,
     node_conditions: Option<Vec<String>>,
     kubelet_checks: Option<bool>,
@@ -265,7 +281,7 @@ pub struct Config {
     pub pod_retention: Duration,
     pub incidents: crate::incidents::Settings,
     pub metrics: crate::export::series::Settings,
-    pub alertmanager_urls: Vec<String>,
+    pub alertmanager: crate::export::alertmanager::Settings,
     /// Incidents become Kubernetes Events (needs the API pod source).
     pub kubernetes_events: bool,
     /// The node conditions kstall keeps (needs the API pod source).
@@ -485,9 +501,40 @@ impl Config {
             .map(|u| u.trim().to_string())
             .filter(|u| !u.is_empty())
             .collect();
-        for url in &alertmanager_urls {
-            crate::export::alertmanager::endpoint(url).map_err(|e| invalid("alertmanager_url", e))?;
-        }
+        use crate::export::alertmanager::{Auth, Settings as Push};
+        let auth = match (
+            args.alertmanager_bearer_token_file.or(file.alertmanager_bearer_token_file),
+            args.alertmanager_basic_auth_user.or(file.alertmanager_basic_auth_user),
+            args.alertmanager_basic_auth_password_file.or(file.alertmanager_basic_auth_password_file),
+        ) {
+            (None, None, None) => None,
+            (Some(token_file), None, None) => Some(Auth::Bearer { token_file }),
+            (None, Some(user), Some(password_file)) => Some(Auth::Basic { user, password_file }),
+            (Some(_), _, _) => {
+                return Err(invalid(
+                    "alertmanager_bearer_token_file",
+                    "a bearer token and basic auth exclude each other",
+                ));
+            }
+            (None, Some(_), None) => {
+                return Err(invalid(
+                    "alertmanager_basic_auth_password_file",
+                    "the basic-auth user needs a password file",
+                ));
+            }
+            (None, None, Some(_)) => {
+                return Err(invalid(
+                    "alertmanager_basic_auth_user",
+                    "the password file needs a basic-auth user",
+                ));
+            }
+        };
+        let alertmanager = Push {
+            urls: alertmanager_urls,
+            ca_file: args.alertmanager_ca_file.or(file.alertmanager_ca_file),
+            auth,
+        };
+        alertmanager.check().map_err(|(field, e)| invalid(field, e))?;
 
         let api = matches!(pod_metadata, PodMetadata::Api { .. });
         let needs_api = |field| {
@@ -539,7 +586,7 @@ impl Config {
                 capture,
             },
             metrics,
-            alertmanager_urls,
+            alertmanager,
             kubernetes_events,
             node_conditions,
             kubelet,
@@ -823,6 +870,26 @@ mod tests {
             (
                 AgentArgs { web_config_file: Some("/nonexistent/web.yml".into()), ..Default::default() },
                 "web_config_file",
+            ),
+            (
+                AgentArgs { alertmanager_url: Some(vec!["ftp://am".into()]), ..Default::default() },
+                "alertmanager_url",
+            ),
+            (
+                AgentArgs { alertmanager_ca_file: Some("/nonexistent/ca.crt".into()), ..Default::default() },
+                "alertmanager_ca_file",
+            ),
+            (
+                AgentArgs { alertmanager_basic_auth_user: Some("kstall".into()), ..Default::default() },
+                "alertmanager_basic_auth_password_file",
+            ),
+            (
+                AgentArgs {
+                    alertmanager_bearer_token_file: Some("/etc/hostname".into()),
+                    alertmanager_basic_auth_user: Some("kstall".into()),
+                    ..Default::default()
+                },
+                "alertmanager_bearer_token_file",
             ),
             (
                 AgentArgs { probes: Some(vec!["tcp-reset".into(), "nope".into()]), ..Default::default() },

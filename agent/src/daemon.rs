@@ -131,9 +131,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let api_task =
         tokio::spawn(api::server::serve(api_listener, config.api_socket.clone(), state, shutdown.clone()));
     let (alerts_tx, alerts_rx) = mpsc::channel(ALERT_SNAPSHOTS);
-    let pusher = (!config.alertmanager_urls.is_empty()).then(|| {
-        let urls = config.alertmanager_urls.clone();
-        tokio::spawn(alertmanager::run(urls, alerts_rx, metrics.clone(), shutdown.clone()))
+    let pusher = (!config.alertmanager.urls.is_empty()).then(|| {
+        let settings = config.alertmanager.clone();
+        tokio::spawn(alertmanager::run(settings, alerts_rx, metrics.clone(), shutdown.clone()))
     });
     let mut outputs = IncidentOutputs { alerts: pusher.is_some().then_some(alerts_tx), ..Default::default() };
     let mut writers = Vec::new();

@@ -21,6 +21,15 @@ pub struct Service {
 
 impl Service {
     fn start(program: &str, args: impl FnOnce(&Path, SocketAddr) -> Vec<String>, ready_path: &str) -> Self {
+        Self::start_ready_when(program, args, |addr| http_get(addr, ready_path).is_some())
+    }
+
+    /// As [`Service::start`], ready once `ready` says so (a TLS service needs its own check).
+    fn start_ready_when(
+        program: &str,
+        args: impl FnOnce(&Path, SocketAddr) -> Vec<String>,
+        ready: impl Fn(SocketAddr) -> bool,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("service dir");
         let addr = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port");
         let log = std::fs::File::create(dir.path().join("log")).expect("log file");
@@ -32,7 +41,7 @@ impl Service {
             .unwrap_or_else(|e| panic!("start {program} (Debian package installed by the bootstrap): {e}"));
         let mut service = Service { child, addr, dir };
         let deadline = Instant::now() + crate::START_WITHIN;
-        while http_get(addr, ready_path).is_none() {
+        while !ready(addr) {
             if let Ok(Some(status)) = service.child.try_wait() {
                 panic!("{program} exited ({status}) before it was ready:\n{}", service.log());
             }
@@ -82,6 +91,36 @@ pub fn alertmanager() -> Service {
             ]
         },
         "/-/ready",
+    )
+}
+
+/// As [`alertmanager`], behind the exporter toolkit's `web_config` (TLS, basic auth), as
+/// `--web.config.file`; ready once `curl_ready` (curl's arguments for its CA and credentials)
+/// gets `/-/ready`.
+pub fn alertmanager_behind(web_config: &Path, curl_ready: Vec<String>) -> Service {
+    let web_config = web_config.to_path_buf();
+    Service::start_ready_when(
+        "prometheus-alertmanager",
+        move |dir, addr| {
+            let config = dir.join("alertmanager.yml");
+            std::fs::write(&config, "route: {receiver: 'null'}\nreceivers: [{name: 'null'}]\n")
+                .expect("alertmanager config");
+            vec![
+                format!("--config.file={}", config.display()),
+                format!("--storage.path={}", dir.join("data").display()),
+                format!("--web.listen-address={addr}"),
+                format!("--web.config.file={}", web_config.display()),
+                "--cluster.listen-address=".into(),
+            ]
+        },
+        move |addr| {
+            Command::new("curl")
+                .args(["--silent", "--fail", "--max-time", "2"])
+                .args(&curl_ready)
+                .arg(format!("https://{addr}/-/ready"))
+                .output()
+                .is_ok_and(|o| o.status.success())
+        },
     )
 }
 

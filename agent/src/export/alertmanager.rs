@@ -5,16 +5,26 @@
 //! Prometheus rules' (`deploy/prometheus/kstall-rules.yaml`), so Alertmanager dedupes the two.
 //!
 //! Its own task, fed by snapshots it may drop: it never blocks the event path or the evaluator.
+//!
+//! Over https with the system's CAs or `--alertmanager-ca-file`, and with a bearer token or basic
+//! auth read from files on every push (rotated credentials are taken up), as Prometheus's
+//! `http_config` does.
 
 use std::{
     collections::{BTreeMap, HashMap},
+    path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Bytes;
-use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use hyper_rustls::HttpsConnector;
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::TokioExecutor,
+};
+use rustls::pki_types::{CertificateDer, pem::PemObject as _};
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -113,25 +123,127 @@ struct Target {
     failures: u32,
 }
 
-/// `http://host:port[/prefix]` -> its `/api/v2/alerts` endpoint.
+/// `http[s]://host:port[/prefix]` -> its `/api/v2/alerts` endpoint.
 pub fn endpoint(url: &str) -> Result<hyper::Uri, String> {
     let uri: hyper::Uri = url.parse().map_err(|e| format!("{url:?} is not a URL: {e}"))?;
-    if uri.scheme_str() != Some("http") || uri.host().is_none() {
-        return Err(format!("{url:?} is not an http://host[:port] URL (https is not supported yet)"));
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        return Err(format!("{url:?} is not an http[s]://host[:port] URL"));
     }
     let base = url.trim_end_matches('/');
     format!("{base}/api/v2/alerts").parse().map_err(|e| format!("{url:?}: {e}"))
 }
 
+/// Where to push and how: the URLs, whom to trust for https, the credentials.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Settings {
+    pub urls: Vec<String>,
+    /// CA certificates (PEM) that sign the Alertmanagers' certificates; the system's otherwise.
+    pub ca_file: Option<PathBuf>,
+    pub auth: Option<Auth>,
+}
+
+/// The `Authorization` a push carries, its secret read from a file on every push.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Auth {
+    Bearer { token_file: PathBuf },
+    Basic { user: String, password_file: PathBuf },
+}
+
+impl Settings {
+    /// Everything a push will need, checked now: the URLs, the CA file, the credential files.
+    /// The error names the setting.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        for url in &self.urls {
+            endpoint(url).map_err(|e| ("alertmanager_url", e))?;
+        }
+        client_tls(self.ca_file.as_deref()).map_err(|e| ("alertmanager_ca_file", e))?;
+        match &self.auth {
+            None => {}
+            Some(Auth::Bearer { token_file }) => {
+                secret(token_file).map_err(|e| ("alertmanager_bearer_token_file", e))?;
+            }
+            Some(Auth::Basic { user, password_file }) => {
+                if user.contains(':') {
+                    return Err(("alertmanager_basic_auth_user", format!("{user:?} contains ':'")));
+                }
+                secret(password_file).map_err(|e| ("alertmanager_basic_auth_password_file", e))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A secret file's content without its trailing newline.
+fn secret(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = text.trim_end_matches(['\n', '\r']).to_string();
+    if text.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    Ok(text)
+}
+
+/// The `Authorization` header value for `auth`, from its file as it is now.
+fn authorization(auth: &Auth) -> Result<String, String> {
+    use base64::Engine as _;
+    Ok(match auth {
+        Auth::Bearer { token_file } => format!("Bearer {}", secret(token_file)?),
+        Auth::Basic { user, password_file } => {
+            let pair = format!("{user}:{}", secret(password_file)?);
+            format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(pair))
+        }
+    })
+}
+
+/// TLS for https Alertmanagers: the CA file's certificates, or the system's trust store.
+fn client_tls(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let builder = match ca_file {
+        Some(path) => {
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+                .and_then(|certs| certs.collect())
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let mut roots = rustls::RootCertStore::empty();
+            if roots.add_parsable_certificates(certs).0 == 0 {
+                return Err(format!("{}: no CA certificate in it", path.display()));
+            }
+            builder.with_root_certificates(roots)
+        }
+        None => rustls_platform_verifier::BuilderVerifierExt::with_platform_verifier(builder)
+            .map_err(|e| format!("the system's trust store: {e}"))?,
+    };
+    Ok(builder.with_no_client_auth())
+}
+
+type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
 /// Pushes until `stop`; `snapshots` come from the incident evaluator.
 pub async fn run(
-    urls: Vec<String>,
+    settings: Settings,
     mut snapshots: mpsc::Receiver<Snapshot>,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let mut targets: Vec<Target> = urls
+    let tls = match client_tls(settings.ca_file.as_deref()) {
+        Ok(tls) => tls,
+        // Checked when the configuration was read; a trust store gone since is said once.
+        Err(e) => {
+            tracing::error!(error = %e, "cannot push alerts to Alertmanager: no TLS configuration");
+            return;
+        }
+    };
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    let client: HttpsClient = Client::builder(TokioExecutor::new()).build(connector);
+    let auth = settings.auth.clone();
+    let mut targets: Vec<Target> = settings
+        .urls
         .into_iter()
         .filter_map(|url| {
             let endpoint = endpoint(&url).ok()?;
@@ -174,7 +286,7 @@ pub async fn run(
                 firing.iter().chain(t.resolved.values()).map(|i| alert(i, now_ns)).collect();
             let result = tokio::select! {
                 _ = stop.cancelled() => return,
-                r = post(&client, &t.endpoint, &alerts) => r,
+                r = post(&client, &t.endpoint, auth.as_ref(), &alerts) => r,
             };
             match result {
                 Ok(()) => {
@@ -203,15 +315,21 @@ pub async fn run(
 }
 
 async fn post(
-    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    client: &HttpsClient,
     endpoint: &hyper::Uri,
+    auth: Option<&Auth>,
     alerts: &[PostableAlert],
 ) -> Result<(), String> {
     let body = serde_json::to_vec(alerts).map_err(|e| e.to_string())?;
-    let request = hyper::Request::post(endpoint.clone())
-        .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| e.to_string())?;
+    let mut request =
+        hyper::Request::post(endpoint.clone()).header(hyper::header::CONTENT_TYPE, "application/json");
+    if let Some(auth) = auth.cloned() {
+        // A file read: off the async threads, whatever the file is on.
+        let header =
+            tokio::task::spawn_blocking(move || authorization(&auth)).await.map_err(|e| e.to_string())?;
+        request = request.header(hyper::header::AUTHORIZATION, header?);
+    }
+    let request = request.body(Full::new(Bytes::from(body))).map_err(|e| e.to_string())?;
     let response = tokio::time::timeout(REQUEST_TIMEOUT, client.request(request))
         .await
         .map_err(|_| "timed out".to_string())?
@@ -255,18 +373,28 @@ mod tests {
             endpoint("http://am:9093/prefix/").unwrap().to_string(),
             "http://am:9093/prefix/api/v2/alerts"
         );
-        assert!(endpoint("https://am:9093").is_err());
+        assert_eq!(endpoint("https://am:9093").unwrap().to_string(), "https://am:9093/api/v2/alerts");
+        assert!(endpoint("ftp://am:9093").is_err());
         assert!(endpoint("am:9093").is_err());
         assert!(endpoint("not a url").is_err());
     }
 
+    type Seen = Arc<std::sync::Mutex<Vec<serde_json::Value>>>;
+
     /// A fake Alertmanager: records each POST's body, fails the first `fail` of them.
-    async fn fake_alertmanager(fail: usize) -> (String, Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
+    async fn fake_alertmanager(fail: usize) -> (String, Seen) {
+        let (url, posts, _) = fake_alertmanager_with_heads(fail).await;
+        (url, posts)
+    }
+
+    /// As [`fake_alertmanager`], recording each successful POST's request head too.
+    async fn fake_alertmanager_with_heads(fail: usize) -> (String, Seen, Arc<std::sync::Mutex<Vec<String>>>) {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let posts = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let seen = posts.clone();
+        let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (seen, seen_heads) = (posts.clone(), heads.clone());
         tokio::spawn(async move {
             let mut n = 0;
             while let Ok((mut stream, _)) = listener.accept().await {
@@ -295,6 +423,7 @@ mod tests {
                             let status = if n <= fail { "503 Service Unavailable" } else { "200 OK" };
                             if n > fail {
                                 seen.lock().unwrap().push(serde_json::from_str(body).unwrap());
+                                seen_heads.lock().unwrap().push(head.to_string());
                             }
                             let _ = stream
                                 .write_all(
@@ -310,7 +439,72 @@ mod tests {
                 }
             }
         });
-        (url, posts)
+        (url, posts, heads)
+    }
+
+    #[tokio::test]
+    async fn each_push_carries_the_credentials_read_from_their_files_then() {
+        let (url, _, heads) = fake_alertmanager_with_heads(0).await;
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "first-token\n").unwrap();
+        let settings = Settings {
+            urls: vec![url],
+            ca_file: None,
+            auth: Some(Auth::Bearer { token_file: token.clone() }),
+        };
+        settings.check().unwrap();
+        let metrics = Arc::new(Metrics::new(Default::default(), Default::default()));
+        let (tx, rx) = mpsc::channel(4);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(settings, rx, metrics, stop.clone()));
+        let pushed = |n: usize| {
+            let heads = heads.clone();
+            async move {
+                while heads.lock().unwrap().len() < n {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                heads.lock().unwrap()[n - 1].to_ascii_lowercase()
+            }
+        };
+        tx.send(Snapshot { firing: vec![incident(None)], resolved: vec![] }).await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(10), pushed(1)).await.unwrap();
+        assert!(first.contains("authorization: bearer first-token\r\n"), "{first}");
+        // Rotated: the next push reads the new one.
+        std::fs::write(&token, "second-token").unwrap();
+        tx.send(Snapshot { firing: vec![], resolved: vec![incident(Some(1))] }).await.unwrap();
+        let second = tokio::time::timeout(Duration::from_secs(10), pushed(2)).await.unwrap();
+        assert!(second.contains("authorization: bearer second-token\r\n"), "{second}");
+        stop.cancel();
+        task.await.unwrap();
+    }
+
+    #[test]
+    fn credentials_and_trust_are_checked_before_anything_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let password = dir.path().join("password");
+        std::fs::write(&password, "pw\n").unwrap();
+        let basic = Auth::Basic { user: "kstall".into(), password_file: password.clone() };
+        assert_eq!(authorization(&basic).unwrap(), "Basic a3N0YWxsOnB3", "base64 of kstall:pw");
+        let settings = |auth, ca_file| Settings { urls: vec!["https://am:9093".into()], ca_file, auth };
+        assert!(settings(Some(basic.clone()), None).check().is_ok(), "the system's trust store");
+        let cases = [
+            (
+                settings(Some(Auth::Bearer { token_file: "/nonexistent".into() }), None),
+                "alertmanager_bearer_token_file",
+            ),
+            (
+                settings(Some(Auth::Basic { user: "a:b".into(), password_file: password.clone() }), None),
+                "alertmanager_basic_auth_user",
+            ),
+            (settings(None, Some(password.clone())), "alertmanager_ca_file"),
+            (settings(None, Some("/nonexistent/ca.crt".into())), "alertmanager_ca_file"),
+        ];
+        for (settings, field) in cases {
+            assert_eq!(settings.check().unwrap_err().0, field);
+        }
+        std::fs::write(&password, "").unwrap();
+        assert!(authorization(&basic).unwrap_err().contains("is empty"));
     }
 
     #[tokio::test]
@@ -319,7 +513,8 @@ mod tests {
         let metrics = Arc::new(Metrics::new(Default::default(), Default::default()));
         let (tx, rx) = mpsc::channel(4);
         let stop = CancellationToken::new();
-        let task = tokio::spawn(run(vec![url.clone()], rx, metrics.clone(), stop.clone()));
+        let settings = Settings { urls: vec![url.clone()], ..Default::default() };
+        let task = tokio::spawn(run(settings, rx, metrics.clone(), stop.clone()));
         let snapshot = |firing, resolved| Snapshot { firing, resolved };
         // The first post fails (503); the next snapshot after the 2 s backoff retries.
         for _ in 0..4 {

@@ -1,7 +1,8 @@
-//! `/metrics` behind TLS and basic auth, with the exporter toolkit's web configuration file: a
-//! real Prometheus (Debian's) scrapes a real agent over TLS with basic auth; a scrape without
-//! credentials is refused; curl checks each refusal; a client CA added to the file while the
-//! agent runs is enforced once the file is read again; a head over the limit gets 431.
+//! TLS and auth where the ecosystem has them. `/metrics` behind the exporter toolkit's web
+//! configuration file: a real Prometheus (Debian's) scrapes a real agent over TLS with basic auth;
+//! a scrape without credentials is refused; curl checks each refusal; a client CA added to the
+//! file while the agent runs is enforced once the file is read again; a head over the limit gets
+//! 431. And the agent's push to a real Alertmanager behind TLS and basic auth.
 
 use std::{
     path::Path,
@@ -11,9 +12,10 @@ use std::{
 
 use kstall_tests::{
     agent::Agent,
-    alerting::{Service, prometheus_with_config},
+    alerting::{Service, alertmanager_behind, prometheus_with_config},
     host::wait_for,
     kernel_tests_can_run,
+    netns::{NetNs, refused_connects},
     tls::make_certificates,
 };
 
@@ -168,4 +170,67 @@ fn a_bad_web_config_file_exits_64_naming_it() {
     assert_eq!(out.status.code(), Some(64), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("web_config_file") && stderr.contains("not a bcrypt hash"), "{stderr}");
+}
+
+#[test]
+fn incidents_are_pushed_to_an_alertmanager_over_https_with_basic_auth() {
+    if !kernel_tests_can_run("incidents_are_pushed_to_an_alertmanager_over_https_with_basic_auth") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    make_certificates(d);
+    let hash = bcrypt::hash("am-password", 6).unwrap();
+    let web = d.join("alertmanager-web.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "tls_server_config: {{cert_file: {0}/server.crt, key_file: {0}/server.key}}\n\
+             basic_auth_users: {{kstall: {hash}}}\n",
+            d.display()
+        ),
+    )
+    .unwrap();
+    let ca = d.join("ca.crt").to_str().unwrap().to_string();
+    let curl_auth = vec!["--cacert".to_string(), ca.clone(), "--user".into(), "kstall:am-password".into()];
+    let alertmanager = alertmanager_behind(&web, curl_auth.clone());
+    let am_url = format!("https://{}", alertmanager.addr);
+    // Without the credentials, Alertmanager refuses: the push must carry them.
+    let refused = status(&["--cacert", &ca, &format!("{am_url}/api/v2/alerts")]);
+    assert_eq!(refused, Ok(401), "the Alertmanager under test asks for credentials");
+    let password = d.join("password");
+    std::fs::write(&password, "am-password\n").unwrap();
+    let agent = Agent::start(&[
+        "--alertmanager-url",
+        &am_url,
+        "--alertmanager-ca-file",
+        &ca,
+        "--alertmanager-basic-auth-user",
+        "kstall",
+        "--alertmanager-basic-auth-password-file",
+        password.to_str().unwrap(),
+    ]);
+    // Incident 1 for real: SYNs to 2049 redirected by the sidecar's rule and reset.
+    let ns = NetNs::new("am-tls");
+    ns.redirect_tcp("iptables", 2049, 15001);
+    ns.run_inside(|| refused_connects(std::net::SocketAddr::from(([127, 0, 0, 1], 2049)), 3));
+    let pushed = wait_for(Duration::from_secs(30), || {
+        let out = curl(
+            &[
+                &curl_auth.iter().map(String::as_str).collect::<Vec<_>>()[..],
+                &[&format!("{am_url}/api/v2/alerts")],
+            ]
+            .concat(),
+        );
+        let alerts: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        alerts.as_array()?.iter().find(|a| a["labels"]["alertname"] == "KstallNfsSidecarRedirect").cloned()
+    });
+    let pushed = pushed
+        .unwrap_or_else(|| panic!("no alert in Alertmanager:\n{}\n{}", agent.log(), alertmanager.log()));
+    assert_eq!(pushed["labels"]["signature"], "nfs-sidecar-redirect", "{pushed}");
+    let ok = agent.metric(&format!(r#"kstall_alertmanager_posts_total{{result="ok",url="{am_url}"}}"#));
+    assert!(ok.is_some_and(|n| n >= 1.0), "{}", agent.metrics());
+    let failed =
+        agent.metric(&format!(r#"kstall_alertmanager_posts_total{{result="error",url="{am_url}"}}"#));
+    assert_eq!(failed, None, "no push failed:\n{}", agent.log());
 }
