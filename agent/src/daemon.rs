@@ -225,7 +225,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             decoder: Decoder::new(loaded.decoding.clone()),
             index: attribution.index.clone(),
             misses: attribution.misses.clone(),
-            pod_source: attribution.health.clone(),
             counts: counts.clone(),
             metrics: metrics.clone(),
             stuck,

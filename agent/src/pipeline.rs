@@ -20,7 +20,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    attribution::{Attributed, Attribution, Index, Key, Resolution, pods::Health},
+    attribution::{Attributed, Attribution, Index, Key, Resolution},
     events::{Counts, Decoder, Event, Payload},
     export::{
         alertmanager,
@@ -57,7 +57,6 @@ pub struct Pipeline {
     /// The resolver's latest index, and where its misses go.
     pub index: watch::Receiver<Arc<Index>>,
     pub misses: mpsc::Sender<Key>,
-    pub pod_source: Health,
     pub counts: Arc<Counts>,
     pub metrics: Arc<Metrics>,
     pub stuck: Arc<Mutex<StuckSet>>,
@@ -182,7 +181,7 @@ impl Pipeline {
             self.held.asked.clear();
             self.held.gave_up.clear();
             let index = self.index.borrow().clone();
-            self.metrics.set_attribution(&index, &self.pod_source.get());
+            self.metrics.set_attribution(&index);
             self.metrics.forget_pods_except(&index.named_pods);
         }
         if self.held.events.is_empty() {
@@ -524,7 +523,6 @@ mod tests {
             decoder: Decoder::default(),
             index: index_rx,
             misses: misses_tx,
-            pod_source: Health::new("none".into(), true),
             counts: Arc::default(),
             metrics: Arc::new(Metrics::new(Arc::default(), Default::default())),
             stuck: Arc::default(),

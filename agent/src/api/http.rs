@@ -190,6 +190,7 @@ async fn add_headers(State(web): State<Option<Arc<Current>>>, request: Request, 
 }
 
 async fn metrics_handler(State(state): State<Arc<AgentState>>) -> impl IntoResponse {
+    state.metrics.set_pod_source(&state.pod_source.get());
     let text = state.metrics.render();
     crate::memory::return_freed();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)

@@ -10,7 +10,7 @@ use std::{
 };
 
 use tokio::{
-    io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader},
+    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
     net::{UnixListener, UnixStream},
     sync::broadcast,
 };
@@ -21,6 +21,9 @@ use super::{
     explain, filter::TraceFilter,
 };
 use crate::state::{AgentState, lock};
+
+/// A request line longer than this is refused (the longest real one, a trace filter, is tiny).
+const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
 /// A client whose event stream cannot be written for this long is disconnected.
 const STALLED_CLIENT: Duration = Duration::from_secs(5);
@@ -105,13 +108,18 @@ pub async fn serve(
 
 async fn handle(stream: UnixStream, state: Arc<AgentState>, shutdown: CancellationToken) {
     let (read, mut write) = stream.into_split();
-    let mut line = String::new();
-    // A client that connects and says nothing must not hold a task forever.
-    let request =
-        tokio::time::timeout(Duration::from_secs(5), BufReader::new(read).read_line(&mut line)).await;
+    let mut line = Vec::new();
+    // A client that connects and says nothing must not hold a task forever, nor one that never
+    // ends its line fill the agent's memory.
+    let mut reader = BufReader::new(read).take(MAX_REQUEST_BYTES as u64 + 1);
+    let request = tokio::time::timeout(Duration::from_secs(5), reader.read_until(b'\n', &mut line)).await;
     let request = match request {
-        Ok(Ok(n)) if n > 0 => serde_json::from_str::<Request>(line.trim()),
-        _ => return,
+        Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
+        Ok(Ok(_)) if line.len() > MAX_REQUEST_BYTES => Err(format!("longer than {MAX_REQUEST_BYTES} bytes")),
+        Ok(Ok(_)) => match std::str::from_utf8(&line) {
+            Ok(text) => parse_request(text).map_err(|e| e.to_string()),
+            Err(_) => Err("not UTF-8".to_string()),
+        },
     };
     let result = match request {
         Ok(Request::Status) => write_json(&mut write, &status(&state)).await,
@@ -124,11 +132,24 @@ async fn handle(stream: UnixStream, state: Arc<AgentState>, shutdown: Cancellati
                 Err(error) => write_json(&mut write, &ErrorReply { error }).await,
             }
         }
-        Err(e) => write_json(&mut write, &ErrorReply { error: format!("bad request: {e}") }).await,
+        Err(e) => {
+            let replied = write_json(&mut write, &ErrorReply { error: format!("bad request: {e}") }).await;
+            // What the client still sends is read and dropped for a moment: closing on unread
+            // bytes would reset the connection, and the client could lose the reply.
+            let _ = write.shutdown().await;
+            let (mut rest, mut sink) = (reader.into_inner().take(1 << 20), tokio::io::sink());
+            let _ = tokio::time::timeout(Duration::from_secs(1), tokio::io::copy(&mut rest, &mut sink)).await;
+            replied
+        }
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "API client gone");
     }
+}
+
+/// A client's request line (its newline included or not).
+pub fn parse_request(line: &str) -> serde_json::Result<Request> {
+    serde_json::from_str(line.trim())
 }
 
 /// Streams the events that match `filter`. A client that falls behind loses events (counted);

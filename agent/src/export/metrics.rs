@@ -609,8 +609,13 @@ impl Metrics {
         lines
     }
 
-    pub fn set_attribution(&self, index: &Index, source: &SourceHealth) {
+    /// Whether the pod metadata source is current, read when scraped: a source that fails
+    /// makes no new index, so the index cannot carry it.
+    pub fn set_pod_source(&self, source: &SourceHealth) {
         self.pod_metadata_up.set(i64::from(source.up));
+    }
+
+    pub fn set_attribution(&self, index: &Index) {
         self.attribution_pods.with_label_values(&["running"]).set((index.pods - index.deleted_pods) as i64);
         self.attribution_pods.with_label_values(&["deleted"]).set(index.deleted_pods as i64);
         // A state no pod is in any more reads 0 rather than vanishing: a query over time sees
@@ -1040,7 +1045,7 @@ mod tests {
         let backoff = PodState { phase: "Pending", waiting_reason: "ImagePullBackOff" };
         let running = PodState { phase: "Running", waiting_reason: "" };
         let mut index = Index { pod_states: [(backoff, 360), (running, 12)].into(), ..Index::default() };
-        m.set_attribution(&index, &SourceHealth::default());
+        m.set_attribution(&index);
         let text = m.render();
         assert!(
             text.contains(r#"kstall_node_pods{phase="Pending",waiting_reason="ImagePullBackOff"} 360"#),
@@ -1049,7 +1054,7 @@ mod tests {
         assert!(text.contains(r#"kstall_node_pods{phase="Running",waiting_reason=""} 12"#), "{text}");
         // The CronJob is suspended and its pods deleted: the pile reads 0.
         index.pod_states = [(running, 12)].into();
-        m.set_attribution(&index, &SourceHealth::default());
+        m.set_attribution(&index);
         let text = m.render();
         assert!(
             text.contains(r#"kstall_node_pods{phase="Pending",waiting_reason="ImagePullBackOff"} 0"#),

@@ -19,6 +19,9 @@ use super::{Health, PodMeta, PodUpdate};
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// A file read that takes longer (a stuck network filesystem) is abandoned until the next poll.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// A larger file is not read: a node's pods are a few MB of JSON, and parsing a runaway file
+/// would take the agent past its memory limit.
+pub const MAX_BYTES: u64 = 16 << 20;
 
 #[derive(Deserialize)]
 struct PodList {
@@ -31,24 +34,41 @@ pub enum PodsFileError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("{path} is not the JSON of `kubectl get pods -o json`: {message}")]
     Parse { path: PathBuf, message: String },
+    #[error("{path} is larger than {} MiB: not read", MAX_BYTES >> 20)]
+    TooLarge { path: PathBuf },
 }
 
 /// Parses the file's text: a list of pods, or a single pod.
 pub fn parse(path: &Path, text: &str, selected_labels: &[String]) -> Result<Vec<PodMeta>, PodsFileError> {
     let parse_error =
         |e: serde_json::Error| PodsFileError::Parse { path: path.into(), message: e.to_string() };
-    let value: serde_json::Value = serde_json::from_str(text).map_err(parse_error)?;
-    let pods = if value.get("items").is_some() {
-        serde_json::from_value::<PodList>(value).map_err(parse_error)?.items
-    } else {
-        vec![serde_json::from_value::<Pod>(value).map_err(parse_error)?]
+    // Into the pods directly, not through a JSON tree: a tree of the file costs several times its
+    // size. A list has `items`; anything else is read as one pod.
+    let pods = match serde_json::from_str::<PodList>(text) {
+        Ok(list) => list.items,
+        Err(e) if e.is_data() && e.to_string().starts_with("missing field `items`") => {
+            vec![serde_json::from_str::<Pod>(text).map_err(parse_error)?]
+        }
+        Err(e) => return Err(parse_error(e)),
     };
     Ok(pods.iter().filter_map(|p| PodMeta::from_pod(p, selected_labels)).collect())
 }
 
 fn load(path: &Path, selected_labels: &[String]) -> Result<Vec<PodMeta>, PodsFileError> {
-    let text =
-        std::fs::read_to_string(path).map_err(|source| PodsFileError::Read { path: path.into(), source })?;
+    use std::io::Read as _;
+    let read_error = |source| PodsFileError::Read { path: path.into(), source };
+    let size = std::fs::metadata(path).map_err(read_error)?.len();
+    if size > MAX_BYTES {
+        return Err(PodsFileError::TooLarge { path: path.into() });
+    }
+    let mut text = String::new();
+    // Bounded even if the file grows between the stat and the read.
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_BYTES + 1).read_to_string(&mut text))
+        .map_err(read_error)?;
+    if text.len() as u64 > MAX_BYTES {
+        return Err(PodsFileError::TooLarge { path: path.into() });
+    }
     parse(path, &text, selected_labels)
 }
 
@@ -172,6 +192,24 @@ mod tests {
         assert!(tokio::time::timeout(Duration::from_millis(1500), rx.recv()).await.is_err(), "no update");
         let h = health.get();
         assert!(!h.up && h.error.as_deref().is_some_and(|e| e.contains("is not the JSON")), "{h:?}");
+        // Truncated mid-write, then runaway: each one warning, the pods known kept.
+        let full = serde_json::json!({"items": [pod_json("u1", "a", "c1")]}).to_string();
+        std::fs::write(&path, &full[..full.len() / 2]).unwrap();
+        let truncated = async || {
+            while !health.get().error.is_some_and(|e| e.contains("EOF while parsing")) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), truncated()).await.expect("the truncated file refused");
+        let runaway = std::fs::File::create(&path).unwrap();
+        runaway.set_len(MAX_BYTES + 1).unwrap();
+        let too_large = async || {
+            while !health.get().error.is_some_and(|e| e.contains("larger than 16 MiB")) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), too_large()).await.expect("the runaway file refused");
+        assert!(rx.try_recv().is_err(), "no update from a bad file");
         write(vec![pod_json("u3", "c", "c3")]);
         let PodUpdate::Snapshot(third) = next(&mut rx).await else { panic!() };
         assert_eq!(third[0].uid, "u3");
