@@ -44,6 +44,16 @@ impl Agent {
     /// An agent whose incident history is kept in `state` (which outlives it), or in its own
     /// directory.
     pub fn start_with_state(state: Option<&Path>, extra_args: &[&str]) -> Self {
+        Self::spawn(state, None, extra_args)
+    }
+
+    /// An agent that is in the cgroup of `procs` from its first instruction (a memory limit then
+    /// holds its start-up too, as the kubelet's does).
+    pub fn start_in_cgroup(procs: &Path, extra_args: &[&str]) -> Self {
+        Self::spawn(None, Some(procs), extra_args)
+    }
+
+    fn spawn(state: Option<&Path>, cgroup_procs: Option<&Path>, extra_args: &[&str]) -> Self {
         let dir = std::env::temp_dir().join(format!("kstall-test-{}-{}", std::process::id(), unique()));
         std::fs::create_dir_all(&dir).expect("agent dir");
         let state = state.map_or_else(|| dir.join("state"), Path::to_path_buf);
@@ -52,7 +62,27 @@ impl Agent {
             let l = TcpListener::bind("127.0.0.1:0").expect("free port");
             l.local_addr().unwrap()
         };
-        let mut child = Command::new(agent_binary())
+        let mut command = Command::new(agent_binary());
+        if let Some(procs) = cgroup_procs {
+            let procs = std::ffi::CString::new(procs.as_os_str().as_encoded_bytes()).expect("a path");
+            // SAFETY: between fork and exec only async-signal-safe calls (open, write, close).
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // "0": the writing process itself.
+                    let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                    libc::close(fd);
+                    if written != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command
             .arg("agent")
             .args(["--listen", &listen.to_string(), "--api-socket", socket.to_str().unwrap()])
             .args(["--log-format", "json"])

@@ -27,6 +27,7 @@ pub mod kubelet;
 pub mod netns;
 pub mod nfs;
 pub mod oom;
+pub mod soak;
 pub mod storms;
 pub mod tls;
 pub mod writeback;

@@ -1,0 +1,251 @@
+//! The soak: pods churned through the pods file against a real agent held to the DaemonSet's
+//! memory limit — each pod a real container cgroup, network namespace and sandbox process made and
+//! removed here, with resets from every pod and OOM kills along the way — and what the agent
+//! holds measured before, at the peak, and once every pod is past retention.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::{
+    agent::{Agent, pod_json, write_pods_file},
+    cgroup::{Cgroup, MemoryLimit, PodProcess},
+    host::{memory_kib, wait_for},
+    netns::{NetNs, refused_connects},
+    oom::{OOM_LIMIT, oom_kill},
+};
+
+/// The DaemonSet's `limits.memory` (deploy/base/daemonset.yaml; checked by [`manifest_limit`]).
+pub const AGENT_MEMORY_LIMIT: u64 = 160 << 20;
+/// Pods alive at once.
+const LIVE: usize = 20;
+/// One pod in this many is OOM-killed once.
+const OOM_EVERY: usize = 50;
+/// Short, so that the churned pods are forgotten within the run.
+const RETENTION: &str = "10s";
+
+/// What the agent holds, read from the outside.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Held {
+    pub rss_kib: u64,
+    pub fds: usize,
+    /// Series of every event metric family (`kstall status`).
+    pub series: u64,
+    /// The attribution index: pods known (running and deleted), cgroups, pod network namespaces.
+    pub index: u64,
+}
+
+impl Held {
+    fn of(agent: &Agent) -> Self {
+        // A scrape first: it returns what it freed to the kernel, as every scrape does.
+        let _ = agent.metrics();
+        let status = agent.status();
+        let a = &status["attribution"];
+        let n = |v: &Value| v.as_u64().unwrap_or(0);
+        let series = status["series"].as_array().map_or(0, |f| f.iter().map(|f| n(&f["series"])).sum());
+        let fds = std::fs::read_dir(format!("/proc/{}/fd", agent.pid())).map_or(0, |d| d.count());
+        Held {
+            rss_kib: memory_kib(agent.pid()).0,
+            fds,
+            series,
+            index: n(&a["pods"]) + n(&a["cgroups"]) + n(&a["pod_namespaces"]),
+        }
+    }
+
+    fn max(self, other: Held) -> Held {
+        Held {
+            rss_kib: self.rss_kib.max(other.rss_kib),
+            fds: self.fds.max(other.fds),
+            series: self.series.max(other.series),
+            index: self.index.max(other.index),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Report {
+    pub pods: usize,
+    pub resets: usize,
+    pub oom_kills: usize,
+    pub churn: Duration,
+    pub baseline: Held,
+    pub peak: Held,
+    pub after: Held,
+    /// The agent's peak resident size (VmHWM), start-up's BTF parsing included.
+    pub high_water_kib: u64,
+}
+
+impl Report {
+    /// Each figure after the churn within 10% of its baseline (and one unit: a baseline of 0).
+    pub fn returned(&self) -> Vec<String> {
+        let (b, a) = (self.baseline, self.after);
+        [
+            ("RSS KiB", b.rss_kib, a.rss_kib),
+            ("fds", b.fds as u64, a.fds as u64),
+            ("series", b.series, a.series),
+            ("index", b.index, a.index),
+        ]
+        .into_iter()
+        .filter(|(_, base, after)| *after as f64 > *base as f64 * 1.1 + 1.0)
+        .map(|(what, base, after)| format!("{what}: {base} before, {after} after"))
+        .collect()
+    }
+
+    pub fn lines(&self) -> String {
+        let row = |name: &str, h: &Held| {
+            format!(
+                "  {name:<9} RSS {:>6.1} MiB  fds {:>4}  series {:>5}  index {:>5}\n",
+                h.rss_kib as f64 / 1024.0,
+                h.fds,
+                h.series,
+                h.index
+            )
+        };
+        format!(
+            "soak: {} pods churned in {:.0} s ({} resets, {} OOM kills), agent limited to {} MiB, peak {:.1} MiB\n{}{}{}",
+            self.pods,
+            self.churn.as_secs_f64(),
+            self.resets,
+            self.oom_kills,
+            AGENT_MEMORY_LIMIT >> 20,
+            self.high_water_kib as f64 / 1024.0,
+            row("baseline", &self.baseline),
+            row("peak", &self.peak),
+            row("after", &self.after),
+        )
+    }
+}
+
+/// The memory limit the DaemonSet gives the agent, from the manifest, in bytes.
+pub fn manifest_limit() -> u64 {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/daemonset.yaml");
+    let text = std::fs::read_to_string(&manifest).expect("the DaemonSet");
+    let mib: u64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("limits: {memory: ")?.strip_suffix("Mi}")?.parse().ok())
+        .expect("limits: {memory: <n>Mi} in the DaemonSet");
+    mib << 20
+}
+
+/// One churned pod: what the kubelet and the runtime would have made.
+struct Pod {
+    json: Value,
+    netns: NetNs,
+    // Dropped before the cgroup: the process leaves with it.
+    sandbox: PodProcess,
+    limit: Option<MemoryLimit>,
+    cgroup: Cgroup,
+}
+
+impl Pod {
+    fn new(i: usize) -> Self {
+        let uid = format!("50a50a50-0000-4000-8000-{i:012}");
+        let container = format!("{i:064x}");
+        let cgroup = Cgroup::kubepods_container("burstable", &uid, &container);
+        let netns = NetNs::new(&format!("soak{i}"));
+        let sandbox = PodProcess::start(&netns, &cgroup.procs());
+        let json = pod_json(&uid, &format!("soak-{i}"), &container);
+        Pod { json, netns, sandbox, limit: None, cgroup }
+    }
+}
+
+/// Pods churned before the baseline is taken: the agent's first pods, resets and OOM kill warm
+/// up what it keeps for good (the unattributed series of class ports, pools, caches), so that
+/// the baseline is a steady state, as the figures after the churn are.
+const WARM_UP: usize = 2 * LIVE + OOM_EVERY / 2 + 1;
+
+/// Until every pod the agent knew is forgotten (past retention): what it holds then.
+fn forgotten(agent: &Agent) -> Option<Held> {
+    wait_for(Duration::from_secs(120), || {
+        let status = agent.status();
+        let a = &status["attribution"];
+        (a["pods"] == 0 && a["pod_namespaces"] == 0).then(|| Held::of(agent))
+    })
+}
+
+/// Churns `pods` pods (after a warm-up), taking at least `at_least`, and measures.
+pub fn soak(pods: usize, at_least: Duration) -> Report {
+    assert_eq!(manifest_limit(), AGENT_MEMORY_LIMIT, "the soak holds the agent to the DaemonSet's limit");
+    let agent_cgroup = Cgroup::new("soak-agent");
+    let agent_limit = MemoryLimit::new(&agent_cgroup, AGENT_MEMORY_LIMIT);
+    let dir = tempfile::tempdir().expect("a folder for the pods file");
+    let pods_file = dir.path().join("pods.json");
+    write_pods_file(&pods_file, &[]);
+    let agent = Agent::start_in_cgroup(
+        agent_limit.procs(),
+        &["--pods-file", pods_file.to_str().unwrap(), "--pod-retention", RETENTION],
+    );
+    // The QoS parents the pods share, made once: a pod's cgroup then removes only its own.
+    let _parents = Cgroup::at("kubepods.slice/kubepods-burstable.slice");
+    churn(&agent, &pods_file, 0..WARM_UP, Duration::ZERO);
+    let baseline = forgotten(&agent).expect("the warm-up's pods forgotten");
+    let started = Instant::now();
+    let (resets, oom_kills, peak) = churn(&agent, &pods_file, WARM_UP..WARM_UP + pods, at_least);
+    let peak = peak.max(baseline);
+    let churn = started.elapsed();
+    let after = forgotten(&agent).unwrap_or_else(|| Held::of(&agent));
+    let high_water_kib = memory_kib(agent.pid()).1;
+    assert!(
+        agent.log().lines().all(|l| !l.contains("\"level\":\"ERROR\"")),
+        "the agent logged errors:\n{}",
+        agent.log()
+    );
+    drop(agent);
+    drop(agent_limit);
+    Report { pods, resets, oom_kills, churn, baseline, peak, after, high_water_kib }
+}
+
+/// Pods `numbers` made and removed, `LIVE` at a time, paced over `at_least`: the resets and OOM
+/// kills done, and the most the agent held meanwhile.
+fn churn(
+    agent: &Agent,
+    pods_file: &Path,
+    numbers: std::ops::Range<usize>,
+    at_least: Duration,
+) -> (usize, usize, Held) {
+    let mut peak = Held::default();
+    let (mut live, mut resets, mut oom_kills) = (Vec::<Pod>::new(), 0, 0);
+    let started = Instant::now();
+    let per_pod = at_least / numbers.len().max(1) as u32;
+    for (n, i) in numbers.enumerate() {
+        let mut pod = Pod::new(i);
+        if i % OOM_EVERY == OOM_EVERY / 2 {
+            pod.limit = Some(MemoryLimit::new(&pod.cgroup, OOM_LIMIT));
+        }
+        live.push(pod);
+        write_pods(pods_file, &live);
+        if live.len() > LIVE {
+            let gone = live.remove(0);
+            // Before it goes, a reset in its namespace, and the OOM kill of its container.
+            gone.netns.run_inside(|| refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2050)), 1));
+            resets += 1;
+            if let Some(limit) = &gone.limit {
+                oom_kill(&[gone.cgroup.procs().as_path(), limit.procs()], |_| {});
+                oom_kills += 1;
+            }
+            write_pods(pods_file, &live);
+            drop(gone);
+        }
+        if n % 100 == 0 {
+            peak = peak.max(Held::of(agent));
+        }
+        // Paced to last the run's length: the pods' lives overlap as on a busy node.
+        let due = per_pod * (n as u32 + 1);
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+    peak = peak.max(Held::of(agent));
+    live.clear();
+    write_pods(pods_file, &live);
+    (resets, oom_kills, peak)
+}
+
+fn write_pods(path: &Path, live: &[Pod]) {
+    let pods: Vec<Value> = live.iter().map(|p| p.json.clone()).collect();
+    write_pods_file(path, &pods);
+}
