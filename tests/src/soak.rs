@@ -135,8 +135,8 @@ pub fn manifest_limit() -> u64 {
 struct Pod {
     json: Value,
     netns: NetNs,
-    // Dropped before the cgroup: the process leaves with it.
-    sandbox: PodProcess,
+    /// Held for the pod's life; dropped (killed) before the cgroup is removed.
+    _sandbox: PodProcess,
     limit: Option<MemoryLimit>,
     cgroup: Cgroup,
 }
@@ -149,7 +149,7 @@ impl Pod {
         let netns = NetNs::new(&format!("soak{i}"));
         let sandbox = PodProcess::start(&netns, &cgroup.procs());
         let json = pod_json(&uid, &format!("soak-{i}"), &container);
-        Pod { json, netns, sandbox, limit: None, cgroup }
+        Pod { json, netns, _sandbox: sandbox, limit: None, cgroup }
     }
 }
 

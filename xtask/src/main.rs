@@ -8,11 +8,13 @@ mod bootstrap;
 mod build;
 mod dashboards;
 mod deploy;
+mod fuzz;
 mod image;
 mod imports;
 mod libtest;
 mod repeat;
 mod run;
+mod soak;
 mod support;
 mod test;
 mod vm;
@@ -62,6 +64,26 @@ enum Command {
     Bench,
     /// Write the Grafana dashboards, deploy/grafana/*.json, from their generator.
     Dashboards,
+    /// The libFuzzer targets (agent/fuzz, cargo-fuzz on the eBPF nightly), each for a while; a line
+    /// per target (executions, corpus, crash) and a failure naming the input of any crash.
+    Fuzz {
+        /// Seconds each target runs.
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+        secs: u64,
+        /// Only these targets [default: all].
+        #[arg(long = "target", value_name = "NAME")]
+        targets: Vec<String>,
+    },
+    /// The soak (root): pods churned through the pods file with real cgroups, network namespaces,
+    /// resets and OOM kills, the agent under the DaemonSet's memory limit; fails if RSS, fds,
+    /// series or the attribution index are not back within 10% of their baseline.
+    Soak {
+        #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+        pods: u64,
+        /// How long the churn lasts at least.
+        #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+        secs: u64,
+    },
     /// The kernel matrix (root): boot Debian 5.10, 6.1, 6.12 and 7.3 in VMs; in each, load every
     /// probe and run the incident scenarios (real NFS, a real global OOM).
     VmTest {
@@ -88,6 +110,8 @@ fn main() -> ExitCode {
         Command::Imports => imports::run(),
         Command::Bench => bench::run(),
         Command::Dashboards => dashboards::run(),
+        Command::Fuzz { secs, targets } => fuzz::run(secs, &targets),
+        Command::Soak { pods, secs } => soak::run(pods, secs),
         Command::VmTest { kernels, repeat, scenario } => vm::run(&kernels, repeat, scenario.as_deref()),
     };
     match result {

@@ -1,6 +1,6 @@
 //! `cargo xtask test`: the second README command and what CI runs. Bootstrap, build, format and
-//! lint checks, every unit test, every kernel integration test, and (as root) the kernel matrix
-//! in VMs. `--repeat N` runs the tests N times back to back (the checks once) and ends with the
+//! lint checks, every unit test, every kernel integration test, each fuzz target for a moment,
+//! and (as root) the kernel matrix in VMs. `--repeat N` runs the tests N times back to back (the checks once) and ends with the
 //! pass rate of every test that failed; `--no-matrix` leaves the VMs out.
 //!
 //! As root (always so in CI) the kernel tests are required: one that cannot run fails instead of
@@ -14,7 +14,11 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{bootstrap, build, image, libtest::Results, repeat::Tally, vm};
+use crate::{bootstrap, build, fuzz, image, libtest::Results, repeat::Tally, vm};
+
+/// How long `cargo xtask test` runs each fuzz target: enough to catch what a change broke in a
+/// parser; `cargo xtask fuzz --secs N` fuzzes for real.
+const FUZZ_SECS: u64 = 20;
 
 pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     let env = bootstrap::run()?;
@@ -75,6 +79,9 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     if !tally.all_passed() {
         bail!("cargo test failed: see the FAILED lines above");
     }
+    // Every fuzz target, briefly: a crash in a parser of outside input fails the run.
+    println!("==> the fuzz targets, {FUZZ_SECS} s each (cargo xtask fuzz)");
+    fuzz::run(FUZZ_SECS, &[])?;
     if required && with_matrix {
         println!("==> the kernel matrix in VMs (cargo xtask vm-test)");
         vm::matrix(&env, &[], repeat, None)?;

@@ -402,10 +402,10 @@ pub fn decode(ev: &NfsEvent, clock: Clock) -> Result<Nfs, DecodeError> {
         ntrans: nonzero(ev.ntrans),
         client_id: nonzero(ev.client_id),
         owner_pid: nonzero(ev.owner_pid),
-        timeout_ms: clock
-            .hz
-            .filter(|&hz| hz > 0 && ev.timeout_jiffies > 0)
-            .map(|hz| ev.timeout_jiffies * 1000 / hz),
+        timeout_ms: clock.hz.filter(|&hz| hz > 0 && ev.timeout_jiffies > 0).map(|hz| {
+            // In u128: a corrupt record's jiffies times 1000 overflows u64.
+            u64::try_from(u128::from(ev.timeout_jiffies) * 1000 / u128::from(hz)).unwrap_or(u64::MAX)
+        }),
         program: name(&ev.program),
         procedure: name(&ev.procedure),
         error: (ev.error != 0).then_some(ev.error),
@@ -420,7 +420,8 @@ fn name(bytes: &[u8; NAME_LEN]) -> Option<String> {
 
 /// The errnos the RPC client reports (negative), by name.
 pub fn errno_name(error: i32) -> Option<&'static str> {
-    Some(match -error {
+    // `checked_neg`: a corrupt record's i32::MIN has no negation (and is no errno).
+    Some(match error.checked_neg()? {
         libc::ECONNREFUSED => "ECONNREFUSED",
         libc::ECONNRESET => "ECONNRESET",
         libc::ETIMEDOUT => "ETIMEDOUT",
@@ -542,6 +543,19 @@ pub(crate) mod tests {
         ev
     }
 
+    /// Found by the fuzzer (agent/fuzz, ring_buffer_records): a record whose timeout in jiffies
+    /// times 1000 overflows u64 panicked in the conversion to milliseconds.
+    #[test]
+    fn a_huge_timeout_in_jiffies_converts_without_overflow() {
+        let mut ev = event(WHAT_SOCKET_CONNECT, -115);
+        ev.timeout_jiffies = 14195346025471803392;
+        // 2^64 ms and more: as many as u64 holds.
+        assert_eq!(decode(&ev, Clock { hz: Some(250) }).unwrap().timeout_ms, Some(u64::MAX));
+        // Jiffies times 1000 past u64, the milliseconds not: exact.
+        ev.timeout_jiffies = u64::MAX / 100;
+        assert_eq!(decode(&ev, Clock { hz: Some(1000) }).unwrap().timeout_ms, Some(u64::MAX / 100));
+    }
+
     #[test]
     fn decodes_a_timeout() {
         let n = decode(&event(WHAT_TIMEOUT, -110), Clock { hz: Some(250) }).unwrap();
@@ -630,6 +644,18 @@ pub(crate) mod tests {
                 assert_eq!(e.server_addr, Some(server), "{kernel}");
             }
         }
+    }
+
+    /// Found by the fuzzer (agent/fuzz, ring_buffer_records): a counter key (or an event) whose
+    /// error is i32::MIN panicked negating it to look its name up.
+    #[test]
+    fn the_most_negative_error_has_no_name_and_decodes() {
+        assert_eq!(errno_name(i32::MIN), None);
+        let key = NfsCountKey { netns_ino: 2, what: WHAT_RETRANSMIT, error: i32::MIN, ..Default::default() };
+        let count = decode_count(&key, &Counter { events: 1, emitted: 1 }).unwrap();
+        assert_eq!((count.series.error, count.series.error_name), (Some(i32::MIN), None));
+        let n = decode(&event(WHAT_SOCKET_ERROR, i32::MIN), Clock::default()).unwrap();
+        assert_eq!((n.error, n.error_name), (Some(i32::MIN), None));
     }
 
     #[test]

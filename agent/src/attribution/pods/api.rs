@@ -98,28 +98,34 @@ pub async fn watch_pods(
         if matches!(event, Event::InitDone) || !health.get().up {
             health.set(true, None);
         }
-        let update = match event {
-            Event::InitApply(pod) => {
-                listing.extend(PodMeta::from_pod(&pod, &selected_labels));
-                continue;
-            }
-            Event::InitDone => PodUpdate::Snapshot(std::mem::take(&mut listing)),
-            Event::Apply(pod) => match PodMeta::from_pod(&pod, &selected_labels) {
-                Some(meta) => PodUpdate::Upsert(Box::new(meta)),
-                None => continue,
-            },
-            Event::Delete(pod) => match pod.metadata.uid {
-                Some(uid) => PodUpdate::Delete { uid },
-                None => continue,
-            },
-            // Dropped by `pod_events`.
-            Event::Init => continue,
-        };
+        let Some(update) = update_of(event, &mut listing, &selected_labels) else { continue };
         tokio::select! {
             biased;
             () = stop.cancelled() => return,
             sent = updates.send(update) => if sent.is_err() { return },
         }
+    }
+}
+
+/// What a watcher event tells the store: the pods of a list are gathered in `listing` until the
+/// list is done (then one snapshot); `None` while listing, and for a pod without a UID.
+pub fn update_of(
+    event: Event<Pod>,
+    listing: &mut Vec<PodMeta>,
+    selected_labels: &[String],
+) -> Option<PodUpdate> {
+    match event {
+        Event::InitApply(pod) => {
+            listing.extend(PodMeta::from_pod(&pod, selected_labels));
+            None
+        }
+        Event::InitDone => Some(PodUpdate::Snapshot(std::mem::take(listing))),
+        Event::Apply(pod) => {
+            PodMeta::from_pod(&pod, selected_labels).map(|meta| PodUpdate::Upsert(Box::new(meta)))
+        }
+        Event::Delete(pod) => pod.metadata.uid.map(|uid| PodUpdate::Delete { uid }),
+        // Dropped by `pod_events`.
+        Event::Init => None,
     }
 }
 
