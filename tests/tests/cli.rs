@@ -51,7 +51,7 @@ fn bad_values_exit_64_naming_the_field() {
     assert_usage_error(&["agent", "--config", "/nonexistent.toml"], "config");
     assert_usage_error(&["agent", "--no-such-flag"], "--no-such-flag");
     assert_usage_error(&["frobnicate"], "frobnicate");
-    assert_usage_error(&["agent", "--alertmanager-url", "https://am:9093"], "alertmanager_url");
+    assert_usage_error(&["agent", "--alertmanager-url", "ftp://am:9093"], "alertmanager_url");
     assert_usage_error(&["agent", "--pods-file", "/nonexistent/pods.json"], "pods_file");
     assert_usage_error(&["trace", "--probe", "tcp-reset,oom-kil"], "oom-kil");
     assert_usage_error(&["trace", "--duration", "soon"], "--duration");
