@@ -156,7 +156,9 @@ impl Settings {
         for url in &self.urls {
             endpoint(url).map_err(|e| ("alertmanager_url", e))?;
         }
-        client_tls(self.ca_file.as_deref()).map_err(|e| ("alertmanager_ca_file", e))?;
+        if self.urls.iter().any(|u| u.starts_with("https://")) || self.ca_file.is_some() {
+            client_tls(self.ca_file.as_deref()).map_err(|e| ("alertmanager_ca_file", e))?;
+        }
         match &self.auth {
             None => {}
             Some(Auth::Bearer { token_file }) => {
@@ -218,6 +220,16 @@ fn client_tls(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
     Ok(builder.with_no_client_auth())
 }
 
+/// A TLS configuration that trusts nothing, for a connector that only ever speaks plain http.
+fn plain_http_only() -> rustls::ClientConfig {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default versions")
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth()
+}
+
 type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Pushes until `stop`; `snapshots` come from the incident evaluator.
@@ -227,7 +239,9 @@ pub async fn run(
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
-    let tls = match client_tls(settings.ca_file.as_deref()) {
+    // Plain http needs no trust store (a container image may have none).
+    let https = settings.urls.iter().any(|u| u.starts_with("https://"));
+    let tls = match if https { client_tls(settings.ca_file.as_deref()) } else { Ok(plain_http_only()) } {
         Ok(tls) => tls,
         // Checked when the configuration was read; a trust store gone since is said once.
         Err(e) => {
@@ -505,6 +519,9 @@ mod tests {
         }
         std::fs::write(&password, "").unwrap();
         assert!(authorization(&basic).unwrap_err().contains("is empty"));
+        // Plain http (or no Alertmanager) never asks for a trust store: an image may have none.
+        let plain = Settings { urls: vec!["http://am:9093".into()], ..Default::default() };
+        assert!(plain.check().is_ok() && Settings::default().check().is_ok());
     }
 
     #[tokio::test]
