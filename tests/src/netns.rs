@@ -132,3 +132,42 @@ pub fn nat_rule_packets(ns: &NetNs, iptables: &str, port: u16) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no REDIRECT rule for port {port} in:\n{listing}"))
 }
+
+/// A hard-mounted NFS client's reconnects from `netns`, every half second until stopped or
+/// dropped: SYNs to 2049, redirected by the sidecar's rule to 15001 where nothing listens.
+pub struct NfsReconnects {
+    running: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl NfsReconnects {
+    pub fn start(netns: &NetNs) -> Self {
+        use std::sync::{
+            Arc,
+            atomic::{AtomicBool, Ordering},
+        };
+        let running = Arc::new(AtomicBool::new(true));
+        let flag = running.clone();
+        let thread = netns.spawn_inside(move || {
+            while flag.load(Ordering::Relaxed) {
+                let nfs = SocketAddr::from((Ipv4Addr::LOCALHOST, 2049));
+                let _ = TcpStream::connect_timeout(&nfs, Duration::from_secs(1));
+                thread::sleep(Duration::from_millis(500));
+            }
+        });
+        NfsReconnects { running, thread: Some(thread) }
+    }
+
+    pub fn stop(&mut self) {
+        self.running.store(false, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for NfsReconnects {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -10,14 +10,9 @@
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
-    net::{Ipv4Addr, SocketAddr, TcpStream},
+    net::{Ipv4Addr, SocketAddr},
     os::unix::net::UnixStream,
     path::Path,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread::JoinHandle,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -30,7 +25,7 @@ use kstall_tests::{
     },
     host::{Sysctl, wait_for},
     kernel_tests_can_run,
-    netns::{NetNs, closed_low_ports, refused_connects},
+    netns::{NetNs, NfsReconnects, closed_low_ports, refused_connects},
     oom::{OOM_LIMIT, oom_kill_as},
     writeback::FreezableDisk,
 };
@@ -131,37 +126,6 @@ fn every_query_is_valid_promql() {
     }
 }
 
-/// The hard-mounted NFS client's reconnects from the pod's network namespace, every half second
-/// until dropped: SYNs to 2049, redirected by the sidecar's rule to 15001 where nothing listens.
-struct Reconnecting {
-    running: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Reconnecting {
-    fn start(netns: &NetNs) -> Self {
-        let running = Arc::new(AtomicBool::new(true));
-        let flag = running.clone();
-        let thread = netns.spawn_inside(move || {
-            while flag.load(Ordering::Relaxed) {
-                let nfs = SocketAddr::from((Ipv4Addr::LOCALHOST, 2049));
-                let _ = TcpStream::connect_timeout(&nfs, Duration::from_secs(1));
-                std::thread::sleep(Duration::from_millis(500));
-            }
-        });
-        Reconnecting { running, thread: Some(thread) }
-    }
-}
-
-impl Drop for Reconnecting {
-    fn drop(&mut self) {
-        self.running.store(false, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
 /// An API client that subscribes to the event stream and never reads it.
 fn stalled_client(socket: &Path) -> UnixStream {
     let mut stream = UnixStream::connect(socket).expect("API socket");
@@ -230,7 +194,7 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
     let netns = NetNs::new("dashboards");
     let _sandbox = PodProcess::start(&netns, &container.procs());
     netns.redirect_tcp("iptables", 2049, 15001);
-    let reconnecting = Reconnecting::start(&netns);
+    let reconnecting = NfsReconnects::start(&netns);
     // A task of the pod that cannot finish its flush.
     disk.freeze();
     disk.start_writer(&container.procs());

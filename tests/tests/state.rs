@@ -4,13 +4,8 @@
 //! from when it first fired. A state file that is not a history is moved aside, never a crash.
 
 use std::{
-    net::{Ipv4Addr, SocketAddr, TcpStream},
+    net::{Ipv4Addr, SocketAddr},
     path::Path,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread::JoinHandle,
     time::Duration,
 };
 
@@ -18,49 +13,13 @@ use kstall_tests::{
     agent::Agent,
     host::wait_for,
     kernel_tests_can_run,
-    netns::{NetNs, refused_connects},
+    netns::{NetNs, NfsReconnects, refused_connects},
 };
 use serde_json::Value;
 
 const REDIRECT: &str = "nfs-sidecar-redirect";
 /// Resolved after this long without a redirected reset.
 const ARGS: &[&str] = &["--quiet-window", "5s"];
-
-/// An NFS client's reconnects through the sidecar's rule, every half second until stopped.
-struct Retrying {
-    on: Arc<AtomicBool>,
-    client: Option<JoinHandle<()>>,
-}
-
-impl Retrying {
-    fn start(ns: &NetNs) -> Self {
-        let on = Arc::new(AtomicBool::new(true));
-        let flag = on.clone();
-        let client = ns.spawn_inside(move || {
-            while flag.load(Ordering::Relaxed) {
-                let _ = TcpStream::connect_timeout(
-                    &SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)),
-                    Duration::from_secs(1),
-                );
-                std::thread::sleep(Duration::from_millis(500));
-            }
-        });
-        Self { on, client: Some(client) }
-    }
-
-    fn stop(&mut self) {
-        self.on.store(false, Ordering::Relaxed);
-        if let Some(client) = self.client.take() {
-            let _ = client.join();
-        }
-    }
-}
-
-impl Drop for Retrying {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 fn redirect_of(ns: &NetNs, state: &'static str) -> impl Fn(&Value) -> bool {
     let key = format!("{REDIRECT}/");
@@ -92,7 +51,7 @@ fn the_incident_history_survives_a_kill_9() {
     gone.redirect_tcp("iptables", 2049, 15001);
     going_on.redirect_tcp("iptables", 2049, 15001);
     gone.run_inside(|| refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)), 3));
-    let mut client = Retrying::start(&going_on);
+    let mut client = NfsReconnects::start(&going_on);
     let resolved = first.wait_incident(redirect_of(&gone, "resolved"), Duration::from_secs(30));
     let resolved = resolved.unwrap_or_else(|| panic!("no resolved redirect: {:#?}", first.incidents()));
     let firing = first.wait_incident(redirect_of(&going_on, "firing"), Duration::from_secs(30));
