@@ -51,6 +51,7 @@ fn main() {
     for r in &rows {
         assert!(r.exact(), "{}: {} {} driven, {} counted", r.scenario, r.driven, r.unit, r.counted);
         assert!(r.accounted(), "{}: events received + lost + suppressed != {} driven", r.scenario, r.driven);
+        assert!(r.held_to_limit(), "{}: the agent outgrew its {} MiB limit", r.scenario, r.limit_bytes >> 20);
     }
 }
 

@@ -15,7 +15,11 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{START_WITHIN, bpf, host::wait_for};
+use crate::{
+    START_WITHIN, bpf,
+    cgroup::{Cgroup, MemoryLimit},
+    host::wait_for,
+};
 
 /// The release agent: `KSTALL_BIN`, or target/release/kstall of this workspace.
 pub fn agent_binary() -> PathBuf {
@@ -45,12 +49,6 @@ impl Agent {
     /// directory.
     pub fn start_with_state(state: Option<&Path>, extra_args: &[&str]) -> Self {
         Self::spawn(state, None, extra_args)
-    }
-
-    /// An agent that is in the cgroup of `procs` from its first instruction (a memory limit then
-    /// holds its start-up too, as the kubelet's does).
-    pub fn start_in_cgroup(procs: &Path, extra_args: &[&str]) -> Self {
-        Self::spawn(None, Some(procs), extra_args)
     }
 
     fn spawn(state: Option<&Path>, cgroup_procs: Option<&Path>, extra_args: &[&str]) -> Self {
@@ -260,6 +258,43 @@ impl Agent {
         let _ = self.child.kill();
         let _ = self.child.wait();
         None
+    }
+}
+
+/// An agent held to the DaemonSet's memory limit from its first instruction, as the kubelet holds
+/// it: its start (the BTF parse is its peak) and all it does after must fit.
+pub struct LimitedAgent {
+    // Declared first, so stopped first: the cgroup is empty when it is removed.
+    agent: Agent,
+    limit: MemoryLimit,
+    limit_bytes: u64,
+    _cgroup: Cgroup,
+}
+
+impl LimitedAgent {
+    pub fn start(tag: &str, extra_args: &[&str]) -> Self {
+        let limit_bytes = crate::deploy::agent_memory_limit();
+        let cgroup = Cgroup::new(tag);
+        let limit = MemoryLimit::new(&cgroup, limit_bytes);
+        let agent = Agent::spawn(None, Some(limit.procs()), extra_args);
+        LimitedAgent { agent, limit, limit_bytes, _cgroup: cgroup }
+    }
+
+    pub fn limit_bytes(&self) -> u64 {
+        self.limit_bytes
+    }
+
+    /// Processes the OOM killer killed at the limit: the agent is the only one there.
+    pub fn oom_kills(&self) -> u64 {
+        self.limit.oom_kills()
+    }
+}
+
+impl std::ops::Deref for LimitedAgent {
+    type Target = Agent;
+
+    fn deref(&self) -> &Agent {
+        &self.agent
     }
 }
 

@@ -136,6 +136,8 @@ pub fn v1_memory_limit(tag: &str) -> Cgroup {
 /// `/sys/fs/cgroup/memory`, else the v2 `memory.max` of `v2` itself.
 pub struct MemoryLimit {
     v1: Option<PathBuf>,
+    /// The directory whose files hold the limit and its events.
+    dir: PathBuf,
     procs: PathBuf,
 }
 
@@ -146,17 +148,27 @@ impl MemoryLimit {
             let dir = v1_root.join(v2.path.file_name().expect("cgroup name"));
             std::fs::create_dir_all(&dir).expect("v1 memory cgroup");
             std::fs::write(dir.join("memory.limit_in_bytes"), bytes.to_string()).expect("v1 limit");
-            MemoryLimit { procs: dir.join("cgroup.procs"), v1: Some(dir) }
+            MemoryLimit { procs: dir.join("cgroup.procs"), dir: dir.clone(), v1: Some(dir) }
         } else {
             std::fs::write(v2.path.join("memory.max"), bytes.to_string())
                 .expect("v2 memory.max (is the memory controller enabled for the parent?)");
-            MemoryLimit { procs: v2.procs(), v1: None }
+            MemoryLimit { dir: v2.path.clone(), procs: v2.procs(), v1: None }
         }
     }
 
     /// The `cgroup.procs` a process must join for the limit to apply to it.
     pub fn procs(&self) -> &Path {
         &self.procs
+    }
+
+    /// How many processes the OOM killer has killed at this limit.
+    pub fn oom_kills(&self) -> u64 {
+        let events = if self.v1.is_some() { "memory.oom_control" } else { "memory.events" };
+        let path = self.dir.join(events);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{}: no oom_kill count", path.display()))
     }
 }
 

@@ -44,3 +44,45 @@ pub fn rendered_daemonset(overlay: &str) -> Value {
     assert_eq!(daemonsets.len(), 1, "{overlay}: rendered {} DaemonSets, not one", daemonsets.len());
     daemonsets.remove(0)
 }
+
+/// The agent container's `resources.limits.memory` in the DaemonSet a cluster gets
+/// (`plain-prometheus`), in bytes: what the kubelet holds the agent to.
+pub fn agent_memory_limit() -> u64 {
+    let daemonset = rendered_daemonset("plain-prometheus");
+    let containers = daemonset["spec"]["template"]["spec"]["containers"].as_array().expect("containers");
+    let agent = containers.iter().find(|c| c["name"] == "kstall").expect("the kstall container");
+    let limit = agent["resources"]["limits"]["memory"].as_str().expect("a memory limit on the agent");
+    quantity_bytes(limit).unwrap_or_else(|| panic!("{limit:?} is not a memory quantity this reads"))
+}
+
+/// A Kubernetes memory quantity (`160Mi`, `1Gi`, `500M`, `1048576`) in bytes.
+fn quantity_bytes(quantity: &str) -> Option<u64> {
+    let suffixes = [
+        ("Ki", 1u64 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("k", 1000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+    ];
+    let (number, unit) = suffixes
+        .iter()
+        .find_map(|(s, unit)| Some((quantity.strip_suffix(s)?, *unit)))
+        .unwrap_or((quantity, 1));
+    number.parse::<u64>().ok()?.checked_mul(unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quantity_bytes;
+
+    #[test]
+    fn memory_quantities_are_read_in_bytes() {
+        assert_eq!(quantity_bytes("160Mi"), Some(160 << 20));
+        assert_eq!(quantity_bytes("1Gi"), Some(1 << 30));
+        assert_eq!(quantity_bytes("500M"), Some(500_000_000));
+        assert_eq!(quantity_bytes("1048576"), Some(1 << 20));
+        assert_eq!(quantity_bytes("lots"), None);
+        assert_eq!(quantity_bytes("1.5Gi"), None);
+    }
+}

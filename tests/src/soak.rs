@@ -5,22 +5,20 @@
 
 use std::{
     net::{Ipv4Addr, SocketAddr},
-    path::{Path, PathBuf},
+    path::Path,
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 
 use crate::{
-    agent::{Agent, pod_json, write_pods_file},
+    agent::{Agent, LimitedAgent, pod_json, write_pods_file},
     cgroup::{Cgroup, MemoryLimit, PodProcess},
     host::{memory_kib, wait_for},
     netns::{NetNs, refused_connects},
     oom::{OOM_LIMIT, oom_kill},
 };
 
-/// The DaemonSet's `limits.memory` (deploy/base/daemonset.yaml; checked by [`manifest_limit`]).
-pub const AGENT_MEMORY_LIMIT: u64 = 160 << 20;
 /// Pods alive at once.
 const LIVE: usize = 20;
 /// One pod in this many is OOM-killed once.
@@ -77,6 +75,8 @@ pub struct Report {
     pub after: Held,
     /// The agent's peak resident size (VmHWM), start-up's BTF parsing included.
     pub high_water_kib: u64,
+    /// The memory limit it was held to: the DaemonSet's.
+    pub limit_bytes: u64,
 }
 
 impl Report {
@@ -111,24 +111,13 @@ impl Report {
             self.churn.as_secs_f64(),
             self.resets,
             self.oom_kills,
-            AGENT_MEMORY_LIMIT >> 20,
+            self.limit_bytes >> 20,
             self.high_water_kib as f64 / 1024.0,
             row("baseline", &self.baseline),
             row("peak", &self.peak),
             row("after", &self.after),
         )
     }
-}
-
-/// The memory limit the DaemonSet gives the agent, from the manifest, in bytes.
-pub fn manifest_limit() -> u64 {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/daemonset.yaml");
-    let text = std::fs::read_to_string(&manifest).expect("the DaemonSet");
-    let mib: u64 = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("limits: {memory: ")?.strip_suffix("Mi}")?.parse().ok())
-        .expect("limits: {memory: <n>Mi} in the DaemonSet");
-    mib << 20
 }
 
 /// One churned pod: what the kubelet and the runtime would have made.
@@ -169,14 +158,11 @@ fn forgotten(agent: &Agent) -> Option<Held> {
 
 /// Churns `pods` pods (after a warm-up), taking at least `at_least`, and measures.
 pub fn soak(pods: usize, at_least: Duration) -> Report {
-    assert_eq!(manifest_limit(), AGENT_MEMORY_LIMIT, "the soak holds the agent to the DaemonSet's limit");
-    let agent_cgroup = Cgroup::new("soak-agent");
-    let agent_limit = MemoryLimit::new(&agent_cgroup, AGENT_MEMORY_LIMIT);
     let dir = tempfile::tempdir().expect("a folder for the pods file");
     let pods_file = dir.path().join("pods.json");
     write_pods_file(&pods_file, &[]);
-    let agent = Agent::start_in_cgroup(
-        agent_limit.procs(),
+    let agent = LimitedAgent::start(
+        "soak-agent",
         &["--pods-file", pods_file.to_str().unwrap(), "--pod-retention", RETENTION],
     );
     // The QoS parents the pods share, made once: a pod's cgroup then removes only its own.
@@ -189,14 +175,14 @@ pub fn soak(pods: usize, at_least: Duration) -> Report {
     let churn = started.elapsed();
     let after = forgotten(&agent).unwrap_or_else(|| Held::of(&agent));
     let high_water_kib = memory_kib(agent.pid()).1;
+    assert_eq!(agent.oom_kills(), 0, "the agent was OOM-killed at its limit");
     assert!(
         agent.log().lines().all(|l| !l.contains("\"level\":\"ERROR\"")),
         "the agent logged errors:\n{}",
         agent.log()
     );
-    drop(agent);
-    drop(agent_limit);
-    Report { pods, resets, oom_kills, churn, baseline, peak, after, high_water_kib }
+    let limit_bytes = agent.limit_bytes();
+    Report { pods, resets, oom_kills, churn, baseline, peak, after, high_water_kib, limit_bytes }
 }
 
 /// Pods `numbers` made and removed, `LIVE` at a time, paced over `at_least`: the resets and OOM

@@ -1,7 +1,8 @@
 //! The storms `cargo xtask bench` drives through the real kernel and a real agent, each measured
 //! beside a bpftrace one-liner counting on the same hooks in the same run; the storms smoke test
-//! drives them small and checks only that the agent counted every event. Each storm gets a fresh
-//! agent, so its memory and series are that storm's alone.
+//! drives them small and checks that the agent counted every event. Each storm gets a fresh
+//! agent, so its memory and series are that storm's alone, held to the DaemonSet's memory limit
+//! from its first instruction, as the kubelet holds it.
 
 use std::{
     net::{SocketAddr, TcpStream},
@@ -12,7 +13,7 @@ use std::{
 };
 
 use crate::{
-    agent::{Agent, COUNTED_WITHIN, pod_json, write_pods_file},
+    agent::{Agent, COUNTED_WITHIN, LimitedAgent, pod_json, write_pods_file},
     bpf::{ProgramRuns, program_runs_of},
     bpftrace::{Bpftrace, Counted},
     cgroup::{Cgroup, MemoryLimit},
@@ -40,6 +41,11 @@ pub struct Row {
     pub suppressed: f64,
     pub agent_cpu_secs: f64,
     pub rss_kib: u64,
+    /// The agent's peak resident size (VmHWM) since it started, start-up included.
+    pub peak_kib: u64,
+    /// The memory limit it ran under (the DaemonSet's), and the OOM kills there: 0, or it died.
+    pub limit_bytes: u64,
+    pub agent_oom_kills: u64,
     /// The counter's series after the storm.
     pub series: usize,
     /// The agent's programs that ran during the storm.
@@ -73,6 +79,11 @@ impl Row {
     /// Whether every event is accounted for: received, lost or suppressed.
     pub fn accounted(&self) -> bool {
         !self.one_event_each || self.received + self.lost + self.suppressed == self.driven as f64
+    }
+
+    /// Whether the agent lived through the storm within its memory limit.
+    pub fn held_to_limit(&self) -> bool {
+        self.agent_oom_kills == 0 && self.peak_kib << 10 < self.limit_bytes
     }
 
     /// kstall's and bpftrace's run time per run on the hooks both attach to, and their ratio.
@@ -179,7 +190,7 @@ fn measure(
     counted_within: Duration,
     drive: impl FnOnce() -> u64,
 ) -> Row {
-    let agent = Agent::start(agent_args);
+    let agent = LimitedAgent::start("storm-agent", agent_args);
     let before = Tally::of(&agent, counter);
     let programs_before = program_runs_of(agent.pid());
     let cpu_before = cpu_ticks(agent.pid());
@@ -187,6 +198,7 @@ fn measure(
     let start = Instant::now();
     let driven = drive();
     let elapsed = start.elapsed();
+    assert_eq!(agent.oom_kills(), 0, "{scenario}: the agent was OOM-killed at its memory limit");
     // Every event accounted for too: one still in the ring buffer when the count is complete is
     // neither received nor lost yet.
     let complete = |t: &Tally| {
@@ -219,7 +231,7 @@ fn measure(
         let programs = trace.programs();
         SideBySide { counted: read(&trace.stop()), programs }
     });
-    let (rss_kib, _) = memory_kib(agent.pid());
+    let (rss_kib, peak_kib) = memory_kib(agent.pid());
     // SAFETY: sysconf has no preconditions.
     let ticks_per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     Row {
@@ -234,6 +246,9 @@ fn measure(
         suppressed: after.suppressed - before.suppressed,
         agent_cpu_secs: (cpu_after - cpu_before) / ticks_per_sec,
         rss_kib,
+        peak_kib,
+        limit_bytes: agent.limit_bytes(),
+        agent_oom_kills: agent.oom_kills(),
         series: after.series,
         kstall,
         bpftrace,
@@ -472,7 +487,7 @@ pub fn oom_storm(kills: usize, side_by_side: bool) -> Row {
 /// The rows as one markdown table, with each row's programs and notes below it.
 pub fn table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| storm | driven | counted | events received / lost / suppressed | agent CPU (until counted) | agent RSS | series | kstall eBPF ns/run | bpftrace ns/run (counted) | kstall ÷ bpftrace |\n\
+        "| storm | driven | counted | events received / lost / suppressed | agent CPU (until counted) | agent RSS (peak of limit) | series | kstall eBPF ns/run | bpftrace ns/run (counted) | kstall ÷ bpftrace |\n\
          |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
@@ -493,7 +508,7 @@ pub fn table(rows: &[Row]) -> String {
             (None, _) => ("-".into(), "-".into()),
         };
         out.push_str(&format!(
-            "| {} | {} {} at {}/s | {} | {} / {} / {} | {cpu} | {:.1} MiB | {} | {} | {theirs} | {ratio} |\n",
+            "| {} | {} {} at {}/s | {} | {} / {} / {} | {cpu} | {:.1} MiB (peak {:.1} of {}) | {} | {} | {theirs} | {ratio} |\n",
             r.scenario,
             grouped(r.driven),
             r.unit,
@@ -503,6 +518,8 @@ pub fn table(rows: &[Row]) -> String {
             grouped(r.lost as u64),
             grouped(r.suppressed as u64),
             r.rss_kib as f64 / 1024.0,
+            r.peak_kib as f64 / 1024.0,
+            r.limit_bytes >> 20,
             r.series,
             programs(&r.kstall),
         ));
@@ -561,6 +578,9 @@ mod tests {
             suppressed: 100.0,
             agent_cpu_secs: 0.01,
             rss_kib: 2048,
+            peak_kib: 4096,
+            limit_bytes: 160 << 20,
+            agent_oom_kills: 0,
             series: 2,
             // kfree_skb is kstall's alone: not in the ratio.
             kstall: vec![
@@ -576,9 +596,9 @@ mod tests {
             notes: vec!["a note".into()],
         };
         assert_eq!(row.ratio(), Some((500.0, 100.0, 5.0)));
-        assert!(row.exact() && row.accounted());
+        assert!(row.exact() && row.accounted() && row.held_to_limit());
         let table = table(&[row]);
-        assert!(table.contains("| s | 100 resets at 100/s | 100 | 0 / 0 / 100 | 1.0% of a core, 100.00 µs per reset | 2.0 MiB | 2 |"), "{table}");
+        assert!(table.contains("| s | 100 resets at 100/s | 100 | 0 / 0 / 100 | 1.0% of a core, 100.00 µs per reset | 2.0 MiB (peak 4.0 of 160) | 2 |"), "{table}");
         assert!(table.contains("tcp_send_reset 600, tcp_receive_res 400, kfree_skb_no_so 100 |"), "{table}");
         assert!(table.contains("| tcp_send_reset 100, tcp_receive_reset 100 (100) | 5.0× |"), "{table}");
         assert!(table.ends_with("\n- a note\n"), "{table}");

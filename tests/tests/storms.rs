@@ -1,6 +1,6 @@
 //! The benchmark's storms, small: every event driven is counted, whatever the ring buffer or the
-//! sampling did with it. Checks nothing of timing; `cargo xtask bench` drives them large and
-//! prints what they cost.
+//! sampling did with it, by an agent held to the DaemonSet's memory limit. Checks nothing of
+//! timing; `cargo xtask bench` drives them large and prints what they cost.
 
 use kstall_tests::{
     kernel_tests_can_run,
@@ -17,6 +17,14 @@ fn assert_counted(row: &Row) {
         row.received,
         row.lost,
         row.suppressed
+    );
+    assert!(
+        row.held_to_limit(),
+        "{}: peak {} KiB, {} OOM kills at the agent's {} MiB limit",
+        row.scenario,
+        row.peak_kib,
+        row.agent_oom_kills,
+        row.limit_bytes >> 20
     );
 }
 
