@@ -307,8 +307,8 @@ impl Config {
     pub fn resolve(args: AgentArgs) -> Result<Self, ConfigError> {
         let file = match &args.config {
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| invalid("config", format!("cannot read {}: {e}", path.display())))?;
+                let text = crate::named_file::read_text(path, crate::named_file::CONFIG_MAX_BYTES)
+                    .map_err(|e| invalid("config", e))?;
                 toml::from_str::<FileConfig>(&text)
                     .map_err(|e| invalid("config", format!("{}: {}", path.display(), e.message())))?
             }
@@ -447,9 +447,7 @@ impl Config {
         if let PodMetadata::File(path) = &pod_metadata {
             // A file that is wrong at start is a mistake to report now; a bad later write only
             // keeps the pods already known.
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| invalid("pods_file", format!("cannot read {}: {e}", path.display())))?;
-            crate::attribution::pods::file::parse(path, &text, &[])
+            crate::attribution::pods::file::load(path, &[])
                 .map_err(|e| invalid("pods_file", e.to_string()))?;
         }
 

@@ -18,6 +18,7 @@ mod kernel;
 pub mod kernel_btf;
 pub mod kubelet;
 mod memory;
+mod named_file;
 pub mod pipeline;
 pub mod probes;
 pub mod state;

@@ -12,10 +12,12 @@ use std::{
 };
 
 use rustls::{
-    pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _},
+    pki_types::{PrivateKeyDer, pem::PemObject as _},
     server::WebPkiClientVerifier,
 };
 use serde::Deserialize;
+
+use crate::named_file;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -70,7 +72,7 @@ fn modified(path: &Path) -> Option<SystemTime> {
 
 /// Reads and checks the file: the certificate and key load, the hashes are bcrypt's.
 pub fn load(path: &Path) -> Result<WebConfig, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = named_file::read_text(path, named_file::CONFIG_MAX_BYTES)?;
     let file: File = if text.trim().is_empty() {
         File::default()
     } else {
@@ -115,14 +117,16 @@ fn server_config(
         return Err("tls_server_config: needs cert_file and key_file".into());
     };
     let (cert_file, key_file) = (resolve(cert_file), resolve(key_file));
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_file)
-        .and_then(|certs| certs.collect())
-        .map_err(|e| format!("tls_server_config.cert_file {}: {e}", cert_file.display()))?;
+    let certs =
+        named_file::certificates(&cert_file).map_err(|e| format!("tls_server_config.cert_file {e}"))?;
     if certs.is_empty() {
         return Err(format!("tls_server_config.cert_file {}: no certificate in it", cert_file.display()));
     }
-    let key = PrivateKeyDer::from_pem_file(&key_file)
-        .map_err(|e| format!("tls_server_config.key_file {}: {e}", key_file.display()))?;
+    let key = named_file::read(&key_file, named_file::CONFIG_MAX_BYTES)
+        .and_then(|pem| {
+            PrivateKeyDer::from_pem_slice(&pem).map_err(|e| format!("{}: {e}", key_file.display()))
+        })
+        .map_err(|e| format!("tls_server_config.key_file {e}"))?;
     let versions = versions(tls.min_version.as_deref(), tls.max_version.as_deref())?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
@@ -146,9 +150,8 @@ fn server_config(
             };
             let ca_file = resolve(ca_file);
             let mut roots = rustls::RootCertStore::empty();
-            let cas: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&ca_file)
-                .and_then(|certs| certs.collect())
-                .map_err(|e| format!("tls_server_config.client_ca_file {}: {e}", ca_file.display()))?;
+            let cas = named_file::certificates(&ca_file)
+                .map_err(|e| format!("tls_server_config.client_ca_file {e}"))?;
             let (added, _) = roots.add_parsable_certificates(cas);
             if added == 0 {
                 return Err(format!(

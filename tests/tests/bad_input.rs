@@ -92,11 +92,22 @@ fn every_bad_flag_or_environment_value_exits_64_naming_it() {
     if !kernel_tests_can_run("every_bad_flag_or_environment_value_exits_64_naming_it") {
         return;
     }
-    let cases: [(&[&str], (&str, &str), &str); 4] = [
+    // Files named by mistake: a FIFO nobody writes to (a read of it would wait for ever), a
+    // device that never ends.
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("pods.fifo");
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo");
+    let fifo = fifo.to_str().unwrap();
+    let cases: [(&[&str], (&str, &str), &str); 7] = [
         (&["--max-series-per-metric", "0"], ("", ""), "max_series_per_metric"),
         (&["--metric-ports", "http"], ("", ""), "metric_ports"),
         (&[], ("KSTALL_STATE_DIR", "relative/dir"), "state_dir"),
         (&[], ("KSTALL_ALERTMANAGER_CA_FILE", "/nonexistent/ca.crt"), "alertmanager_ca_file"),
+        (&["--pods-file", fifo], ("", ""), "pods_file"),
+        (&["--config", fifo], ("", ""), "config"),
+        (&["--web-config-file", "/dev/zero"], ("", ""), "web_config_file"),
     ];
     for (args, (env, value), field) in cases {
         let mut command = Command::new(agent_binary());
@@ -109,5 +120,8 @@ fn every_bad_flag_or_environment_value_exits_64_naming_it() {
         assert_eq!(out.status.code(), Some(64), "{field}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
         assert!(stderr.contains(&format!("invalid configuration: {field}:")), "{stderr}");
+        if args.contains(&fifo) || args.contains(&"/dev/zero") {
+            assert!(stderr.contains("not a regular file"), "{stderr}");
+        }
     }
 }

@@ -24,7 +24,6 @@ use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::TokioExecutor,
 };
-use rustls::pki_types::{CertificateDer, pem::PemObject as _};
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -175,9 +174,12 @@ impl Settings {
     }
 }
 
+/// A token or password file's bound: far above any real one (a service account token is ~1 KiB).
+const SECRET_MAX_BYTES: u64 = 64 << 10;
+
 /// A secret file's content without its trailing newline.
 fn secret(path: &Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = crate::named_file::read_text(path, SECRET_MAX_BYTES)?;
     let text = text.trim_end_matches(['\n', '\r']).to_string();
     if text.is_empty() {
         return Err(format!("{} is empty", path.display()));
@@ -205,9 +207,7 @@ fn client_tls(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
         .map_err(|e| e.to_string())?;
     let builder = match ca_file {
         Some(path) => {
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-                .and_then(|certs| certs.collect())
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let certs = crate::named_file::certificates(path)?;
             let mut roots = rustls::RootCertStore::empty();
             if roots.add_parsable_certificates(certs).0 == 0 {
                 return Err(format!("{}: no CA certificate in it", path.display()));
@@ -524,6 +524,34 @@ mod tests {
         assert!(plain.check().is_ok() && Settings::default().check().is_ok());
     }
 
+    /// `kstall_alertmanager_posts_total{result}` for `url`.
+    fn posts_counted(metrics: &Metrics, url: &str, result: &str) -> u64 {
+        let series = format!(r#"kstall_alertmanager_posts_total{{result="{result}",url="{url}"}} "#);
+        let text = metrics.render();
+        text.lines().find_map(|l| l.strip_prefix(&series)?.parse().ok()).unwrap_or(0)
+    }
+
+    /// Where to send snapshots while waiting, and which.
+    type Resend<'a> = (&'a mpsc::Sender<Snapshot>, fn() -> Snapshot);
+
+    /// Until the pusher has counted `n` posts with `result`, sending `resend`'s snapshot
+    /// meanwhile if given, as the evaluator does (a retry is only tried on a snapshot).
+    async fn until_counted(
+        metrics: &Metrics,
+        url: &str,
+        (result, n): (&str, u64),
+        resend: Option<Resend<'_>>,
+    ) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while posts_counted(metrics, url, result) < n {
+            assert!(Instant::now() < deadline, "{n} {result} posts not counted: {}", metrics.render());
+            if let Some((tx, snapshot)) = resend {
+                tx.send(snapshot()).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     #[tokio::test]
     async fn fires_then_resolves_with_a_retry_after_a_failure() {
         let (url, posts) = fake_alertmanager(1).await;
@@ -532,41 +560,37 @@ mod tests {
         let stop = CancellationToken::new();
         let settings = Settings { urls: vec![url.clone()], ..Default::default() };
         let task = tokio::spawn(run(settings, rx, metrics.clone(), stop.clone()));
-        let snapshot = |firing, resolved| Snapshot { firing, resolved };
-        // The first post fails (503); the next snapshot after the 2 s backoff retries.
-        for _ in 0..4 {
-            tx.send(snapshot(vec![incident(None)], vec![])).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(1000)).await;
+        let firing = || Snapshot { firing: vec![incident(None)], resolved: vec![] };
+        // The first post fails (503); a snapshot after the 2 s backoff retries it.
+        tx.send(firing()).await.unwrap();
+        until_counted(&metrics, &url, ("error", 1), None).await;
+        until_counted(&metrics, &url, ("ok", 1), Some((&tx, firing))).await;
+        // The same incidents again: nothing to tell within the resend interval. Snapshots are
+        // taken in order, so a resend would be a post before the resolve's.
+        for _ in 0..3 {
+            tx.send(firing()).await.unwrap();
         }
+        let resolved = Snapshot { firing: vec![], resolved: vec![incident(Some(1_796_000_030_000_000_000))] };
+        tx.send(resolved).await.unwrap();
+        until_counted(&metrics, &url, ("ok", 2), None).await;
         {
             let posts = posts.lock().unwrap();
-            assert_eq!(
-                posts.len(),
-                1,
-                "one success after the failure, no resend within the interval: {posts:?}"
-            );
+            assert_eq!(posts.len(), 2, "one success after the failure, then the resolve: {posts:?}");
             assert_eq!(posts[0][0]["labels"]["alertname"], "KstallNfsSidecarRedirect");
-        }
-        tx.send(snapshot(vec![], vec![incident(Some(1_796_000_030_000_000_000))])).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        {
-            let posts = posts.lock().unwrap();
-            assert_eq!(posts.len(), 2, "{posts:?}");
             assert_eq!(posts[1][0]["endsAt"], "2026-11-30T00:53:50Z");
         }
-        // Nothing firing, nothing to resolve: quiet.
-        tx.send(snapshot(vec![], vec![])).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(posts.lock().unwrap().len(), 2);
-        let text = metrics.render();
-        assert!(
-            text.contains(&format!(r#"kstall_alertmanager_posts_total{{result="error",url="{url}"}} 1"#)),
-            "{text}"
-        );
-        assert!(
-            text.contains(&format!(r#"kstall_alertmanager_posts_total{{result="ok",url="{url}"}} 2"#)),
-            "{text}"
-        );
+        // Nothing firing, nothing to resolve: quiet, as the next incident's post shows (an empty
+        // post would have come first).
+        tx.send(Snapshot { firing: vec![], resolved: vec![] }).await.unwrap();
+        tx.send(firing()).await.unwrap();
+        until_counted(&metrics, &url, ("ok", 3), None).await;
+        {
+            let posts = posts.lock().unwrap();
+            assert_eq!(posts.len(), 3, "{posts:?}");
+            assert_eq!(posts[2][0]["labels"]["alertname"], "KstallNfsSidecarRedirect", "{posts:?}");
+            assert_ne!(posts[2][0]["endsAt"], posts[1][0]["endsAt"], "{posts:?}");
+        }
+        assert_eq!(posts_counted(&metrics, &url, "error"), 1);
         stop.cancel();
         task.await.unwrap();
     }

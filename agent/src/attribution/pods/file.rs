@@ -30,12 +30,11 @@ struct PodList {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PodsFileError {
-    #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    /// Missing, not a regular file, larger than `MAX_BYTES`, not UTF-8.
+    #[error("{0}")]
+    Read(String),
     #[error("{path} is not the JSON of `kubectl get pods -o json`: {message}")]
     Parse { path: PathBuf, message: String },
-    #[error("{path} is larger than {} MiB: not read", MAX_BYTES >> 20)]
-    TooLarge { path: PathBuf },
 }
 
 /// Parses the file's text: a list of pods, or a single pod.
@@ -54,21 +53,9 @@ pub fn parse(path: &Path, text: &str, selected_labels: &[String]) -> Result<Vec<
     Ok(pods.iter().filter_map(|p| PodMeta::from_pod(p, selected_labels)).collect())
 }
 
-fn load(path: &Path, selected_labels: &[String]) -> Result<Vec<PodMeta>, PodsFileError> {
-    use std::io::Read as _;
-    let read_error = |source| PodsFileError::Read { path: path.into(), source };
-    let size = std::fs::metadata(path).map_err(read_error)?.len();
-    if size > MAX_BYTES {
-        return Err(PodsFileError::TooLarge { path: path.into() });
-    }
-    let mut text = String::new();
-    // Bounded even if the file grows between the stat and the read.
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_BYTES + 1).read_to_string(&mut text))
-        .map_err(read_error)?;
-    if text.len() as u64 > MAX_BYTES {
-        return Err(PodsFileError::TooLarge { path: path.into() });
-    }
+/// Reads (bounded) and parses the file.
+pub fn load(path: &Path, selected_labels: &[String]) -> Result<Vec<PodMeta>, PodsFileError> {
+    let text = crate::named_file::read_text(path, MAX_BYTES).map_err(PodsFileError::Read)?;
     parse(path, &text, selected_labels)
 }
 
