@@ -59,7 +59,7 @@ pub async fn serve(
                 }
             },
         };
-        let tls = web.as_ref().and_then(|w| w.get().tls);
+        let tls = web.as_ref().and_then(|w| w.get().tls.clone());
         let (app, shutdown) = (app.clone(), shutdown.clone());
         tokio::spawn(async move {
             match tls {
@@ -102,7 +102,8 @@ where
 /// (once in the log) and the last good one kept.
 struct Current {
     path: std::path::PathBuf,
-    config: Mutex<(WebConfig, Instant)>,
+    /// Shared, not copied, by each request's layers.
+    config: Mutex<(Arc<WebConfig>, Instant)>,
     /// Recently accepted `Authorization` headers: bcrypt is slow by design, a scrape every few
     /// seconds must not pay it each time.
     accepted: Mutex<std::collections::HashSet<String>>,
@@ -110,10 +111,10 @@ struct Current {
 
 impl Current {
     fn new(path: std::path::PathBuf, config: WebConfig) -> Self {
-        Self { path, config: Mutex::new((config, Instant::now())), accepted: Mutex::default() }
+        Self { path, config: Mutex::new((Arc::new(config), Instant::now())), accepted: Mutex::default() }
     }
 
-    fn get(&self) -> WebConfig {
+    fn get(&self) -> Arc<WebConfig> {
         let mut current = self.config.lock().expect("web config");
         let (config, checked) = &mut *current;
         if checked.elapsed() >= RELOAD_CHECK_EVERY {
@@ -122,21 +123,21 @@ impl Current {
                 match crate::web_config::load(&self.path) {
                     Ok(new) => {
                         tracing::info!(file = %self.path.display(), "web configuration read again");
-                        *config = new;
+                        *config = Arc::new(new);
                         self.accepted.lock().expect("accepted").clear();
                     }
                     Err(e) => {
                         tracing::warn!(file = %self.path.display(), error = %e,
                             "web configuration changed but is invalid: the previous one stays");
                         // Not again until the files change again.
-                        config.sources.iter_mut().for_each(|(p, seen)| {
+                        Arc::make_mut(config).sources.iter_mut().for_each(|(p, seen)| {
                             *seen = std::fs::metadata(p.as_path()).and_then(|m| m.modified()).ok()
                         });
                     }
                 }
             }
         }
-        config.clone()
+        Arc::clone(config)
     }
 }
 
@@ -144,7 +145,7 @@ const REMEMBERED_CREDENTIALS: usize = 64;
 
 async fn authenticate(State(web): State<Option<Arc<Current>>>, request: Request, next: Next) -> Response {
     let Some(web) = web else { return next.run(request).await };
-    let users = web.get().users;
+    let users = web.get().users.clone();
     if users.is_empty() {
         return next.run(request).await;
     }
@@ -179,7 +180,7 @@ async fn authenticate(State(web): State<Option<Arc<Current>>>, request: Request,
 async fn add_headers(State(web): State<Option<Arc<Current>>>, request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
     if let Some(web) = web {
-        for (name, value) in web.get().headers {
+        for (name, value) in &web.get().headers {
             // Checked when the file was read.
             if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
                 response.headers_mut().insert(name, value);

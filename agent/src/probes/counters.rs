@@ -117,7 +117,7 @@ impl Counters {
             }
         }
         match result {
-            Ok(overflow) => drained.nfs_overflow = overflow.iter().sum(),
+            Ok(overflow) => drained.nfs_overflow = overflow.iter().fold(0, |sum, n| sum.saturating_add(*n)),
             Err(e) => drained.failure = Some(e),
         }
         match self.generation.set(0, idle, 0) {
@@ -196,9 +196,10 @@ impl<K: CountKey> CounterMap<K> {
             // A key read is deleted before it is counted, so that a failed delete cannot count
             // it twice.
             let values = self.counts.get(&key, 0).map_err(|e| format!("reading {}: {e}", self.name))?;
+            // Saturating: the values are the kernel's, and a corrupt one must not wrap the sum.
             let counter = values.iter().fold(Counter::default(), |sum, c| Counter {
-                events: sum.events + c.events,
-                emitted: sum.emitted + c.emitted,
+                events: sum.events.saturating_add(c.events),
+                emitted: sum.emitted.saturating_add(c.emitted),
             });
             self.counts.remove(&key).map_err(|e| format!("deleting from {}: {e}", self.name))?;
             counted.push((key, counter));
@@ -209,7 +210,7 @@ impl<K: CountKey> CounterMap<K> {
                 .overflow
                 .get(&(slot as u32), 0)
                 .map_err(|e| format!("reading {} overflow: {e}", self.name))?;
-            let total: u64 = values.iter().sum();
+            let total = values.iter().fold(0u64, |sum, v| sum.saturating_add(*v));
             gained.push(total.saturating_sub(*read));
             *read = total;
         }
