@@ -125,6 +125,15 @@ impl Agent {
         self.log.lock().unwrap().clone()
     }
 
+    /// The log once it has a line containing `text` (its reader may be behind the agent), or
+    /// `None` within `within`.
+    pub fn log_once_it_has(&self, text: &str, within: Duration) -> Option<String> {
+        wait_for(within, || {
+            let log = self.log();
+            log.contains(text).then_some(log)
+        })
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -137,6 +137,7 @@ pub fn nat_rule_packets(ns: &NetNs, iptables: &str, port: u16) -> u64 {
 /// dropped: SYNs to 2049, redirected by the sidecar's rule to 15001 where nothing listens.
 pub struct NfsReconnects {
     running: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    refused: std::sync::Arc<std::sync::atomic::AtomicU64>,
     thread: Option<thread::JoinHandle<()>>,
 }
 
@@ -144,25 +145,32 @@ impl NfsReconnects {
     pub fn start(netns: &NetNs) -> Self {
         use std::sync::{
             Arc,
-            atomic::{AtomicBool, Ordering},
+            atomic::{AtomicBool, AtomicU64, Ordering},
         };
         let running = Arc::new(AtomicBool::new(true));
-        let flag = running.clone();
+        let refused = Arc::new(AtomicU64::new(0));
+        let (flag, count) = (running.clone(), refused.clone());
         let thread = netns.spawn_inside(move || {
             while flag.load(Ordering::Relaxed) {
                 let nfs = SocketAddr::from((Ipv4Addr::LOCALHOST, 2049));
-                let _ = TcpStream::connect_timeout(&nfs, Duration::from_secs(1));
+                if TcpStream::connect_timeout(&nfs, Duration::from_secs(1))
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+                {
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
                 thread::sleep(Duration::from_millis(500));
             }
         });
-        NfsReconnects { running, thread: Some(thread) }
+        NfsReconnects { running, refused, thread: Some(thread) }
     }
 
-    pub fn stop(&mut self) {
+    /// Stops them; how many were refused (reset) in all.
+    pub fn stop(&mut self) -> u64 {
         self.running.store(false, std::sync::atomic::Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

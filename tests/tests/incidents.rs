@@ -6,14 +6,7 @@
 //! rule into the same Alertmanager alert; and all of it must resolve once the writer is released
 //! and the rule deleted.
 
-use std::{
-    net::{Ipv4Addr, SocketAddr, TcpStream},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
-};
+use std::time::Duration;
 
 use kstall_tests::{
     agent::{Agent, pod_json, write_pods_file},
@@ -21,7 +14,7 @@ use kstall_tests::{
     cgroup::{Cgroup, PodProcess, v1_memory_limit},
     host::{Sysctl, wait_for},
     kernel_tests_can_run,
-    netns::NetNs,
+    netns::{NetNs, NfsReconnects},
     oom::oom_kill,
     writeback::FreezableDisk,
 };
@@ -71,24 +64,7 @@ fn sidecar_redirect_and_stuck_writer_fire_alert_and_resolve() {
 
     // The hard-mounted NFS client's reconnects, every half second until the rule is deleted:
     // SYNs to 2049, redirected to 15001, reset.
-    let retrying = Arc::new(AtomicBool::new(true));
-    let client = {
-        let retrying = retrying.clone();
-        netns.spawn_inside(move || {
-            let mut refused = 0;
-            while retrying.load(Ordering::Relaxed) {
-                match TcpStream::connect_timeout(
-                    &SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)),
-                    Duration::from_secs(1),
-                ) {
-                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => refused += 1,
-                    _ => {}
-                }
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            refused
-        })
-    };
+    let mut client = NfsReconnects::start(&netns);
     // And a task of the pod that cannot finish its flush.
     disk.freeze();
     let writer = disk.start_writer(&container.procs());
@@ -206,8 +182,7 @@ fn sidecar_redirect_and_stuck_writer_fire_alert_and_resolve() {
     assert!(from_prometheus.is_some(), "Alertmanager: {:#?}\n{}", am_alerts(true), prometheus.log());
 
     // The break-glass step and the release: both resolve.
-    retrying.store(false, Ordering::Relaxed);
-    assert!(client.join().unwrap() >= 3, "the client's connects were refused");
+    assert!(client.stop() >= 3, "the client's connects were refused");
     netns.exec(
         "iptables",
         &[

@@ -120,7 +120,9 @@ fn a_state_file_that_is_not_a_history_is_moved_aside_and_the_agent_runs() {
         std::fs::write(state.path().join("incidents.json"), text).unwrap();
         let mut agent = Agent::start_with_state(Some(state.path()), &[]);
         assert!(agent.status()["probes"].is_array(), "the agent answers");
-        let log = agent.log();
+        let log = agent
+            .log_once_it_has("moved aside", Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("no warning:\n{}", agent.log()));
         let warnings: Vec<&str> = log.lines().filter(|l| l.contains("moved aside")).collect();
         assert_eq!(warnings.len(), 1, "one warning:\n{log}");
         assert!(warnings[0].contains("WARN") && warnings[0].contains(reason), "{}", warnings[0]);
@@ -136,7 +138,9 @@ fn a_state_file_that_is_not_a_history_is_moved_aside_and_the_agent_runs() {
     // A directory that cannot be one: the agent runs, its history in memory, and says so once.
     let not_a_dir = tempfile::NamedTempFile::new().unwrap();
     let mut agent = Agent::start_with_state(Some(not_a_dir.path()), &[]);
-    let log = agent.log();
+    let log = agent
+        .log_once_it_has("state directory unusable", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no warning:\n{}", agent.log()));
     assert_eq!(log.matches("state directory unusable").count(), 1, "{log}");
     assert_eq!(agent.stop(), Some(0));
 }
