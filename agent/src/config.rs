@@ -149,9 +149,15 @@ pub struct AgentArgs {
     /// [default: http://127.0.0.1:10248/healthz].
     #[arg(long, env = "KSTALL_KUBELET_HEALTHZ", value_name = "URL")]
     pub kubelet_healthz: Option<String>,
-    /// The kubelet's server, for the TLS handshake check [default: 127.0.0.1:10250].
+    /// The kubelet's server, for the TLS handshake check [default: --node-ip:10250, else
+    /// 127.0.0.1:10250].
     #[arg(long, env = "KSTALL_KUBELET_SERVER", value_name = "HOST:PORT")]
     pub kubelet_server: Option<String>,
+    /// This node's address as Kubernetes advertises it (the DaemonSet passes the pod's
+    /// status.hostIP): where the kubelet serves unless --kubelet-server says otherwise (kubelets
+    /// of hardened nodes serve on it, not on 127.0.0.1).
+    #[arg(long, env = "KSTALL_NODE_IP", value_name = "IP")]
+    pub node_ip: Option<String>,
     /// Pods waiting for an image (ImagePullBackOff, ErrImagePull) that fire kubelet-degraded
     /// [default: 20].
     #[arg(long, env = "KSTALL_KUBELET_IMAGE_PULL_PODS", value_name = "N")]
@@ -237,6 +243,7 @@ struct FileConfig {
     kubelet_checks: Option<bool>,
     kubelet_healthz: Option<String>,
     kubelet_server: Option<String>,
+    node_ip: Option<String>,
     kubelet_image_pull_pods: Option<String>,
     kubelet_termination_overdue: Option<String>,
     kubelet_stuck_terminating_pods: Option<String>,
@@ -557,6 +564,18 @@ impl Config {
                 if let Some(url) = args.kubelet_healthz.or(file.kubelet_healthz) {
                     settings.healthz =
                         kubelet::healthz_url(url.trim()).map_err(|e| invalid("kubelet_healthz", e))?;
+                }
+                let node_ip = match args.node_ip.or(file.node_ip) {
+                    Some(ip) => Some(
+                        ip.trim()
+                            .parse::<std::net::IpAddr>()
+                            .map_err(|_| invalid("node_ip", format!("{ip:?} is not an IP address")))?,
+                    ),
+                    None => None,
+                };
+                settings.advertised = node_ip;
+                if let Some(ip) = node_ip {
+                    settings.server = std::net::SocketAddr::new(ip, kubelet::DEFAULT_PORT).to_string();
                 }
                 if let Some(address) = args.kubelet_server.or(file.kubelet_server) {
                     settings.server =
@@ -1039,12 +1058,26 @@ mod tests {
             (settings.healthz.to_string(), settings.server.as_str()),
             ("http://10.0.0.7:10248/healthz".into(), "10.0.0.7:10250")
         );
+        // Where Kubernetes says the node is (the DaemonSet's status.hostIP); the flag overrides it.
+        let advertised = AgentArgs { node_ip: Some("198.51.100.10".into()), ..api() };
+        let settings = resolve(advertised).unwrap().kubelet.unwrap();
+        assert_eq!(settings.server, "198.51.100.10:10250");
+        assert_eq!(settings.advertised, Some("198.51.100.10".parse().unwrap()));
+        let v6 = AgentArgs { node_ip: Some("fd00::7".into()), ..api() };
+        assert_eq!(resolve(v6).unwrap().kubelet.unwrap().server, "[fd00::7]:10250");
+        let both = AgentArgs {
+            node_ip: Some("198.51.100.10".into()),
+            kubelet_server: Some("127.0.0.1:10250".into()),
+            ..api()
+        };
+        assert_eq!(resolve(both).unwrap().kubelet.unwrap().server, "127.0.0.1:10250");
         for (args, field) in [
             (
                 AgentArgs { kubelet_healthz: Some("https://127.0.0.1:10248/healthz".into()), ..api() },
                 "kubelet_healthz",
             ),
             (AgentArgs { kubelet_server: Some("127.0.0.1".into()), ..api() }, "kubelet_server"),
+            (AgentArgs { node_ip: Some("node1".into()), ..api() }, "node_ip"),
             (AgentArgs { kubelet_checks: Some("maybe".into()), ..api() }, "kubelet_checks"),
             (AgentArgs { kubelet_image_pull_pods: Some("1".into()), ..api() }, "kubelet_image_pull_pods"),
             (

@@ -46,6 +46,19 @@ pub(crate) struct ApiState {
     pub(crate) events: std::collections::BTreeMap<String, Value>,
     /// The Nodes, by name: a status patch applies to the one named.
     pub(crate) nodes: std::collections::BTreeMap<String, Value>,
+    /// Which API server's validation of `events.k8s.io/v1` writes this one applies.
+    pub(crate) event_rules: EventRules,
+}
+
+/// The validation of `events.k8s.io/v1` Events (`pkg/apis/core/validation/events.go`), which
+/// changed once in a way kstall meets: where an Event about a cluster-scoped object may live.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EventRules {
+    /// 1.20 (what the real cluster of tests/tests/cluster.rs runs): only `kube-system`.
+    #[default]
+    V1_20,
+    /// Later versions: `default` or `kube-system`.
+    Current,
 }
 
 #[derive(Debug, Clone)]
@@ -321,7 +334,11 @@ fn write(s: &mut ApiState, method: &str, path: &str, content_type: &str, body: V
     let rest = path.strip_prefix(EVENTS).unwrap_or_default();
     let parts: Vec<&str> = rest.split('/').collect();
     match (method, parts.as_slice()) {
-        ("POST", &[_, "events"]) => {
+        ("POST", &[namespace, "events"]) => {
+            let causes = event_create_errors(s.event_rules, namespace, &body);
+            if !causes.is_empty() {
+                return (422, invalid(&body, &causes));
+            }
             let name = body["metadata"]["name"].as_str().unwrap_or_default();
             let key = format!("{path}/{name}");
             if s.events.contains_key(&key) {
@@ -332,13 +349,119 @@ fn write(s: &mut ApiState, method: &str, path: &str, content_type: &str, body: V
         }
         ("PATCH", &[_, "events", _]) => match s.events.get_mut(path) {
             Some(event) => {
-                merge(event, &body);
+                let mut patched = event.clone();
+                merge(&mut patched, &body);
+                let causes = event_update_errors(event, &patched);
+                if !causes.is_empty() {
+                    return (422, invalid(&patched, &causes));
+                }
+                *event = patched;
                 (200, event.clone())
             }
             None => (404, status(404, "NotFound", "events not found")),
         },
         _ => (405, status(405, "MethodNotAllowed", "not supported by the fake")),
     }
+}
+
+/// Why the API server refuses to create `event` in `namespace` (none: it is created): the
+/// checks of `ValidateEventCreate` for an `events.k8s.io/v1` request that kstall's Events meet.
+pub(crate) fn event_create_errors(rules: EventRules, namespace: &str, event: &Value) -> Vec<String> {
+    let mut causes = Vec::new();
+    let text = |field: &str| event[field].as_str().unwrap_or_default();
+    let cluster_scoped = event["regarding"]["namespace"].as_str().unwrap_or_default().is_empty();
+    let allowed: &[&str] = match rules {
+        EventRules::V1_20 => &["kube-system"],
+        EventRules::Current => &["default", "kube-system"],
+    };
+    if cluster_scoped && !allowed.contains(&namespace) {
+        causes.push("regarding.namespace: Invalid value: \"\": does not match event.namespace".into());
+    }
+    if event["metadata"]["namespace"].as_str().is_some_and(|n| n != namespace) {
+        causes.push("metadata.namespace: Invalid value: does not match the namespace of the request".into());
+    }
+    let name = event["metadata"]["name"].as_str().unwrap_or_default();
+    if name.is_empty()
+        || name.len() > 253
+        || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+    {
+        causes.push(format!("metadata.name: Invalid value: {name:?}: a DNS-1123 subdomain"));
+    }
+    for (field, limit) in
+        [("reportingController", 253), ("reportingInstance", 128), ("action", 128), ("reason", 128)]
+    {
+        match text(field).len() {
+            0 => causes.push(format!("{field}: Required value")),
+            n if n > limit => {
+                causes.push(format!("{field}: Invalid value: can have at most {limit} characters"))
+            }
+            _ => {}
+        }
+    }
+    if text("note").len() > 1024 {
+        causes.push("note: Invalid value: can have at most 1024 characters".into());
+    }
+    if text("eventTime").is_empty() {
+        causes.push("eventTime: Required value".into());
+    }
+    if !matches!(text("type"), "Normal" | "Warning") {
+        causes.push(format!("type: Invalid value: has invalid value: {}", text("type")));
+    }
+    for field in ["deprecatedFirstTimestamp", "deprecatedLastTimestamp", "deprecatedCount"] {
+        if !event[field].is_null() {
+            causes.push(format!("{field}: Invalid value: needs to be unset"));
+        }
+    }
+    let source = &event["deprecatedSource"];
+    if ["component", "host"].iter().any(|k| source[k].as_str().is_some_and(|v| !v.is_empty())) {
+        causes.push("source: Invalid value: \"\": needs to be unset".into());
+    }
+    causes.extend(series_errors(event));
+    causes
+}
+
+/// Why an update from `old` to `new` is refused: a changed series must count at least 2 and say
+/// when it was last seen; what the Event is about and says cannot change.
+fn event_update_errors(old: &Value, new: &Value) -> Vec<String> {
+    let mut causes = Vec::new();
+    if old["series"] != new["series"] {
+        causes.extend(series_errors(new));
+    }
+    for field in [
+        "regarding",
+        "reason",
+        "note",
+        "type",
+        "action",
+        "reportingController",
+        "reportingInstance",
+        "eventTime",
+    ] {
+        if old[field] != new[field] {
+            causes.push(format!("{field}: Invalid value: field is immutable"));
+        }
+    }
+    causes
+}
+
+fn series_errors(event: &Value) -> Vec<String> {
+    let series = &event["series"];
+    let mut causes = Vec::new();
+    if !series.is_null() {
+        if series["count"].as_i64().unwrap_or(0) < 2 {
+            causes.push("series.count: Invalid value: should be at least 2".into());
+        }
+        if series["lastObservedTime"].as_str().unwrap_or_default().is_empty() {
+            causes.push("series.lastObservedTime: Required value".into());
+        }
+    }
+    causes
+}
+
+/// The API server's 422: a Status naming every cause.
+fn invalid(event: &Value, causes: &[String]) -> Value {
+    let name = event["metadata"]["name"].as_str().unwrap_or_default();
+    status(422, "Invalid", &format!("Event {name:?} is invalid: [{}]", causes.join(", ")))
 }
 
 /// A JSON merge patch (RFC 7386), as the API server applies `application/merge-patch+json`.

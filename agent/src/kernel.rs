@@ -92,7 +92,7 @@ pub const CAPABILITIES: &[Capability] = &[
     Capability {
         name: "CAP_SYS_RESOURCE",
         bit: CAP_SYS_RESOURCE,
-        without: "RLIMIT_MEMLOCK cannot be raised, and before 5.11 BPF maps are charged to it: probes may fail to load",
+        without: "RLIMIT_MEMLOCK cannot be raised, and before 5.11 BPF maps are charged to it: probes may fail to load (in Kubernetes: deploy/components/kernels-before-5.11)",
         needed_before: Some((5, 11)),
     },
 ];

@@ -3,6 +3,12 @@
 //! handshakes): a GET of its `healthz` endpoint, and a TLS handshake with its server. Each has a
 //! short timeout, runs on its own task, and is published on a `watch` channel: the evaluator
 //! reads the last result and never waits on a kubelet.
+//!
+//! The server is checked where Kubernetes says the node is (`--node-ip`, the pod's
+//! `status.hostIP`), not on 127.0.0.1: a hardened kubelet serves on its node address only. A
+//! check that has never passed since start is a wrong address, not a degraded kubelet: it is one
+//! warning naming the address tried, the node's and the flag, and no incident — degraded means it
+//! worked, then stopped.
 
 use std::{sync::Arc, time::Duration};
 
@@ -26,8 +32,11 @@ pub struct Settings {
     /// `http://127.0.0.1:10248/healthz`: the kubelet's own health endpoint (plain HTTP on
     /// localhost; the agent runs in the node's network namespace).
     pub healthz: hyper::Uri,
-    /// `127.0.0.1:10250`: the kubelet's server, where `kubectl logs` and `exec` go.
+    /// The kubelet's server, where `kubectl logs` and `exec` go: `--kubelet-server`, else
+    /// `<node IP>:10250`, else `127.0.0.1:10250`.
     pub server: String,
+    /// The node's address as Kubernetes advertises it (`--node-ip`), for the warning.
+    pub advertised: Option<std::net::IpAddr>,
     pub interval: Duration,
     /// How long each check may take; the kubelet answers both in milliseconds when well.
     pub timeout: Duration,
@@ -38,6 +47,7 @@ impl Default for Settings {
         Self {
             healthz: DEFAULT_HEALTHZ.parse().expect("a URL"),
             server: DEFAULT_SERVER.into(),
+            advertised: None,
             interval: Duration::from_secs(10),
             timeout: Duration::from_secs(3),
         }
@@ -46,6 +56,11 @@ impl Default for Settings {
 
 pub const DEFAULT_HEALTHZ: &str = "http://127.0.0.1:10248/healthz";
 pub const DEFAULT_SERVER: &str = "127.0.0.1:10250";
+/// The kubelet's port unless its configuration says otherwise.
+pub const DEFAULT_PORT: u16 = 10250;
+/// Failures in a row of a check that never passed before the warning: a kubelet still starting
+/// is not yet a wrong address.
+const NEVER_PASSED_WARNING_AFTER: u32 = 3;
 
 /// `--kubelet-healthz`: an http:// URL with a host.
 pub fn healthz_url(url: &str) -> Result<hyper::Uri, String> {
@@ -84,6 +99,11 @@ pub struct Check {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failing_since_unix_ns: Option<u64>,
     pub checked_unix_ns: u64,
+    /// Whether it has passed since the agent started: only then can it be degraded.
+    pub passed_once: bool,
+    /// Failures in a row.
+    #[serde(skip)]
+    pub(crate) failures: u32,
 }
 
 impl Check {
@@ -93,8 +113,40 @@ impl Check {
             Ok(()) => None,
             Err(_) => Some(previous.and_then(|p| p.failing_since_unix_ns).unwrap_or(now)),
         };
-        Check { target, error: outcome.err(), failing_since_unix_ns: failing_since, checked_unix_ns: now }
+        let passed_once = previous.is_some_and(|p| p.passed_once) || outcome.is_ok();
+        let failures = match outcome {
+            Ok(()) => 0,
+            Err(_) => previous.map_or(0, |p| p.failures) + 1,
+        };
+        Check {
+            target,
+            error: outcome.err(),
+            failing_since_unix_ns: failing_since,
+            checked_unix_ns: now,
+            passed_once,
+            failures,
+        }
     }
+
+    /// Whether this is the moment to say the check never worked (once, after a few tries).
+    fn never_worked(&self) -> bool {
+        !self.passed_once && self.failures == NEVER_PASSED_WARNING_AFTER
+    }
+}
+
+/// The one warning for a check that has not passed since start.
+fn warn_never_worked(what: &str, check: &Check, flag: &str, advertised: Option<std::net::IpAddr>) {
+    let advertised = advertised.map_or_else(
+        || "unknown (no --node-ip: the DaemonSet passes status.hostIP)".to_string(),
+        |ip| ip.to_string(),
+    );
+    tracing::warn!(
+        check = what,
+        tried = %check.target,
+        error = check.error.as_deref().unwrap_or_default(),
+        node_address = %advertised,
+        "the kubelet check has not passed since start: a wrong address, not a degraded kubelet (no incident until it has worked once); set {flag} to where this node's kubelet serves"
+    );
 }
 
 /// Checks the kubelet every `interval` until `stop`.
@@ -123,6 +175,14 @@ pub async fn watch(settings: Settings, health: watch::Sender<Health>, stop: Canc
             h.healthz = Some(Check::after(h.healthz.as_ref(), settings.healthz.to_string(), healthz, now));
             h.tls = Some(Check::after(h.tls.as_ref(), settings.server.clone(), handshake, now));
         });
+        let h = health.borrow().clone();
+        for (what, check, flag) in
+            [("healthz", &h.healthz, "--kubelet-healthz"), ("tls", &h.tls, "--kubelet-server")]
+        {
+            if let Some(check) = check.as_ref().filter(|c| c.never_worked()) {
+                warn_never_worked(what, check, flag, settings.advertised);
+            }
+        }
     }
 }
 

@@ -18,9 +18,10 @@ pub struct FakeKubelet {
 }
 
 impl FakeKubelet {
-    /// Wedged from the start, on free ports, presenting `cert` and `key`.
-    pub fn start_wedged(cert: &Path, key: &Path) -> Self {
-        Self::start(cert, key, "wedged", None)
+    /// Well, on free ports, presenting `cert` and `key`: kstall's checks pass, and only a check
+    /// that passed can be degraded later ([`FakeKubelet::wedge`]).
+    pub fn start_well(cert: &Path, key: &Path) -> Self {
+        Self::start(cert, key, "well", None)
     }
 
     /// Well, on the kubelet's ports (10248, 10250): where the DaemonSet's defaults look.
@@ -50,6 +51,11 @@ impl FakeKubelet {
         })
         .expect("the fake kubelet did not start");
         FakeKubelet { child, dir, healthz_port, tls_port }
+    }
+
+    /// Hangs healthz and never finishes a handshake from now on, as incident 4's kubelet.
+    pub fn wedge(&self) {
+        std::fs::write(self.dir.path().join("state"), "wedged").unwrap();
     }
 
     /// Answers healthz and finishes handshakes from now on.

@@ -19,6 +19,7 @@ pub mod alerting;
 pub mod bpf;
 pub mod bpftrace;
 pub mod cgroup;
+pub mod cluster;
 pub mod container;
 pub mod dashboards;
 pub mod deploy;

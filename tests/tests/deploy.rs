@@ -302,6 +302,7 @@ fn the_daemonset_keeps_what_the_agent_needs() {
     let scrape_annotations = deploy_dir().join("components/scrape-annotations").canonicalize().unwrap();
     let non_root_component = deploy_dir().join("components/non-root").canonicalize().unwrap();
     let node_conditions = deploy_dir().join("components/node-conditions").canonicalize().unwrap();
+    let old_kernels_component = deploy_dir().join("components/kernels-before-5.11").canonicalize().unwrap();
     for (name, dir) in packages() {
         // deploy/components/non-root changes the user, the capabilities and the socket's volume
         // (tests/tests/container.rs proves it runs).
@@ -363,10 +364,15 @@ fn the_daemonset_keeps_what_the_agent_needs() {
         assert_eq!((&port["name"], &port["containerPort"]), (&json!("metrics"), &json!(9700)), "{name}");
         assert!(port["hostPort"].is_null() || port["hostPort"] == 9700, "{name}: {port}");
         assert_eq!(agent["readinessProbe"]["httpGet"]["path"], "/healthz", "{name}");
-        // No overlay or component but non-root touches the capabilities: deploy/base/daemonset.yaml
-        // has them.
+        // No overlay or component but non-root and kernels-before-5.11 touches the capabilities:
+        // deploy/base/daemonset.yaml has them; the latter adds SYS_RESOURCE to them and nothing else.
         let security = &agent["securityContext"];
-        if non_root {
+        let old_kernels = components_of(&dir).contains(&old_kernels_component);
+        if old_kernels {
+            let mut expected = base["spec"]["template"]["spec"]["containers"][0]["securityContext"].clone();
+            expected["capabilities"]["add"].as_array_mut().unwrap().push(json!("SYS_RESOURCE"));
+            assert_eq!(security, &expected, "{name}");
+        } else if non_root {
             assert_eq!(
                 (&security["runAsUser"], &security["runAsNonRoot"]),
                 (&json!(65534), &json!(true)),

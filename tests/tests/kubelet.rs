@@ -1,7 +1,9 @@
 //! Incident 4 end to end: a real agent against an API server that lists 360 pods of one CronJob
 //! waiting in ImagePullBackOff and three pods stuck Terminating past their grace period, and a
-//! kubelet whose healthz hangs and whose TLS server takes connections and never finishes a
-//! handshake. kstall must raise `kubelet-degraded` with those counts and that owner, post it as
+//! kubelet that was well, then wedged: its healthz hangs and its TLS server takes connections
+//! and never finishes a handshake. Stand-ins (tests/tests/cluster.rs runs the real kubelet,
+//! stopped by SIGSTOP): 360 pods and a kubelet wedged this way are more than two cores can make
+//! real in a test. kstall must raise `kubelet-degraded` with those counts and that owner, post it as
 //! an Event on the Node, count the pods by state in `kstall_node_pods`, and resolve it when the
 //! pods are gone and the kubelet answers again.
 
@@ -51,7 +53,7 @@ fn a_wedged_kubelet_under_a_cronjob_pile_fires_kubelet_degraded_and_resolves() {
     pods.extend(stuck.iter().enumerate().map(|(i, name)| terminating_pod(i, name, 900)));
     let api = ApiServer::start(&pods);
     let (cert, key) = api.certificate();
-    let kubelet = FakeKubelet::start_wedged(&cert, &key);
+    let kubelet = FakeKubelet::start_well(&cert, &key);
     let kubeconfig = api.kubeconfig();
     let mut agent = Agent::start(&[
         "--kubeconfig",
@@ -65,6 +67,14 @@ fn a_wedged_kubelet_under_a_cronjob_pile_fires_kubelet_degraded_and_resolves() {
         "--kubelet-unhealthy-after",
         "1s",
     ]);
+    // Well first (a check that never passed is a wrong address, not a degraded kubelet), then wedged.
+    let checked =
+        |check: &str| agent.metric_with("kstall_kubelet_check_up", &[("check", check)]) == Some(1.0);
+    kstall_tests::host::wait_for(Duration::from_secs(60), || {
+        (checked("healthz") && checked("tls")).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the checks did not pass against the well kubelet:\n{}", agent.metrics()));
+    kubelet.wedge();
     let complete = |i: &Value| {
         let e = &i["evidence"];
         i["signature"] == "kubelet-degraded"
@@ -104,7 +114,7 @@ fn a_wedged_kubelet_under_a_cronjob_pile_fires_kubelet_degraded_and_resolves() {
         api.event_writes().into_iter().find(|w| w["body"]["reason"] == "KubeletDegraded")
     })
     .unwrap_or_else(|| panic!("no KubeletDegraded Event: {:?}", api.event_writes()));
-    assert_eq!(posted["path"], "/apis/events.k8s.io/v1/namespaces/default/events");
+    assert_eq!(posted["path"], "/apis/events.k8s.io/v1/namespaces/kube-system/events");
     assert_eq!(
         posted["body"]["regarding"],
         json!({"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "node-a"})

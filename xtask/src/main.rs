@@ -6,6 +6,7 @@
 mod bench;
 mod bootstrap;
 mod build;
+mod cluster;
 mod dashboards;
 mod deploy;
 mod fuzz;
@@ -84,6 +85,13 @@ enum Command {
         #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
         secs: u64,
     },
+    /// A real Kubernetes 1.20 here (root), built once from Debian's packages and run in a network
+    /// namespace with no route out: etcd, API server, controller manager, scheduler, containerd,
+    /// kubelet; the agent's image imported. The cluster tests (tests/tests/cluster.rs) run on it.
+    Cluster {
+        #[arg(value_enum)]
+        action: cluster::Action,
+    },
     /// The kernel matrix (root): boot Debian 5.10, 6.1, 6.12 and 7.3 in VMs; in each, load every
     /// probe and run the incident scenarios (real NFS, a real global OOM).
     VmTest {
@@ -112,6 +120,7 @@ fn main() -> ExitCode {
         Command::Dashboards => dashboards::run(),
         Command::Fuzz { secs, targets } => fuzz::run(secs, &targets),
         Command::Soak { pods, secs } => soak::run(pods, secs),
+        Command::Cluster { action } => cluster::run(action),
         Command::VmTest { kernels, repeat, scenario } => vm::run(&kernels, repeat, scenario.as_deref()),
     };
     match result {

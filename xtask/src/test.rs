@@ -1,6 +1,7 @@
 //! `cargo xtask test`: the second README command and what CI runs. Bootstrap, build, format and
-//! lint checks, every unit test, every kernel integration test, each fuzz target for a moment,
-//! and (as root) the kernel matrix in VMs. `--repeat N` runs the tests N times back to back (the checks once) and ends with the
+//! lint checks, every unit test, every kernel integration test, (as root) the tests on a real
+//! Kubernetes (`cargo xtask cluster`), each fuzz target for a moment, and (as root) the kernel
+//! matrix in VMs. `--repeat N` runs the tests N times back to back (the checks once) and ends with the
 //! pass rate of every test that failed; `--no-matrix` leaves the VMs out.
 //!
 //! As root (always so in CI) the kernel tests are required: one that cannot run fails instead of
@@ -14,7 +15,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{bootstrap, build, fuzz, image, libtest::Results, repeat::Tally, vm};
+use crate::{bootstrap, build, cluster, fuzz, image, libtest::Results, repeat::Tally, vm};
 
 /// How long `cargo xtask test` runs each fuzz target: enough to catch what a change broke in a
 /// parser; `cargo xtask fuzz --secs N` fuzzes for real.
@@ -22,12 +23,23 @@ const FUZZ_SECS: u64 = 20;
 
 pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     let env = bootstrap::run()?;
+    let required = bootstrap::is_root() || std::env::var_os("CI").is_some();
+    // The real cluster's Kubernetes builds once per machine (about 10 minutes cold, seconds
+    // cached), at idle priority beside the build and the host tests, which leave a core idle
+    // most of the time; its tests wait for it.
+    let mut cluster_build = if bootstrap::is_root() {
+        println!("==> the real cluster's build, in the background (cargo xtask cluster build)");
+        Some(cluster::build_in_background()?)
+    } else {
+        None
+    };
     build::release(&env)?;
     let root = build::workspace_root();
 
     step("cargo fmt --check", Command::new("cargo").args(["fmt", "--all", "--", "--check"]))?;
     let mut clippy = Command::new("cargo");
-    clippy.args(["clippy", "--all-targets", "--", "-D", "warnings"]);
+    // --all-features: the cluster tests too (the `cluster` feature of kstall-tests).
+    clippy.args(["clippy", "--all-targets", "--all-features", "--", "-D", "warnings"]);
     env.apply(&mut clippy);
     step("cargo clippy", &mut clippy)?;
     // The kernel programs are outside default-members: lint them for their own target.
@@ -37,7 +49,6 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
         .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core", "--", "-D", "warnings"]);
     step("cargo clippy (eBPF programs)", &mut clippy_ebpf)?;
 
-    let required = bootstrap::is_root() || std::env::var_os("CI").is_some();
     // The container tests run the image the README's install builds, from this build's binary.
     let image = if bootstrap::is_root() {
         bootstrap::apt_install(image::IMAGE_PACKAGES)?;
@@ -49,6 +60,7 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
         None
     };
     let mut tally = Tally::default();
+    let mut cluster = None;
     for run in 1..=repeat {
         if repeat > 1 {
             println!("==> tests, run {run} of {repeat}");
@@ -67,12 +79,31 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
         }
         env.apply(&mut test);
         println!("==> cargo test (unit and kernel integration tests)");
-        let results = tests(&mut test)?;
+        let mut results = tests(&mut test)?;
+        if let Some(build) = cluster_build.take() {
+            println!("==> the real cluster (cargo xtask cluster up)");
+            cluster = Some(cluster::start_for_tests(build)?);
+        }
+        if let Some(running) = &cluster {
+            let mut test = Command::new("cargo");
+            test.args(["test", "--package", "kstall-tests", "--features", "cluster", "--test", "cluster"])
+                .args(["--", "--test-threads=1"])
+                .env("KSTALL_CLUSTER", &running.state_dir)
+                .env("KSTALL_KERNEL_TESTS", "require")
+                .current_dir(&root);
+            env.apply(&mut test);
+            println!("==> cargo test --features cluster --test cluster (kstall on the real cluster)");
+            let on_cluster = tests(&mut test)?;
+            results.passed.extend(on_cluster.passed);
+            results.failed.extend(on_cluster.failed);
+        }
         for failure in &results.failed {
             println!("cargo test: FAILED {}: {}", failure.test, failure.why);
         }
         tally.record(started.elapsed(), results.passed, results.failed);
     }
+    // Down before the VMs: they need the cores.
+    drop(cluster);
     if repeat > 1 {
         print!("{}", tally.summary("cargo test"));
     }

@@ -197,11 +197,41 @@ impl Index {
         } else {
             let netns = event.header.netns;
             match self.by_netns.get(&netns) {
-                Some(a) => found(a),
+                Some(a) => {
+                    if let Some(container) = self.pods_own_task(event, a) {
+                        return found(container);
+                    }
+                    // On a cgroup v1 node the task's container is learned from /proc, once a task.
+                    let tgid = event.header.tgid;
+                    let key = Key::Process(tgid);
+                    if self.v1_pods
+                        && a.pod_uid.is_some()
+                        && tgid != 0
+                        && !self.by_process.contains_key(&tgid)
+                        && !self.unresolvable.contains(&key)
+                    {
+                        return Resolution::Missing { key, fallback: Some(a.clone()) };
+                    }
+                    found(a)
+                }
                 None if netns == 0 => Resolution::Found(Arc::default()),
                 None => self.missing(Key::Netns(netns), self.departed_netns.get(&netns).cloned()),
             }
         }
+    }
+
+    /// The container of `pod` whose task the CPU ran when the event was taken, if that task is the
+    /// pod's own: a reset answering a connect the task made itself (a REDIRECT to a closed local
+    /// port answers in the sender's context) names the container that connected. A task of
+    /// another pod or of the host was interrupted by the softirq and names nothing.
+    fn pods_own_task(&self, event: &Event, pod: &Attribution) -> Option<&Arc<Attribution>> {
+        let own = |a: &&Arc<Attribution>| {
+            a.pod_uid.is_some() && a.pod_uid == pod.pod_uid && !a.container.is_empty()
+        };
+        self.by_cgroup
+            .get(&event.header.cgroup_id)
+            .filter(own)
+            .or_else(|| self.by_process.get(&event.header.tgid).filter(own))
     }
 
     fn missing(&self, key: Key, fallback: Option<Arc<Attribution>>) -> Resolution {
@@ -296,6 +326,36 @@ mod tests {
         event.header.cgroup_id = 7;
         let Resolution::Found(a) = index.resolve(&event) else { panic!() };
         assert_eq!(a.pod, "web");
+    }
+
+    #[test]
+    fn a_reset_in_the_pods_own_task_names_its_container() {
+        let mut index = Index::default();
+        index.by_netns.insert(4026532999, pod("u1", "web"));
+        let mut app = (*pod("u1", "web")).clone();
+        app.container = "app".into();
+        index.by_cgroup.insert(7, Arc::new(app.clone()));
+        let mut event = reset_in(4026532999);
+        event.header.cgroup_id = 7;
+        let Resolution::Found(a) = index.resolve(&event) else { panic!() };
+        assert_eq!((a.pod.as_str(), a.container.as_str()), ("web", "app"));
+        // On a v1 node, by the process: asked once, then known.
+        let mut v1 = Index { v1_pods: true, ..Index::default() };
+        v1.by_netns.insert(4026532999, pod("u1", "web"));
+        let mut event = reset_in(4026532999);
+        event.header.tgid = 812;
+        assert!(matches!(
+            v1.resolve(&event),
+            Resolution::Missing { key: Key::Process(812), fallback: Some(_) }
+        ));
+        v1.by_process.insert(812, Arc::new(app));
+        let Resolution::Found(a) = v1.resolve(&event) else { panic!() };
+        assert_eq!(a.container, "app");
+        // A bystander of another pod: the pod of the namespace, no container.
+        v1.by_process.insert(813, pod("u2", "innocent"));
+        event.header.tgid = 813;
+        let Resolution::Found(a) = v1.resolve(&event) else { panic!() };
+        assert_eq!((a.pod.as_str(), a.container.as_str()), ("web", ""));
     }
 
     #[test]

@@ -129,6 +129,7 @@ async fn failures_in_a_row_keep_when_they_started() {
     let settings = Settings {
         healthz: http(hanging),
         server: stuck.to_string(),
+        advertised: None,
         interval: Duration::from_millis(50),
         timeout: Duration::from_millis(100),
     };
@@ -148,6 +149,21 @@ async fn failures_in_a_row_keep_when_they_started() {
     assert_eq!(last.tls.as_ref().unwrap().error.as_deref(), Some("TLS handshake not finished within 0.1 s"));
     stop.cancel();
     task.await.unwrap();
+}
+
+/// Passed once, a check can be degraded; failing since start it stays "never passed".
+#[test]
+fn a_check_remembers_whether_it_ever_passed() {
+    let failed = || Err("connect: Connection refused".to_string());
+    let first = Check::after(None, "t".into(), failed(), 1);
+    let second = Check::after(Some(&first), "t".into(), failed(), 2);
+    let third = Check::after(Some(&second), "t".into(), failed(), 3);
+    assert!(!third.passed_once && third.failures == 3 && third.never_worked());
+    let fourth = Check::after(Some(&third), "t".into(), failed(), 4);
+    assert!(!fourth.never_worked(), "one warning, not one a check");
+    let passed = Check::after(Some(&fourth), "t".into(), Ok(()), 5);
+    let after = Check::after(Some(&passed), "t".into(), failed(), 6);
+    assert!(after.passed_once && after.failing_since_unix_ns == Some(6) && !after.never_worked());
 }
 
 #[test]

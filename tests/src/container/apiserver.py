@@ -3,7 +3,8 @@
 (then it expires with a 410 ERROR event, as after a compaction, and the client lists again), and
 the writes of
 events.k8s.io/v1 Events (create, merge patch), each appended to EVENTS_JSONL as one line
-{"method", "path", "body"}.
+{"method", "path", "body", "code"}. A create is refused (422) as a real 1.20 API server refuses
+it: a set deprecatedSource, or an Event about a cluster-scoped object outside kube-system.
 Usage: apiserver.py PODS_JSON CERT KEY PORT_FILE EVENTS_JSONL -- writes the port it bound to
 PORT_FILE."""
 import http.server
@@ -17,6 +18,18 @@ pods_path, cert, key, port_file, events_path = sys.argv[1:6]
 stop = threading.Event()
 written = threading.Lock()
 EVENTS = "/apis/events.k8s.io/v1/namespaces/"
+
+
+def invalid(path, event):
+    """What validation of an events.k8s.io/v1 create (1.20) refuses of what kstall could send."""
+    causes = []
+    namespace = path[len(EVENTS):].split("/")[0]
+    if not (event.get("regarding") or {}).get("namespace") and namespace != "kube-system":
+        causes.append('involvedObject.namespace: Invalid value: "": does not match event.namespace')
+    source = event.get("deprecatedSource") or {}
+    if source.get("component") or source.get("host"):
+        causes.append('source: Invalid value: "": needs to be unset')
+    return causes
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -61,11 +74,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
         path = self.path.partition("?")[0]
         if not path.startswith(EVENTS):
             code = 404
+        causes = invalid(path, body) if self.command == "POST" and code == 201 else []
+        if causes:
+            code = 422
         with written, open(events_path, "a") as f:
-            f.write(json.dumps({"method": self.command, "path": path, "body": body}) + "\n")
+            f.write(json.dumps({"method": self.command, "path": path, "body": body, "code": code}) + "\n")
         if code == 404:
             return self.answer(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                      "reason": "NotFound", "code": 404, "metadata": {}})
+        if code == 422:
+            return self.answer(422, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                     "reason": "Invalid", "code": 422, "metadata": {},
+                                     "message": "Event is invalid: [" + ", ".join(causes) + "]"})
         # The object as stored; a patch answers with what it patched (enough for the client).
         self.answer(code, body)
 

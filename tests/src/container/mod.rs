@@ -277,6 +277,8 @@ fn podman_run_args(spec: &Value, api: &ApiServer, run_dir: &Path, overrides: &Ov
                     let value = match (&var["value"], &var["valueFrom"]["fieldRef"]["fieldPath"]) {
                         (Value::String(v), _) => v.clone(),
                         (_, f) if f == "spec.nodeName" => NODE.to_string(),
+                        // The played node's address: loopback, where its stand-in kubelet serves.
+                        (_, f) if f == "status.hostIP" => "127.0.0.1".to_string(),
                         _ => panic!("podman translation: env {var} not translated"),
                     };
                     flag(&mut args, "--env", format!("{}={value}", var["name"].as_str().unwrap()));

@@ -1,7 +1,9 @@
 //! Kubernetes Events for incidents (`events.k8s.io/v1`), where `kubectl describe pod` and
 //! `kubectl get events` show them: an incident about a pod posts a Warning on that pod, a
-//! node-wide one on the Node (in `default`, with the node's name as its UID, as the kubelet's own
-//! node events are). Repeats of one reason on one object are one Event with a growing
+//! node-wide one on the Node (with the node's name as its UID, as the kubelet's own node events
+//! are). The API server validates an `events.k8s.io/v1` Event strictly on create: the deprecated
+//! `source` must be unset, and an Event about a cluster-scoped object must be in `kube-system` —
+//! the only namespace 1.20 accepts for it (later versions also take `default`). Repeats of one reason on one object are one Event with a growing
 //! `series.count`, as client-go's event recorder keeps them: the first is created at once, the
 //! count is patched at most once per `series_interval` per Event, and an Event not seen again for
 //! `forget_after` is closed (the next occurrence creates a new one).
@@ -17,7 +19,7 @@ use std::{
 
 use k8s_openapi::{
     api::{
-        core::v1::{EventSource, ObjectReference},
+        core::v1::ObjectReference,
         events::v1::{Event, EventSeries},
     },
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
@@ -37,6 +39,9 @@ use crate::{export::metrics::Metrics, incidents::Incident};
 pub const QUEUE: usize = 64;
 /// The API's limit on `note`.
 const NOTE_BYTES: usize = 1024;
+/// Where Events about the Node go: the one namespace every version's validation accepts for an
+/// object without a namespace.
+const NODE_EVENTS_NAMESPACE: &str = "kube-system";
 /// Open Events remembered; beyond it the one seen longest ago is closed.
 const MAX_OPEN: usize = 4096;
 
@@ -73,7 +78,12 @@ struct Notice {
 /// UID (a pod kstall cannot name is no object to post on).
 fn notice(incident: &Incident, node: &str) -> Option<Notice> {
     let regarding = if incident.pod.is_empty() {
-        Regarding { kind: "Node", namespace: "default".into(), name: node.into(), uid: node.into() }
+        Regarding {
+            kind: "Node",
+            namespace: NODE_EVENTS_NAMESPACE.into(),
+            name: node.into(),
+            uid: node.into(),
+        }
     } else {
         Regarding {
             kind: "Pod",
@@ -245,7 +255,7 @@ impl Writer {
         let r = &notice.regarding;
         Event {
             metadata: ObjectMeta {
-                name: Some(format!("{}.{:x}", r.name, now.as_nanosecond())),
+                name: Some(event_name(&r.name, now)),
                 namespace: Some(r.namespace.clone()),
                 ..ObjectMeta::default()
             },
@@ -263,14 +273,32 @@ impl Writer {
                 ..ObjectReference::default()
             }),
             reporting_controller: Some(CONTROLLER.into()),
-            reporting_instance: Some(format!("{CONTROLLER}-{}", self.node)),
-            deprecated_source: Some(EventSource {
-                component: Some(CONTROLLER.into()),
-                host: Some(self.node.clone()),
-            }),
+            reporting_instance: Some(reporting_instance(&self.node)),
             ..Event::default()
         }
     }
+}
+
+/// `<object>.<nanoseconds in hex>`, as client-go names Events, cut to fit a DNS subdomain (253):
+/// a pod's name may be 253 characters itself.
+fn event_name(object: &str, now: Timestamp) -> String {
+    let suffix = format!(".{:x}", now.as_nanosecond());
+    let name = cut(object, 253 - suffix.len()).trim_end_matches(['.', '-']);
+    format!("{name}{suffix}")
+}
+
+/// `kstall-<node>`, cut to the 128 characters the API allows (node names may be 253).
+fn reporting_instance(node: &str) -> String {
+    cut(&format!("{CONTROLLER}-{node}"), 128).to_string()
+}
+
+/// The first `bytes` of `name` (object names are ASCII; a stray character ends it early).
+fn cut(name: &str, bytes: usize) -> &str {
+    let mut end = bytes.min(name.len());
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
 }
 
 #[cfg(test)]

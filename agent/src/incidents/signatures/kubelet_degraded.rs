@@ -46,9 +46,10 @@ impl KubeletDegraded {
     }
 }
 
-/// A check that has failed for long enough, with since when.
+/// A check that worked, then has failed for long enough, with since when. One that never
+/// worked is a wrong address ([`crate::kubelet`] warns of it), not a degraded kubelet.
 fn failing(check: &Option<Check>, now: u64, after: u64) -> Option<(&Check, u64)> {
-    let check = check.as_ref()?;
+    let check = check.as_ref().filter(|c| c.passed_once)?;
     let since = check.failing_since_unix_ns?;
     (now.saturating_sub(since) >= after).then_some((check, since))
 }
@@ -290,6 +291,8 @@ mod tests {
             error: Some(error.into()),
             failing_since_unix_ns: Some(NOW - for_secs * SEC),
             checked_unix_ns: NOW,
+            passed_once: true,
+            failures: (for_secs / 10) as u32,
         })
     }
 
@@ -367,10 +370,23 @@ mod tests {
                 error: None,
                 failing_since_unix_ns: None,
                 checked_unix_ns: NOW,
+                passed_once: true,
+                failures: 0,
             }),
             tls: None,
         };
         assert!(evaluate(&KubeletLoad::default(), &well, &none).is_empty());
+    }
+
+    /// Seen on a real cluster: the kubelet served on its node address only, the check dialled
+    /// 127.0.0.1 and was refused from the start. A check that never worked is a wrong address
+    /// (the checks warn of it), not a degraded kubelet, however long it fails.
+    #[test]
+    fn a_check_that_never_passed_fires_nothing() {
+        let mut wrong = failed("127.0.0.1:10250", "connect: Connection refused (os error 111)", 600);
+        wrong.as_mut().unwrap().passed_once = false;
+        let kubelet = Health { healthz: None, tls: wrong };
+        assert!(evaluate(&KubeletLoad::default(), &kubelet, &stuck(&[])).is_empty());
     }
 
     #[test]

@@ -172,7 +172,11 @@ impl NfsSidecarRedirect {
     fn namespace(&mut self, netns: u32, attributed: &Attributed, t: u64) -> &mut Namespace {
         let who = attributed.who.clone();
         let ns = self.by_netns.touch(&netns, t, || Namespace::new(netns, who.clone()));
-        ns.who = who;
+        // A count (no task) or a bystander's reset names the pod alone: keep the container a
+        // reset in the pod's own task named.
+        if !(who.container.is_empty() && who.pod_uid == ns.who.pod_uid) {
+            ns.who = who;
+        }
         ns
     }
 }

@@ -7,7 +7,7 @@ use serde_json::json;
 use tokio::time::timeout;
 
 use super::*;
-use crate::fake_api::{ApiServer, ApiState, until};
+use crate::fake_api::{ApiServer, ApiState, EventRules, until};
 
 const POD_UID: &str = "3f6c1e2a-9b4d-4c8e-a1f7-5d2b8e0c6a91";
 
@@ -111,7 +111,8 @@ async fn an_incident_posts_one_event_on_its_pod() {
         (&event["reportingController"], &event["reportingInstance"]),
         (&json!("kstall"), &json!("kstall-node-a"))
     );
-    assert_eq!(event["deprecatedSource"], json!({"component": "kstall", "host": "node-a"}));
+    // Validation of events.k8s.io/v1 on create refuses a set deprecatedSource.
+    assert!(event.get("deprecatedSource").is_none(), "{event}");
     let note = event["note"].as_str().unwrap();
     assert!(note.starts_with("NFS to 10.55.0.1:2049 is redirected to 15001 and reset"), "{note}");
     assert!(note.contains("runbook docs/runbooks/nfs-sidecar-redirect.md"), "{note}");
@@ -153,7 +154,7 @@ async fn a_node_wide_incident_posts_on_the_node() {
     (stall.namespace, stall.pod) = (String::new(), String::new());
     writer.fire(vec![stall]).await;
     let event = until("an Event", || server.events().into_iter().next()).await;
-    assert_eq!(server.writes()[0].path, "/apis/events.k8s.io/v1/namespaces/default/events");
+    assert_eq!(server.writes()[0].path, "/apis/events.k8s.io/v1/namespaces/kube-system/events");
     assert_eq!(
         event["regarding"],
         json!({"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "node-a"})
@@ -187,4 +188,64 @@ async fn a_full_queue_drops_and_counts() {
     offer(&queue, &[pod_incident()], &metrics);
     offer(&queue, &[pod_incident(), pod_incident()], &metrics);
     assert_eq!(written(&metrics, "dropped"), 2);
+}
+
+/// Every rule set the API servers apply: the pod's and the node's Events are created, then their
+/// series counted, with no write refused.
+#[tokio::test]
+async fn pod_and_node_events_pass_the_validation_of_1_20_and_of_later_versions() {
+    for rules in [EventRules::V1_20, EventRules::Current] {
+        let server = server(ApiState { event_rules: rules, ..ApiState::default() }).await;
+        let writer = Running::start(server.addr).await;
+        let mut stall = crate::incidents::tests::incident(None);
+        stall.signature = "nfs-node-wide-stall".into();
+        (stall.namespace, stall.pod) = (String::new(), String::new());
+        for _ in 0..3 {
+            writer.fire(vec![pod_incident(), stall.clone()]).await;
+        }
+        until("both series at 3", || {
+            (server.events().iter().filter(|e| e["series"]["count"] == 3).count() == 2).then_some(())
+        })
+        .await;
+        assert_eq!((writer.writes("created"), writer.writes("rejected")), (2, 0), "{rules:?}");
+        writer.stop().await;
+    }
+}
+
+/// The stand-in refuses what a real 1.20 API server refused of kstall's Events before (HTTP 422,
+/// seen on a real cluster): a set deprecatedSource, and an Event about the Node in `default`.
+#[test]
+fn the_stand_in_refuses_what_a_real_api_server_refused() {
+    let event = |namespace: &str, source: bool| {
+        let mut event = json!({
+            "metadata": {"name": "node-a.1873ab", "namespace": namespace},
+            "eventTime": "2026-12-04T12:00:00.000000Z", "type": "Warning", "reason": "NFSNodeWideStall",
+            "action": "Detected", "note": "x", "reportingController": "kstall", "reportingInstance": "kstall-node-a",
+            "regarding": {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "node-a"},
+        });
+        if source {
+            event["deprecatedSource"] = json!({"component": "kstall", "host": "node-a"});
+        }
+        event
+    };
+    let refused = |rules, namespace: &str, source| {
+        crate::fake_api::event_create_errors(rules, namespace, &event(namespace, source))
+    };
+    assert_eq!(refused(EventRules::V1_20, "default", true).len(), 2);
+    assert_eq!(refused(EventRules::V1_20, "default", false).len(), 1);
+    assert!(refused(EventRules::V1_20, "kube-system", false).is_empty());
+    assert!(refused(EventRules::Current, "default", false).is_empty());
+    assert_eq!(
+        refused(EventRules::Current, "kube-system", true),
+        ["source: Invalid value: \"\": needs to be unset"]
+    );
+}
+
+#[test]
+fn names_and_instances_fit_the_apis_limits() {
+    let long = "a".repeat(253);
+    let name = event_name(&long, Timestamp::now());
+    assert!(name.len() <= 253 && name.starts_with("aaa"), "{name}");
+    assert_eq!(reporting_instance(&long).len(), 128);
+    assert_eq!(reporting_instance("node-a"), "kstall-node-a");
 }

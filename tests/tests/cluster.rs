@@ -1,0 +1,531 @@
+//! kstall on a real Kubernetes 1.20 (`cargo xtask cluster up`: API server with Node and RBAC
+//! authorization, controller manager, scheduler, containerd, kubelet), installed by
+//! `kubectl apply -k deploy/overlays/node-conditions` exactly as a user installs it, the image
+//! `cargo xtask image` built imported into containerd. Nothing here is a stand-in: the API
+//! server validates the Events, the kubelet makes the cgroups, network namespaces and pod states
+//! the agent reads. Run by `cargo xtask test` (the `cluster` feature), which brings the cluster
+//! up and down around them.
+
+use std::{str::FromStr as _, time::Duration};
+
+use kstall_tests::{
+    agent::sample_with,
+    cluster::{AGENT_SOCKET, Cluster, NODE, agent_incidents, agent_request, is_ready, istio_nat_rules},
+    host::wait_for,
+};
+use serde_json::Value;
+
+/// The overlay every test installs: the base and the node conditions.
+const OVERLAY: &str = "node-conditions";
+/// An incident's signal to it firing: nfs-sidecar-redirect needs a few resets in its window;
+/// kubelet-degraded a check failing for 30 s, checked every 10 s.
+const FIRES_WITHIN: Duration = Duration::from_secs(120);
+
+/// kstall installed and its pod Ready (applied once; the tests share it).
+fn deployed(cluster: &Cluster) -> Value {
+    cluster.apply_overlay(OVERLAY);
+    let pod = cluster.ready_pod("kstall", "app.kubernetes.io/name=kstall");
+    let pod = pod.unwrap_or_else(|| {
+        panic!(
+            "the DaemonSet's pod is not Ready:\n{}\n{}",
+            cluster.kubectl(&["-n", "kstall", "describe", "pods"]),
+            cluster.agent_logs()
+        )
+    });
+    // Ready is the metrics server's; the API socket comes up with it.
+    wait_for(Duration::from_secs(30), || agent_request(r#"{"request":"status"}"#).ok())
+        .unwrap_or_else(|| panic!("no agent API on {AGENT_SOCKET}:\n{}", cluster.agent_logs()));
+    pod
+}
+
+fn metric(cluster: &Cluster, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    sample_with(&cluster.agent_metrics(), name, labels)
+}
+
+#[test]
+fn the_cluster_has_no_route_out_of_its_namespace() {
+    let Some(cluster) = Cluster::running("the_cluster_has_no_route_out_of_its_namespace") else { return };
+    assert_eq!(
+        cluster.links_from_the_host(),
+        Vec::<String>::new(),
+        "a device of the host's namespace leads into the cluster's"
+    );
+    // Inside, the default route leaves by a veth whose peer is inside too: a packet for any
+    // address goes round in the namespace and is dropped there.
+    let route = cluster.inside("ip").args(["-j", "route", "get", "192.0.2.1"]).output().unwrap();
+    let route: Value = serde_json::from_slice(&route.stdout).unwrap();
+    let device = route[0]["dev"].as_str().unwrap().to_string();
+    let links = cluster.inside("ip").args(["-j", "-d", "link", "show", &device]).output().unwrap();
+    let link: Value = serde_json::from_slice(&links.stdout).unwrap();
+    assert_eq!(link[0]["linkinfo"]["info_kind"], "veth", "{link}");
+    assert!(
+        link[0].get("link_netnsid").is_none(),
+        "the route's veth has its peer in another namespace: {link}"
+    );
+}
+
+/// 1. The DaemonSet's pod becomes Ready with deploy/'s RBAC alone, and its service account can
+///    do nothing more than deploy/README.md's tables say.
+#[test]
+fn the_daemonset_pod_becomes_ready_with_only_the_rbac_deploy_gives_it() {
+    let Some(cluster) =
+        Cluster::running("the_daemonset_pod_becomes_ready_with_only_the_rbac_deploy_gives_it")
+    else {
+        return;
+    };
+    let pod = deployed(&cluster);
+    assert_eq!(pod["spec"]["nodeName"], NODE);
+    let status = agent_request(r#"{"request":"status"}"#).unwrap();
+    let down: Vec<&Value> = status["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["up"] != true && p["name"] != "nfs")
+        .collect();
+    assert!(down.is_empty(), "probes down (nfs waits for sunrpc, which this host lacks): {down:?}");
+    let source = status["attribution"]["source"].as_str().unwrap_or_default();
+    assert_eq!(source, format!("api (node {NODE})"), "{status}");
+
+    // What the service account may do beyond what every account in its namespace may.
+    let can = |account: &str| -> Vec<String> {
+        let out = cluster.kubectl(&[
+            "auth",
+            "can-i",
+            "--list",
+            &format!("--as=system:serviceaccount:kstall:{account}"),
+        ]);
+        out.lines().skip(1).map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect()
+    };
+    let everyone = can("nobody");
+    let mut own: Vec<String> = can("kstall").into_iter().filter(|r| !everyone.contains(r)).collect();
+    own.sort();
+    assert_eq!(
+        own,
+        [
+            "events.events.k8s.io [] [] [create patch]",
+            "nodes/status [] [] [patch]",
+            "pods [] [] [get list watch]",
+        ],
+        "the rules of deploy/README.md's tables (base, node-conditions), nothing more"
+    );
+}
+
+/// Istio's own nat rules in an init container, a sidecar that has exited, and an app that
+/// connects to an NFS port in another pod: the `Job` that makes them, in `namespace`.
+fn sidecar_redirect_job(cluster: &Cluster, namespace: &str, name: &str) -> Value {
+    cluster.kubectl(&["create", "namespace", namespace]);
+    let server = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: nfs-server, namespace: {namespace}, labels: {{app: nfs-server}}}}\n\
+         spec:\n  containers:\n  - name: nfsd\n    image: kstall.test/busybox:1.35\n    imagePullPolicy: Never\n    \
+         command: [nc, -lk, -p, '2049', -e, cat]\n"
+    );
+    cluster.apply(&server);
+    let server = cluster
+        .pod_when(namespace, "nfs-server", |p| {
+            p["status"]["phase"] == "Running" && p["status"]["podIP"].is_string()
+        })
+        .expect("the NFS-port pod running");
+    let server_ip = server["status"]["podIP"].as_str().unwrap().to_string();
+    let rules: Vec<String> = istio_nat_rules().iter().map(|r| format!("iptables -t nat {r}")).collect();
+    let script = format!("set -e\n{}\n", rules.join("\n"));
+    let configmap = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "istio-iptables", "namespace": namespace},
+        "data": {"istio-iptables.sh": script},
+    });
+    cluster.apply(&configmap.to_string());
+    let job = serde_json::json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"backoffLimit": 0, "template": {
+            "metadata": {"labels": {"app": name}},
+            "spec": {
+                "restartPolicy": "Never",
+                "initContainers": [{
+                    "name": "istio-init", "image": "kstall.test/iptables:1.8.9", "imagePullPolicy": "Never",
+                    "command": ["sh", "/istio/istio-iptables.sh"],
+                    "securityContext": {"capabilities": {"add": ["NET_ADMIN", "NET_RAW"]}, "runAsUser": 0},
+                    "volumeMounts": [{"name": "istio", "mountPath": "/istio"}],
+                }],
+                "containers": [
+                    // The sidecar: gone, as in the incident (its proxy no longer on 15001).
+                    {"name": "istio-proxy", "image": "kstall.test/busybox:1.35", "imagePullPolicy": "Never",
+                     "command": ["sh", "-c", "exit 0"], "securityContext": {"runAsUser": 1337}},
+                    {"name": "app", "image": "kstall.test/busybox:1.35", "imagePullPolicy": "Never",
+                     "command": ["sh", "-c", format!("while true; do nc -w 2 {server_ip} 2049 </dev/null; sleep 1; done")]},
+                ],
+                "volumes": [{"name": "istio", "configMap": {"name": "istio-iptables"}}],
+            },
+        }},
+    });
+    cluster.apply(&job.to_string());
+    cluster
+        .pod_when(namespace, &job_pod(cluster, namespace, name), |p| {
+            p["status"]["containerStatuses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["name"] == "app" && c["state"]["running"].is_object())
+        })
+        .expect("the app running")
+}
+
+/// The name of the pod of Job `name`.
+fn job_pod(cluster: &Cluster, namespace: &str, name: &str) -> String {
+    wait_for(Duration::from_secs(60), || {
+        let pods = cluster.json(&["-n", namespace, "get", "pods", "-l", &format!("job-name={name}")]);
+        pods["items"][0]["metadata"]["name"].as_str().map(str::to_string)
+    })
+    .expect("the Job's pod")
+}
+
+/// The firing incident of `signature` about `namespace/pod`.
+fn firing(signature: &str, namespace: &str, pod: &str) -> Option<Value> {
+    agent_incidents().into_iter().find(|i| {
+        i["signature"] == signature
+            && i["state"] == "firing"
+            && i["namespace"] == namespace
+            && i["pod"] == pod
+    })
+}
+
+/// kstall's Events about `pod` (through the API server's core/v1 view, as kubectl shows them).
+fn events_about(cluster: &Cluster, namespace: &str, pod: &str) -> Vec<Value> {
+    let events = cluster.json(&[
+        "-n",
+        namespace,
+        "get",
+        "events",
+        "--field-selector",
+        &format!("involvedObject.name={pod}"),
+    ]);
+    events["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e["reportingComponent"] == "kstall")
+        .collect()
+}
+
+/// 2. Incident 1's network half on real pods: Istio's rules, the sidecar gone, the app's
+///    connects to an NFS port reset; kstall names the pod, its workload and container, and the
+///    real API server takes its Warning Event, which `kubectl describe pod` shows.
+#[test]
+fn a_redirect_to_a_dead_sidecar_is_named_and_becomes_an_event_on_the_pod() {
+    let Some(cluster) =
+        Cluster::running("a_redirect_to_a_dead_sidecar_is_named_and_becomes_an_event_on_the_pod")
+    else {
+        return;
+    };
+    deployed(&cluster);
+    let namespace = "tenant-redirect";
+    let _cleanup = Namespace(&cluster, namespace);
+    let pod = sidecar_redirect_job(&cluster, namespace, "report");
+    let name = pod["metadata"]["name"].as_str().unwrap().to_string();
+    wait_for(FIRES_WITHIN, || firing("nfs-sidecar-redirect", namespace, &name)).unwrap_or_else(|| {
+        panic!(
+            "nfs-sidecar-redirect not fired for {name}:\n{:#?}\n{}",
+            agent_incidents(),
+            cluster.agent_logs()
+        )
+    });
+    // The container comes with the first reset kstall attributes to the app's own task (a
+    // reset counted in the kernel names the pod alone).
+    let incident = wait_for(Duration::from_secs(30), || {
+        firing("nfs-sidecar-redirect", namespace, &name).filter(|i| i["container"] != "")
+    })
+    .unwrap_or_else(|| {
+        panic!("the incident names no container: {:#?}", firing("nfs-sidecar-redirect", namespace, &name))
+    });
+    assert_eq!(incident["pod_uid"], pod["metadata"]["uid"], "{incident}");
+    assert_eq!(incident["workload"], "Job/report", "{incident}");
+    assert_eq!(incident["container"], "app", "{incident}");
+    assert_eq!(incident["evidence"]["nfs_port"], 2049, "{incident}");
+
+    let event =
+        wait_for(Duration::from_secs(30), || events_about(&cluster, namespace, &name).into_iter().next())
+            .unwrap_or_else(|| panic!("no Event on {name}:\n{}", cluster.agent_logs()));
+    assert_eq!(
+        (&event["type"], &event["reason"]),
+        (&"Warning".into(), &"NFSSidecarRedirect".into()),
+        "{event}"
+    );
+    let described = cluster.kubectl(&["-n", namespace, "describe", "pod", &name]);
+    assert!(
+        described.contains("NFSSidecarRedirect"),
+        "kubectl describe pod shows no kstall Event:\n{described}"
+    );
+    assert_eq!(
+        metric(&cluster, "kstall_kubernetes_writes_total", &[("kind", "event"), ("result", "rejected")]),
+        None
+    );
+    assert!(
+        metric(&cluster, "kstall_kubernetes_writes_total", &[("kind", "event"), ("result", "created")])
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+}
+
+/// A test namespace, deleted (and waited for) when the test ends, passed or not.
+struct Namespace<'a>(&'a Cluster, &'a str);
+
+impl Drop for Namespace<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.try_kubectl(&["delete", "namespace", self.1, "--wait=true", "--timeout=120s"]);
+    }
+}
+
+/// 4. The node conditions of deploy/overlays/node-conditions on a Node whose real kubelet writes
+///    its own status every 10 s: kstall's are there and stay, the kubelet's Ready untouched.
+#[test]
+fn kstalls_node_conditions_live_beside_the_kubelets() {
+    let Some(cluster) = Cluster::running("kstalls_node_conditions_live_beside_the_kubelets") else { return };
+    deployed(&cluster);
+    let conditions = || -> Vec<Value> {
+        cluster.json(&["get", "node", NODE])["status"]["conditions"].as_array().cloned().unwrap_or_default()
+    };
+    let of = |all: &[Value], kind: &str| all.iter().find(|c| c["type"] == kind).cloned();
+    let first = wait_for(Duration::from_secs(60), || {
+        let all = conditions();
+        ["NFSClientStalled", "KernelSystemOOM", "KubeletDegraded"]
+            .iter()
+            .all(|t| of(&all, t).is_some())
+            .then_some(all)
+    })
+    .unwrap_or_else(|| {
+        panic!("kstall's conditions not written: {:#?}\n{}", conditions(), cluster.agent_logs())
+    });
+    let heartbeat = |all: &[Value]| of(all, "Ready").map(|c| c["lastHeartbeatTime"].clone());
+    // Two of the kubelet's own status updates later, kstall's are still there.
+    let before = heartbeat(&first);
+    let mut beats = 0;
+    let mut last = before.clone();
+    let after = wait_for(Duration::from_secs(90), || {
+        let all = conditions();
+        if heartbeat(&all) != last {
+            beats += 1;
+            last = heartbeat(&all);
+        }
+        (beats >= 2).then_some(all)
+    })
+    .expect("the kubelet's heartbeat did not move twice in 90 s");
+    for kind in ["NFSClientStalled", "KernelSystemOOM", "KubeletDegraded"] {
+        let condition =
+            of(&after, kind).unwrap_or_else(|| panic!("{kind} gone after the kubelet's updates: {after:#?}"));
+        assert_eq!(condition["status"], "False", "nothing fires on this node: {condition}");
+    }
+    let ready = of(&after, "Ready").unwrap();
+    assert_eq!((&ready["status"], &ready["reason"]), (&"True".into(), &"KubeletReady".into()), "{ready}");
+}
+
+/// 3 (its kubelet half). The kubelet serves on its node address only, as hardened nodes do: the
+/// checks pass through the address the Node advertises; a stopped kubelet fires
+/// kubelet-degraded, and it resolves once the kubelet runs again.
+#[test]
+fn a_stopped_kubelet_fires_kubelet_degraded_and_its_return_resolves_it() {
+    let Some(cluster) =
+        Cluster::running("a_stopped_kubelet_fires_kubelet_degraded_and_its_return_resolves_it")
+    else {
+        return;
+    };
+    deployed(&cluster);
+    let up = |check: &str| metric(&cluster, "kstall_kubelet_check_up", &[("check", check)]);
+    wait_for(Duration::from_secs(60), || {
+        (up("healthz") == Some(1.0) && up("tls") == Some(1.0)).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the kubelet checks do not pass: {:?} {:?}\n{}",
+            up("healthz"),
+            up("tls"),
+            cluster.agent_logs()
+        )
+    });
+    let degraded = |state: &str| {
+        agent_incidents().into_iter().find(|i| i["signature"] == "kubelet-degraded" && i["state"] == state)
+    };
+    assert!(degraded("firing").is_none(), "kubelet-degraded on a healthy kubelet: {:?}", degraded("firing"));
+    let kubelet = cluster.kubelet_pid();
+    let stopped = Stopped::new(kubelet);
+    let fired = wait_for(FIRES_WITHIN, || degraded("firing")).unwrap_or_else(|| {
+        panic!("kubelet-degraded not fired with the kubelet stopped:\n{}", cluster.agent_logs())
+    });
+    assert_eq!(fired["severity"], "critical", "{fired}");
+    let summary = fired["summary"].as_str().unwrap();
+    assert!(summary.contains("198.51.100.10:10250"), "checked where the Node is: {summary}");
+    drop(stopped);
+    wait_for(FIRES_WITHIN, || {
+        agent_incidents().iter().any(|i| i["id"] == fired["id"] && i["state"] == "resolved").then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!("kubelet-degraded did not resolve with the kubelet back:\n{:#?}", agent_incidents())
+    });
+}
+
+/// SIGSTOP for the guard's life; SIGCONT when dropped, also when the test fails.
+struct Stopped(i32);
+
+impl Stopped {
+    fn new(pid: i32) -> Self {
+        // SAFETY: signalling the cluster's own kubelet.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        Self(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// 3 (its pod half). A CronJob's pile of pods whose image cannot be pulled (nothing can be
+/// pulled here: real ErrImagePull / ImagePullBackOff): kstall_node_pods says what kubectl says.
+#[test]
+fn kstall_node_pods_counts_what_kubectl_lists() {
+    let Some(cluster) = Cluster::running("kstall_node_pods_counts_what_kubectl_lists") else { return };
+    deployed(&cluster);
+    let namespace = "batch-pile";
+    let _cleanup = Namespace(&cluster, namespace);
+    cluster.kubectl(&["create", "namespace", namespace]);
+    let cronjob = serde_json::json!({
+        "apiVersion": "batch/v1beta1", "kind": "CronJob",
+        "metadata": {"name": "report", "namespace": namespace},
+        "spec": {"schedule": "* * * * *", "concurrencyPolicy": "Allow", "jobTemplate": {"spec": {"template": {"spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "report", "image": "registry.invalid/report:missing"}],
+        }}}}},
+    });
+    cluster.apply(&cronjob.to_string());
+    // The first minute's Job; its pod goes from ErrImagePull to ImagePullBackOff and stays.
+    wait_for(Duration::from_secs(150), || {
+        let pods = cluster.json(&["-n", namespace, "get", "pods"]);
+        pods["items"].as_array().filter(|p| !p.is_empty()).map(|_| ())
+    })
+    .expect("the CronJob made no pod in 150 s");
+    // Equal for every (phase, waiting reason), on a quiet moment: both read the same API.
+    let compare = || -> Result<(), String> {
+        let pods = cluster.json(&["get", "pods", "-A", "--field-selector", &format!("spec.nodeName={NODE}")]);
+        let mut want = std::collections::BTreeMap::<(String, String), f64>::new();
+        for pod in pods["items"].as_array().unwrap() {
+            let phase = pod["status"]["phase"].as_str().unwrap_or("Unknown").to_string();
+            let waiting = [&pod["status"]["initContainerStatuses"], &pod["status"]["containerStatuses"]]
+                .iter()
+                .flat_map(|s| s.as_array().cloned().unwrap_or_default())
+                .find_map(|c| c["state"]["waiting"]["reason"].as_str().map(str::to_string))
+                .unwrap_or_default();
+            *want.entry((phase, waiting)).or_default() += 1.0;
+        }
+        let metrics = cluster.agent_metrics();
+        for ((phase, waiting), n) in &want {
+            let have =
+                sample_with(&metrics, "kstall_node_pods", &[("phase", phase), ("waiting_reason", waiting)]);
+            if have != Some(*n) {
+                return Err(format!("{phase}/{waiting:?}: kubectl {n}, kstall {have:?}"));
+            }
+        }
+        let total: f64 = kstall_tests::agent::samples_with(&metrics, "kstall_node_pods", &[]).sum();
+        if total != want.values().sum::<f64>() {
+            return Err(format!("kstall counts {total} pods, kubectl {}", want.values().sum::<f64>()));
+        }
+        want.keys()
+            .any(|(_, w)| w == "ImagePullBackOff" || w == "ErrImagePull")
+            .then_some(())
+            .ok_or("no pod waits for its image yet".into())
+    };
+    let mut last = String::new();
+    wait_for(Duration::from_secs(60), || match compare() {
+        Ok(()) => Some(()),
+        Err(e) => {
+            last = e;
+            None
+        }
+    })
+    .unwrap_or_else(|| panic!("kstall_node_pods disagrees with kubectl: {last}"));
+}
+
+/// 5. A pod kstall has named is deleted: its attribution outlives it (the retention window) and
+///    `kstall explain pod` still names it.
+#[test]
+fn a_deleted_pod_is_still_explained() {
+    let Some(cluster) = Cluster::running("a_deleted_pod_is_still_explained") else { return };
+    deployed(&cluster);
+    let namespace = "tenant-deleted";
+    let _cleanup = Namespace(&cluster, namespace);
+    let pod = sidecar_redirect_job(&cluster, namespace, "export");
+    let name = pod["metadata"]["name"].as_str().unwrap().to_string();
+    wait_for(FIRES_WITHIN, || firing("nfs-sidecar-redirect", namespace, &name)).expect("named first");
+    let deleted = || metric(&cluster, "kstall_attribution_pods", &[("state", "deleted")]).unwrap_or(0.0);
+    let before = deleted();
+    cluster.kubectl(&["-n", namespace, "delete", "job", "export", "--wait=true"]);
+    cluster.kubectl(&["-n", namespace, "delete", "pod", &name, "--ignore-not-found", "--wait=true"]);
+    assert!(
+        !cluster.try_kubectl(&["-n", namespace, "get", "pod", &name]).status.success(),
+        "{name} still exists"
+    );
+    wait_for(Duration::from_secs(60), || (deleted() > before).then_some(()))
+        .unwrap_or_else(|| panic!("the agent did not see {name} go:\n{}", cluster.agent_metrics()));
+    let request = serde_json::json!({"request": "explain_pod", "pod": name}).to_string();
+    let explained = agent_request(&request).unwrap();
+    assert_eq!(
+        (&explained["namespace"], &explained["pod_uid"], &explained["workload"]),
+        (&namespace.into(), &pod["metadata"]["uid"], &"Job/export".into()),
+        "{explained}"
+    );
+    let incidents = explained["incidents"].as_array().cloned().unwrap_or_default();
+    assert!(incidents.iter().any(|i| i["signature"] == "nfs-sidecar-redirect"), "{explained}");
+}
+
+/// 6. The agent's pod deleted, the DaemonSet makes another: the incident history is back (the
+///    hostPath state directory), and the firing incident writes no second Event.
+#[test]
+fn a_new_agent_pod_keeps_the_history_and_writes_no_duplicate_event() {
+    let Some(cluster) = Cluster::running("a_new_agent_pod_keeps_the_history_and_writes_no_duplicate_event")
+    else {
+        return;
+    };
+    let old = deployed(&cluster);
+    let namespace = "tenant-restart";
+    let _cleanup = Namespace(&cluster, namespace);
+    let pod = sidecar_redirect_job(&cluster, namespace, "sync");
+    let name = pod["metadata"]["name"].as_str().unwrap().to_string();
+    let incident =
+        wait_for(FIRES_WITHIN, || firing("nfs-sidecar-redirect", namespace, &name)).expect("fired first");
+    wait_for(Duration::from_secs(30), || events_about(&cluster, namespace, &name).into_iter().next())
+        .expect("its Event");
+    let old_name = old["metadata"]["name"].as_str().unwrap();
+    cluster.kubectl(&["-n", "kstall", "delete", "pod", old_name, "--wait=true"]);
+    let new = wait_for(Duration::from_secs(180), || {
+        let pods = cluster.json(&["-n", "kstall", "get", "pods", "-l", "app.kubernetes.io/name=kstall"]);
+        pods["items"].as_array()?.iter().find(|p| p["metadata"]["name"] != old_name && is_ready(p)).cloned()
+    })
+    .expect("the DaemonSet's new pod Ready");
+    assert_ne!(new["metadata"]["uid"], old["metadata"]["uid"]);
+    let carried = wait_for(FIRES_WITHIN, || {
+        agent_incidents().into_iter().find(|i| i["id"] == incident["id"] && i["state"] == "firing")
+    })
+    .unwrap_or_else(|| {
+        panic!("the incident is not carried over:\n{:#?}\n{}", agent_incidents(), cluster.agent_logs())
+    });
+    assert_eq!(
+        carried["first_seen_unix_ns"], incident["first_seen_unix_ns"],
+        "the same incident, not a new one"
+    );
+    // The new agent's signature finds it again (seen after the new pod started): had that been
+    // a new firing, its Event would have been written then.
+    let started = new["status"]["startTime"].as_str().unwrap();
+    let started_ns = jiff::Timestamp::from_str(started).unwrap().as_nanosecond() as u64;
+    wait_for(FIRES_WITHIN, || {
+        agent_incidents().into_iter().find(|i| {
+            i["id"] == incident["id"] && i["last_seen_unix_ns"].as_u64().is_some_and(|t| t > started_ns)
+        })
+    })
+    .unwrap_or_else(|| panic!("the new agent does not see the redirect:\n{:#?}", agent_incidents()));
+    let created =
+        metric(&cluster, "kstall_kubernetes_writes_total", &[("kind", "event"), ("result", "created")]);
+    assert_eq!(created, None, "the new agent created an Event");
+    let events = events_about(&cluster, namespace, &name);
+    assert_eq!(events.len(), 1, "one Event, not one per agent: {events:#?}");
+}
