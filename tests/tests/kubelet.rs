@@ -129,3 +129,49 @@ fn a_wedged_kubelet_under_a_cronjob_pile_fires_kubelet_degraded_and_resolves() {
     });
     assert_eq!(agent.stop(), Some(0));
 }
+
+/// A kubelet checked where it does not serve (a wrong --kubelet-server, or the default
+/// 127.0.0.1 on a node whose kubelet serves on its address only, as seen on a real cluster): one
+/// warning naming the address tried, the node's address and the flag — and no incident, however
+/// long: degraded means it worked, then stopped.
+#[test]
+fn a_kubelet_checked_at_the_wrong_address_is_one_warning_and_no_incident() {
+    if !kernel_tests_can_run("a_kubelet_checked_at_the_wrong_address_is_one_warning_and_no_incident") {
+        return;
+    }
+    let api = ApiServer::start(&[]);
+    let (cert, key) = api.certificate();
+    let kubelet = FakeKubelet::start_well(&cert, &key);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let kubeconfig = api.kubeconfig();
+    let agent = Agent::start(&[
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--node-name",
+        "node-a",
+        "--node-ip",
+        "198.51.100.10",
+        "--kubelet-healthz",
+        &kubelet.healthz_url(),
+        "--kubelet-server",
+        &closed.to_string(),
+        "--kubelet-unhealthy-after",
+        "1s",
+    ]);
+    let said = "the kubelet check has not passed since start";
+    let log = agent
+        .log_once_it_has(said, Duration::from_secs(90))
+        .unwrap_or_else(|| panic!("no warning of the wrong address:\n{}", agent.log()));
+    let line = log.lines().find(|l| l.contains(said)).unwrap();
+    for named in [closed.to_string().as_str(), "198.51.100.10", "--kubelet-server", "Connection refused"] {
+        assert!(line.contains(named), "{named:?} not in the warning: {line}");
+    }
+    // The warning comes at the third failed check (20 s in); a kubelet that had worked would
+    // have fired 1 s after its first failure, and the evaluator runs every second.
+    assert_eq!(agent.metric_with("kstall_kubelet_check_up", &[("check", "tls")]), Some(0.0));
+    assert_eq!(agent.metric_with("kstall_kubelet_check_up", &[("check", "healthz")]), Some(1.0));
+    let fired: Vec<Value> =
+        agent.incidents().into_iter().filter(|i| i["signature"] == "kubelet-degraded").collect();
+    assert!(fired.is_empty(), "kubelet-degraded on a kubelet never reached: {fired:?}");
+    assert_eq!(log.matches(said).count(), 1, "{log}");
+}

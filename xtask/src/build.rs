@@ -24,3 +24,27 @@ pub fn workspace_root() -> PathBuf {
 pub fn release_binary() -> PathBuf {
     workspace_root().join("target/release/kstall")
 }
+
+/// Builds one integration test of kstall-tests (`tests/tests/<name>.rs`) with `features`, without
+/// running it; returns its binary, to run where cargo would not (in a VM, beside other builds).
+pub fn test_binary(env: &BuildEnv, name: &str, features: &[&str]) -> anyhow::Result<PathBuf> {
+    let mut cmd = Command::new("cargo");
+    cmd.args(["test", "--package", "kstall-tests", "--test", name, "--no-run"])
+        .args(["--message-format", "json-render-diagnostics"])
+        .current_dir(workspace_root())
+        .stderr(std::process::Stdio::inherit());
+    if !features.is_empty() {
+        cmd.args(["--features", &features.join(",")]);
+    }
+    env.apply(&mut cmd);
+    let out = cmd.output().context("cannot run cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the {name} tests failed");
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|m| m["target"]["name"] == name && m["executable"].is_string())
+        .and_then(|m| m["executable"].as_str().map(PathBuf::from))
+        .with_context(|| format!("cargo did not name the {name} test binary"))
+}

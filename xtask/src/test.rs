@@ -27,7 +27,7 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     // The real cluster's Kubernetes builds once per machine (about 10 minutes cold, seconds
     // cached), at idle priority beside the build and the host tests, which leave a core idle
     // most of the time; its tests wait for it.
-    let mut cluster_build = if bootstrap::is_root() {
+    let cluster_build = if bootstrap::is_root() {
         println!("==> the real cluster's build, in the background (cargo xtask cluster build)");
         Some(cluster::build_in_background()?)
     } else {
@@ -60,7 +60,6 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
         None
     };
     let mut tally = Tally::default();
-    let mut cluster = None;
     for run in 1..=repeat {
         if repeat > 1 {
             println!("==> tests, run {run} of {repeat}");
@@ -79,40 +78,53 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
         }
         env.apply(&mut test);
         println!("==> cargo test (unit and kernel integration tests)");
-        let mut results = tests(&mut test)?;
-        if let Some(build) = cluster_build.take() {
-            println!("==> the real cluster (cargo xtask cluster up)");
-            cluster = Some(cluster::start_for_tests(build)?);
-        }
-        if let Some(running) = &cluster {
-            let mut test = Command::new("cargo");
-            test.args(["test", "--package", "kstall-tests", "--features", "cluster", "--test", "cluster"])
-                .args(["--", "--test-threads=1"])
-                .env("KSTALL_CLUSTER", &running.state_dir)
-                .env("KSTALL_KERNEL_TESTS", "require")
-                .current_dir(&root);
-            env.apply(&mut test);
-            println!("==> cargo test --features cluster --test cluster (kstall on the real cluster)");
-            let on_cluster = tests(&mut test)?;
-            results.passed.extend(on_cluster.passed);
-            results.failed.extend(on_cluster.failed);
-        }
+        let results = tests(&mut test, true)?;
         for failure in &results.failed {
             println!("cargo test: FAILED {}: {}", failure.test, failure.why);
         }
         tally.record(started.elapsed(), results.passed, results.failed);
     }
-    // Down before the VMs: they need the cores.
-    drop(cluster);
     if repeat > 1 {
         print!("{}", tally.summary("cargo test"));
     }
     if !tally.all_passed() {
         bail!("cargo test failed: see the FAILED lines above");
     }
+    // The cluster's tests mostly wait on the cluster, the fuzz targets' first build keeps both
+    // cores busy: side by side, the cluster's output printed when it is done.
+    let on_cluster = match cluster_build {
+        Some(build) => {
+            // Built now: beside the fuzz targets' build, cargo would wait on its locks.
+            let binary = build::test_binary(&env, "cluster", &["cluster"])?;
+            println!(
+                "==> the real cluster and its tests (cargo xtask cluster up; tests/tests/cluster.rs), beside the fuzz targets"
+            );
+            Some(std::thread::spawn(move || cluster_stage(build, &binary, repeat)))
+        }
+        None => None,
+    };
     // Every fuzz target, briefly: a crash in a parser of outside input fails the run.
     println!("==> the fuzz targets, {FUZZ_SECS} s each (cargo xtask fuzz)");
-    fuzz::run(FUZZ_SECS, &[])?;
+    let fuzzed = fuzz::run(FUZZ_SECS, &[]);
+    // Joined (the cluster down) before the VMs: they need the cores.
+    if let Some(stage) = on_cluster {
+        let (runs, log) = stage.join().map_err(|_| anyhow::anyhow!("the cluster stage panicked"))??;
+        println!("==> the real cluster's tests (their output)\n{log}");
+        let mut tally = Tally::default();
+        for (wall, results) in runs {
+            for failure in &results.failed {
+                println!("cluster tests: FAILED {}: {}", failure.test, failure.why);
+            }
+            tally.record(wall, results.passed, results.failed);
+        }
+        if repeat > 1 {
+            print!("{}", tally.summary("cluster tests"));
+        }
+        if !tally.all_passed() {
+            bail!("the cluster tests failed: see the FAILED lines above");
+        }
+    }
+    fuzzed?;
     if required && with_matrix {
         println!("==> the kernel matrix in VMs (cargo xtask vm-test)");
         vm::matrix(&env, &[], repeat, None)?;
@@ -120,14 +132,45 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Waits for the cluster's build, brings the cluster up, runs its tests `repeat` times and
+/// brings it down: each run's wall time and results, and the whole output.
+fn cluster_stage(
+    build: std::process::Child,
+    binary: &std::path::Path,
+    repeat: u32,
+) -> anyhow::Result<(Vec<(std::time::Duration, Results)>, String)> {
+    let running = cluster::start_for_tests(build)?;
+    let mut runs = Vec::new();
+    let mut log = String::new();
+    for _ in 0..repeat {
+        let started = Instant::now();
+        let mut test = Command::new(binary);
+        test.arg("--test-threads=1")
+            .env("KSTALL_CLUSTER", &running.state_dir)
+            .env("KSTALL_KERNEL_TESTS", "require")
+            .current_dir(build::workspace_root().join("tests"));
+        let (results, output) = run_tests(&mut test, false)?;
+        log.push_str(&output);
+        runs.push((started.elapsed(), results));
+    }
+    Ok((runs, log))
+}
+
 /// Runs `cmd` (a `cargo test`), passing its output through, and reads the results from it. A
 /// failed build or a crashed test binary with no failed test to show is a failure too.
-fn tests(cmd: &mut Command) -> anyhow::Result<Results> {
+fn tests(cmd: &mut Command, live: bool) -> anyhow::Result<Results> {
+    run_tests(cmd, live).map(|(results, _)| results)
+}
+
+/// As [`tests`], with the output kept (and printed as it comes when `live`).
+fn run_tests(cmd: &mut Command, live: bool) -> anyhow::Result<(Results, String)> {
     let mut child = cmd.stdout(Stdio::piped()).spawn().context("cannot run cargo test")?;
     let mut log = String::new();
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
         let line = line.context("reading cargo test's output")?;
-        println!("{line}");
+        if live {
+            println!("{line}");
+        }
         log.push_str(&line);
         log.push('\n');
     }
@@ -138,7 +181,7 @@ fn tests(cmd: &mut Command) -> anyhow::Result<Results> {
         let why = format!("exited with {status} (a build error, or a test binary that crashed)");
         results.failed.push(crate::libtest::Failure { test, why });
     }
-    Ok(results)
+    Ok((results, log))
 }
 
 fn step(what: &str, cmd: &mut Command) -> anyhow::Result<()> {

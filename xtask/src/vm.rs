@@ -115,7 +115,7 @@ pub fn run(kernels: &[String], repeat: u32, scenario: Option<&str>) -> anyhow::R
 pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<&str>) -> anyhow::Result<()> {
     let vm_dir = build::workspace_root().join("target/vm");
     let vng = install(&vm_dir)?;
-    let scenarios = scenarios_binary(env)?;
+    let scenarios = build::test_binary(env, "vm_scenarios", &[])?;
     let guest = vm_dir.join("guest.sh");
     std::fs::write(&guest, GUEST_SCRIPT).context("write the guest script")?;
     let selected = KERNELS
@@ -359,26 +359,6 @@ fn newest_package(pattern: &str) -> anyhow::Result<String> {
         .collect();
     names.sort_by_key(|n| version_key(n));
     names.pop().with_context(|| format!("no package matches {pattern}"))
-}
-
-/// Builds the scenario tests (`tests/tests/vm_scenarios.rs`); returns the test binary.
-fn scenarios_binary(env: &BuildEnv) -> anyhow::Result<PathBuf> {
-    let mut cmd = Command::new("cargo");
-    cmd.args(["test", "--package", "kstall-tests", "--test", "vm_scenarios", "--no-run"])
-        .args(["--message-format", "json-render-diagnostics"])
-        .current_dir(build::workspace_root())
-        .stderr(std::process::Stdio::inherit());
-    env.apply(&mut cmd);
-    let out = cmd.output().context("cannot run cargo test --no-run")?;
-    if !out.status.success() {
-        bail!("building the VM scenarios failed");
-    }
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|m| m["target"]["name"] == "vm_scenarios" && m["executable"].is_string())
-        .and_then(|m| m["executable"].as_str().map(PathBuf::from))
-        .context("cargo did not name the vm_scenarios test binary")
 }
 
 /// One boot of one kernel: what to print, the scenarios that passed, what failed, and the agent's

@@ -91,6 +91,18 @@ impl Engine {
         for (id, mut incident) in current {
             self.carried_over.remove(&id);
             match self.firing.get(&id) {
+                // An incident is about one pod. The same key about another pod is a new incident:
+                // the kernel reuses a network namespace's inode once its pod is gone.
+                Some(known)
+                    if known.pod_uid.is_some()
+                        && incident.pod_uid.is_some()
+                        && known.pod_uid != incident.pod_uid =>
+                {
+                    if let Some(old) = self.firing.remove(&id) {
+                        self.resolve(old, now_unix_ns, &mut changes);
+                    }
+                    changes.fired.push(incident.clone());
+                }
                 Some(known) => {
                     incident.first_seen_unix_ns = known.first_seen_unix_ns.min(incident.first_seen_unix_ns)
                 }
@@ -106,17 +118,21 @@ impl Engine {
             .cloned()
             .collect();
         for id in gone {
-            if let Some(mut incident) = self.firing.remove(&id) {
-                incident.state = State::Resolved;
-                incident.resolved_unix_ns = Some(now_unix_ns);
-                changes.resolved.push(incident.clone());
-                if self.resolved.len() >= HISTORY {
-                    self.resolved.pop_back();
-                }
-                self.resolved.push_front(incident);
+            if let Some(incident) = self.firing.remove(&id) {
+                self.resolve(incident, now_unix_ns, &mut changes);
             }
         }
         changes
+    }
+
+    fn resolve(&mut self, mut incident: Incident, now_unix_ns: u64, changes: &mut Changes) {
+        incident.state = State::Resolved;
+        incident.resolved_unix_ns = Some(now_unix_ns);
+        changes.resolved.push(incident.clone());
+        if self.resolved.len() >= HISTORY {
+            self.resolved.pop_back();
+        }
+        self.resolved.push_front(incident);
     }
 
     /// Firing incidents first (most severe, then oldest), then resolved ones, newest first.
@@ -244,6 +260,28 @@ mod tests {
         );
         assert_eq!(engine.firing().count(), 0);
         assert_eq!(engine.incidents().len(), 2, "kept as history");
+    }
+
+    /// Seen on a real cluster: a pod's network namespace gone, the kernel gave its inode to the
+    /// next pod, whose redirect then continued the first pod's incident (no new firing, no Event).
+    #[test]
+    fn a_reused_namespace_of_another_pod_is_a_new_incident() {
+        let mut engine = Engine::new("node-a".into(), &Settings::default());
+        let (first, second) = (pod("u1", "export-1"), pod("u2", "sync-1"));
+        let quiet = crate::stuck::StuckSet::default();
+        engine.observe(&redirected_reset(101 * SEC, 2049, &first));
+        engine.observe(&redirected_reset(102 * SEC, 2049, &first));
+        let fired = engine.evaluate(103 * SEC, &node(&quiet)).fired;
+        assert_eq!((fired.len(), fired[0].pod.as_str()), (1, "export-1"));
+        // Same namespace inode, another pod.
+        engine.observe(&redirected_reset(110 * SEC, 2049, &second));
+        engine.observe(&redirected_reset(111 * SEC, 2049, &second));
+        let changes = engine.evaluate(112 * SEC, &node(&quiet));
+        assert_eq!(changes.fired.len(), 1, "{changes:?}");
+        assert_eq!(changes.fired[0].pod, "sync-1");
+        assert_eq!(changes.fired[0].first_seen_unix_ns, 110 * SEC, "the second pod's own first reset");
+        assert_eq!(changes.fired[0].evidence["resets_total"], 2, "not the first pod's resets");
+        assert_eq!((changes.resolved.len(), changes.resolved[0].pod.as_str()), (1, "export-1"));
     }
 
     #[test]

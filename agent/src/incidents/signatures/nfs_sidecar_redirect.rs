@@ -172,6 +172,10 @@ impl NfsSidecarRedirect {
     fn namespace(&mut self, netns: u32, attributed: &Attributed, t: u64) -> &mut Namespace {
         let who = attributed.who.clone();
         let ns = self.by_netns.touch(&netns, t, || Namespace::new(netns, who.clone()));
+        // The kernel reuses a gone pod's namespace inode: another pod's reset starts afresh.
+        if who.pod_uid.is_some() && ns.who.pod_uid.is_some() && who.pod_uid != ns.who.pod_uid {
+            *ns = Namespace::new(netns, who.clone());
+        }
         // A count (no task) or a bystander's reset names the pod alone: keep the container a
         // reset in the pod's own task named.
         if !(who.container.is_empty() && who.pod_uid == ns.who.pod_uid) {
