@@ -25,6 +25,7 @@ use kstall_tests::{
     },
     host::{Sysctl, wait_for},
     kernel_tests_can_run,
+    kubelet::FakeKubelet,
     netns::{NetNs, NfsReconnects, closed_low_ports, refused_connects},
     oom::{OOM_LIMIT, oom_kill_as},
     writeback::FreezableDisk,
@@ -163,9 +164,9 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
     // goes after it, also on a failure: the disk's writer must have left it.
     let container = Cgroup::kubepods_container("burstable", UID, CONTAINER);
     let mut disk = FreezableDisk::new("dashboards");
-    // The node's kubelet is stopped: nothing answers on the ports its checks go to.
-    let stopped_kubelet = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let healthz = format!("http://{stopped_kubelet}/healthz");
+    // The node's kubelet: well at first (only a check that passed can be degraded), wedged below.
+    kstall_tests::tls::make_certificates(dir.path());
+    let kubelet = FakeKubelet::start_well(&dir.path().join("server.crt"), &dir.path().join("server.key"));
     let mut agent = Agent::start(&[
         "--pods-file",
         pods_file.to_str().unwrap(),
@@ -181,13 +182,18 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
         "--kubelet-checks",
         "on",
         "--kubelet-healthz",
-        &healthz,
+        &kubelet.healthz_url(),
         "--kubelet-server",
-        &stopped_kubelet.to_string(),
+        &kubelet.server(),
         "--kubelet-unhealthy-after",
         "1s",
     ]);
     let panels = Panels::scrape(agent.listen, NODE);
+    let checked =
+        |check: &str| agent.metric_with("kstall_kubelet_check_up", &[("check", check)]) == Some(1.0);
+    wait_for(Duration::from_secs(60), || (checked("healthz") && checked("tls")).then_some(()))
+        .unwrap_or_else(|| panic!("the kubelet checks did not pass:\n{}", agent.metrics()));
+    kubelet.wedge();
 
     // The pod's own network namespace with the sidecar's rule, its sandbox process in it and the
     // container cgroup; its NFS client reconnecting, redirected.

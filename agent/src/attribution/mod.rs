@@ -198,21 +198,8 @@ impl Index {
             let netns = event.header.netns;
             match self.by_netns.get(&netns) {
                 Some(a) => {
-                    if let Some(container) = self.pods_own_task(event, a) {
-                        return found(container);
-                    }
-                    // On a cgroup v1 node the task's container is learned from /proc, once a task.
-                    let tgid = event.header.tgid;
-                    let key = Key::Process(tgid);
-                    if self.v1_pods
-                        && a.pod_uid.is_some()
-                        && tgid != 0
-                        && !self.by_process.contains_key(&tgid)
-                        && !self.unresolvable.contains(&key)
-                    {
-                        return Resolution::Missing { key, fallback: Some(a.clone()) };
-                    }
-                    found(a)
+                    // Only what the index knows already: a reset never waits to name a container.
+                    found(self.pods_own_task(event, a).unwrap_or(a))
                 }
                 None if netns == 0 => Resolution::Found(Arc::default()),
                 None => self.missing(Key::Netns(netns), self.departed_netns.get(&netns).cloned()),
@@ -339,15 +326,16 @@ mod tests {
         event.header.cgroup_id = 7;
         let Resolution::Found(a) = index.resolve(&event) else { panic!() };
         assert_eq!((a.pod.as_str(), a.container.as_str()), ("web", "app"));
-        // On a v1 node, by the process: asked once, then known.
+        // On a v1 node, by the process the walk found in the pod's cgroups.
         let mut v1 = Index { v1_pods: true, ..Index::default() };
         v1.by_netns.insert(4026532999, pod("u1", "web"));
         let mut event = reset_in(4026532999);
         event.header.tgid = 812;
-        assert!(matches!(
-            v1.resolve(&event),
-            Resolution::Missing { key: Key::Process(812), fallback: Some(_) }
-        ));
+        let Resolution::Found(a) = v1.resolve(&event) else { panic!() };
+        assert_eq!(
+            a.container, "",
+            "a task the index does not know names no container, and is not waited for"
+        );
         v1.by_process.insert(812, Arc::new(app));
         let Resolution::Found(a) = v1.resolve(&event) else { panic!() };
         assert_eq!(a.container, "app");
