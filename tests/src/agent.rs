@@ -144,13 +144,7 @@ impl Agent {
     }
 
     fn request(&self, line: &str) -> std::io::Result<Value> {
-        let mut stream = UnixStream::connect(&self.socket)?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        stream.write_all(line.as_bytes())?;
-        stream.write_all(b"\n")?;
-        let mut answer = String::new();
-        BufReader::new(stream).read_line(&mut answer)?;
-        serde_json::from_str(&answer).map_err(std::io::Error::other)
+        request(&self.socket, line)
     }
 
     pub fn status(&self) -> Value {
@@ -340,6 +334,17 @@ pub fn samples_with<'a>(
             .all(|(k, v)| set.contains(&format!(",{k}=\"{v}\"")))
             .then(|| value.trim().parse().ok())?
     })
+}
+
+/// One request line to the agent serving `socket`, and its one-line JSON answer.
+pub fn request(socket: &Path, line: &str) -> std::io::Result<Value> {
+    let mut stream = UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(line.as_bytes())?;
+    stream.write_all(b"\n")?;
+    let mut answer = String::new();
+    BufReader::new(stream).read_line(&mut answer)?;
+    serde_json::from_str(&answer).map_err(std::io::Error::other)
 }
 
 /// Subscribes to the event stream of the agent serving `socket`; events are collected in the

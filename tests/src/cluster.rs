@@ -4,8 +4,7 @@
 //! test` brings it up and names it in `KSTALL_CLUSTER` (its state directory).
 
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
-    os::unix::net::UnixStream,
+    io::Write as _,
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     time::Duration,
@@ -193,13 +192,7 @@ pub fn is_ready(pod: &Value) -> bool {
 
 /// One request to the DaemonSet agent's API socket (the node's /run/kstall).
 pub fn agent_request(line: &str) -> std::io::Result<Value> {
-    let mut stream = UnixStream::connect(AGENT_SOCKET)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.write_all(line.as_bytes())?;
-    stream.write_all(b"\n")?;
-    let mut answer = String::new();
-    BufReader::new(stream).read_line(&mut answer)?;
-    serde_json::from_str(&answer).map_err(std::io::Error::other)
+    crate::agent::request(Path::new(AGENT_SOCKET), line)
 }
 
 /// The agent's incidents, or none while it does not answer (starting, restarting).
