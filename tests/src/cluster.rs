@@ -18,8 +18,6 @@ use crate::{deploy::deploy_dir, host::wait_for};
 pub const NODE: &str = "node1";
 /// Where the DaemonSet's agent serves its API: the node's /run/kstall (a hostPath).
 pub const AGENT_SOCKET: &str = "/run/kstall/kstall.sock";
-/// The agent's state directory on the node (a hostPath).
-pub const AGENT_STATE: &str = "/var/lib/kstall";
 /// A cluster's pod may take this long to start: images are local, but two cores run it all.
 pub const POD_READY_WITHIN: Duration = Duration::from_secs(180);
 
@@ -115,11 +113,6 @@ impl Cluster {
     pub fn apply_overlay(&self, overlay: &str) {
         let dir = deploy_dir().join("overlays").join(overlay);
         self.kubectl(&["apply", "-k", &dir.display().to_string()]);
-    }
-
-    pub fn delete_overlay(&self, overlay: &str) {
-        let dir = deploy_dir().join("overlays").join(overlay);
-        self.kubectl(&["delete", "--wait=true", "--ignore-not-found", "-k", &dir.display().to_string()]);
     }
 
     /// The pod of `namespace` matching `selector` once its Ready condition is True.
