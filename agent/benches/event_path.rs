@@ -136,12 +136,24 @@ fn oom_event() -> Vec<u8> {
         shmem_rss: 0,
         total_vm: 50000,
         oom_score_adj: 900,
-        flags: oom::FLAG_HAS_RSS | oom::FLAG_HAS_SCORE_ADJ,
+        flags: oom::FLAG_HAS_RSS | oom::FLAG_HAS_SCORE_ADJ | oom::FLAG_HAS_MEMCG_PATH,
         oom_cgroup_id: 0,
         totalpages: 0,
         stack_bytes: (frames.len() * 8) as i64,
         invoker_stack: [0; oom::STACK_DEPTH],
+        victim_memcg: [[0; oom::MEMCG_NAME_LEN]; oom::MEMCG_PATH_LEVELS],
     };
+    // The kubelet's systemd layout, innermost first: the longest names the kernel gives.
+    let container = format!("cri-containerd-{}.scope", "4f1a".repeat(16));
+    let path = [
+        container.as_str(),
+        "kubepods-burstable-pod0c2a5b1e_7f3d_4c1a_9e8b_1234567890ab.slice",
+        "kubepods-burstable.slice",
+        "kubepods.slice",
+    ];
+    for (slot, name) in ev.victim_memcg.iter_mut().zip(path) {
+        slot[..name.len()].copy_from_slice(name.as_bytes());
+    }
     for (slot, f) in ev.invoker_stack.iter_mut().zip(frames) {
         *slot = addr(f, 0x20);
     }

@@ -109,6 +109,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let incidents = Arc::new(Mutex::new(engine));
     let stuck = Arc::new(Mutex::new(StuckSet::default()));
     let statuses = Arc::new(Mutex::new(statuses));
+    let (kubelet_tx, kubelet_health) = watch::channel(kubelet::Health::default());
     let state = Arc::new(AgentState {
         started: Instant::now(),
         kernel: kernel_release,
@@ -121,6 +122,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         retention: config.pod_retention,
         incidents: incidents.clone(),
         stuck: stuck.clone(),
+        kubelet: kubelet_health.clone(),
     });
 
     let web = match &config.web_config_file {
@@ -180,7 +182,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             writers.push(tokio::spawn(run));
         }
     }
-    let (kubelet_tx, kubelet_health) = watch::channel(kubelet::Health::default());
     let kubelet_checks = config
         .kubelet
         .clone()

@@ -21,7 +21,7 @@ use rustls::{
     crypto::CryptoProvider,
     pki_types::{CertificateDer, ServerName, UnixTime},
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::{net::TcpStream, sync::watch};
 use tokio_util::sync::CancellationToken;
 
@@ -82,13 +82,13 @@ pub fn server_address(address: &str) -> Result<String, String> {
 }
 
 /// The last result of each check; `None` before the first, or when the checks are off.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Health {
     pub healthz: Option<Check>,
     pub tls: Option<Check>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Check {
     /// What was checked: the URL, or the server's address.
     pub target: String,

@@ -37,9 +37,6 @@ use crate::{
     stuck::{StuckSet, TaskStates},
 };
 
-/// How long an event whose pod is not known yet waits for the resolver's answer before it goes
-/// out with what is known.
-const ATTRIBUTION_HOLD: Duration = Duration::from_millis(100);
 /// How often held events are looked at again.
 const HOLD_CHECK_INTERVAL: Duration = Duration::from_millis(20);
 /// Events held at once at most; beyond it they go out with what is known at once.
@@ -134,6 +131,19 @@ struct HeldEvent {
     event: Event,
 }
 
+impl Held {
+    /// The key an OOM kill of `(cgroup_id, comm)` waits for, if one does.
+    fn oom_kill_key(&self, cgroup_id: u64, comm: &str) -> Option<Key> {
+        self.events.iter().find_map(|held| {
+            let header = &held.event.header;
+            (matches!(held.event.payload, Payload::OomKill(_))
+                && header.cgroup_id == cgroup_id
+                && header.comm == comm)
+                .then_some(held.key)
+        })
+    }
+}
+
 impl Pipeline {
     /// One record from the ring buffer, at `now`.
     pub fn handle(&mut self, bytes: &[u8], now: Instant) {
@@ -153,8 +163,27 @@ impl Pipeline {
         }
     }
 
+    /// Who `event` is about, as `index` says; an OOM count follows its key's kills instead, which
+    /// may know more than its cgroup id can (the victim's cgroup path or process), and waits
+    /// behind them while they wait for their container's name.
+    fn resolve(&self, index: &Index, event: &Event) -> Resolution {
+        if let Payload::OomKillCount(_) = &event.payload {
+            let header = &event.header;
+            match self.oom_keys.seen(header.cgroup_id, &header.comm) {
+                Some((_, Some(who))) => return Resolution::Found(who),
+                Some((_, None)) => {
+                    if let Some(key) = self.held.oom_kill_key(header.cgroup_id, &header.comm) {
+                        return Resolution::Missing { key, fallback: None };
+                    }
+                }
+                None => {}
+            }
+        }
+        index.resolve(event)
+    }
+
     fn attribute(&mut self, event: Event, now: Instant) {
-        let resolution = self.index.borrow().resolve(&event);
+        let resolution = self.resolve(&self.index.borrow(), &event);
         match resolution {
             Resolution::Found(who) => self.emit(Attributed { event, who }),
             Resolution::Missing { key, fallback } => {
@@ -169,7 +198,7 @@ impl Pipeline {
                 if self.held.asked.insert(key) && self.misses.try_send(key).is_err() {
                     self.metrics.attribution_queue_full("misses");
                 }
-                self.held.events.push_back(HeldEvent { until: now + ATTRIBUTION_HOLD, key, fallback, event });
+                self.held.events.push_back(HeldEvent { until: now + key.hold(), key, fallback, event });
             }
         }
     }
@@ -189,7 +218,7 @@ impl Pipeline {
         }
         let index = self.index.borrow().clone();
         for held in std::mem::take(&mut self.held.events) {
-            match index.resolve(&held.event) {
+            match self.resolve(&index, &held.event) {
                 Resolution::Found(who) => self.emit(Attributed { event: held.event, who }),
                 Resolution::Missing { .. } if now >= held.until => {
                     self.held.gave_up.insert(held.key);
@@ -256,10 +285,7 @@ impl Pipeline {
                 header: header(probes::oom::NAME, counted.comm, counted.cgroup_id, 0),
                 payload: Payload::OomKillCount(count),
             };
-            match seen.and_then(|(_, who)| who) {
-                Some(who) => self.emit(Attributed { event, who }),
-                None => self.attribute(event, now),
-            }
+            self.attribute(event, now);
         }
     }
 
@@ -638,6 +664,92 @@ mod tests {
         );
         h.pipeline.release_held(h.at(100));
         assert_eq!(h.sent().len(), 20, "every event out after the hold");
+    }
+
+    /// The index of a node whose kubelet lists pod `u1` (`batch/hog`) with the containers in
+    /// `listed` (id -> name).
+    fn index_listing(listed: &[(&str, &str)]) -> Arc<Index> {
+        let meta = crate::attribution::pods::PodMeta {
+            uid: POD_UID.into(),
+            name: "hog".into(),
+            namespace: "batch".into(),
+            workload: String::new(),
+            node: "node-a".into(),
+            labels: Default::default(),
+            host_network: false,
+            containers: listed.iter().map(|(id, name)| (id.to_string(), name.to_string())).collect(),
+            deletion_deadline_unix_secs: None,
+            state: Default::default(),
+        };
+        let mut index = Index { metadata_source: true, ..Index::default() };
+        index.pod_meta.insert(POD_UID.into(), (Arc::new(meta), false));
+        index.named_pods.insert(("batch".into(), "hog".into()));
+        Arc::new(index)
+    }
+
+    const POD_UID: &str = "0b5e7b7e-7d45-4a8e-9c1e-2f4f1c0c9a11";
+
+    /// A kill of `dd` in container `id` of pod `u1`, whose cgroup (`cgroup_id`) no walk ever saw.
+    fn kill_in_container(id: &str) -> Vec<u8> {
+        use crate::probes::oom::tests::{victim_event, with_memcg_path};
+        let mut kill = victim_event();
+        kill.header.cgroup_id = 31337;
+        kill.flags |= kstall_common::oom::FLAG_FROM_OOM_CONTROL | kstall_common::oom::FLAG_MEMCG_OOM;
+        kill.header.comm = *b"dd\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
+        let pod = format!("pod{POD_UID}");
+        bytes_of(&with_memcg_path(kill, &[id, &pod, "burstable", "kubepods"]))
+    }
+
+    fn dd_count(kills: u64) -> Drained {
+        use kstall_common::{counter::Counter, oom::OomCountKey};
+        let mut key = OomCountKey { cgroup_id: 31337, ..Default::default() };
+        key.comm[..2].copy_from_slice(b"dd");
+        let counted = crate::probes::oom::decode_count(&key, &Counter { events: kills, emitted: kills });
+        Drained { oom_kills: vec![counted], ..Default::default() }
+    }
+
+    #[test]
+    fn a_container_killed_as_it_started_waits_for_its_name_and_its_count_waits_behind_it() {
+        let id = "c0ffee".repeat(10) + "c0ff";
+        let mut h = harness();
+        h.index.send(index_listing(&[("previous", "hog")])).unwrap();
+        h.pipeline.release_held(h.at(0));
+        h.pipeline.handle(&kill_in_container(&id), h.at(1));
+        assert!(h.sent().is_empty(), "the status does not list the new container yet");
+        assert!(matches!(h.asked()[..], [Key::ContainerName(_)]));
+        // The kernel's count of the key arrives before the status: it waits behind its kill.
+        h.pipeline.count(dd_count(1), h.at(5_000));
+        h.pipeline.release_held(h.at(6_000));
+        assert!(h.sent().is_empty());
+        // The kubelet writes the status.
+        h.index.send(index_listing(&[("previous", "hog"), (&id, "hog")])).unwrap();
+        h.pipeline.release_held(h.at(7_000));
+        let sent = h.sent();
+        assert_eq!(sent.len(), 1, "the kill; the count had nothing suppressed: {sent:#?}");
+        let who = &sent[0].who;
+        assert_eq!(
+            (who.namespace.as_str(), who.pod.as_str(), who.container.as_str()),
+            ("batch", "hog", "hog")
+        );
+        let text = h.pipeline.metrics.render();
+        assert!(text.contains(r#"kstall_oom_kills_total{comm="dd",container="hog",critical="false",host="false",namespace="batch",pod="hog",scope="memcg",workload=""} 1"#), "{text}");
+    }
+
+    #[test]
+    fn a_container_never_listed_goes_out_with_its_pod_after_the_wait() {
+        let id = "c0ffee".repeat(10) + "c0ff";
+        let mut h = harness();
+        h.index.send(index_listing(&[])).unwrap();
+        h.pipeline.release_held(h.at(0));
+        h.pipeline.handle(&kill_in_container(&id), h.at(1));
+        h.pipeline.release_held(h.at(9_000));
+        assert!(h.sent().is_empty(), "waits up to 10 s");
+        h.pipeline.release_held(h.at(10_001));
+        let sent = h.sent();
+        assert_eq!(sent.len(), 1);
+        let who = &sent[0].who;
+        assert_eq!((who.pod.as_str(), who.container.as_str()), ("hog", ""));
+        assert_eq!(who.container_id.as_deref(), Some(id.as_str()));
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub struct AgentState {
     pub retention: Duration,
     pub incidents: Arc<Mutex<Engine>>,
     pub stuck: Arc<Mutex<StuckSet>>,
+    pub kubelet: watch::Receiver<crate::kubelet::Health>,
 }
 
 /// A lock that survives a panic elsewhere while it was held: a bug in one signature must not take

@@ -5,7 +5,7 @@ use crate::{
     task::TaskOffsets,
 };
 
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Frames of the OOM-invoking task's kernel stack: its call path tells a memcg OOM
 /// (`mem_cgroup_out_of_memory`) from a global one (`out_of_memory` from the page allocator).
 pub const STACK_DEPTH: usize = 32;
@@ -24,6 +24,15 @@ pub const FLAG_MEMCG_OOM: u32 = 1 << 3;
 /// The event comes from `oom_kill_process(oc)`: scope, OOMing cgroup and `totalpages` are the
 /// kernel's own, not derived.
 pub const FLAG_FROM_OOM_CONTROL: u32 = 1 << 4;
+/// `victim_memcg` holds the names of the victim's memory cgroup and its parents.
+pub const FLAG_HAS_MEMCG_PATH: u32 = 1 << 5;
+
+/// Directories of the victim's memory cgroup path captured, innermost first: enough for
+/// `kubepods[.slice]/<qos>/<pod>/<container>`, the deepest Kubernetes layout.
+pub const MEMCG_PATH_LEVELS: usize = 4;
+/// Bytes of each directory name, NUL included (a systemd container scope,
+/// `cri-containerd-<64 hex>.scope`, is 85).
+pub const MEMCG_NAME_LEN: usize = 128;
 
 /// One OOM kill. The header describes the victim; `invoker_*` the task whose allocation ran the
 /// OOM killer.
@@ -49,9 +58,16 @@ pub struct OomKillEvent {
     /// Bytes `bpf_get_stack` wrote into `invoker_stack`, or a negative errno.
     pub stack_bytes: i64,
     pub invoker_stack: [u64; STACK_DEPTH],
+    /// The names of the victim's memory cgroup directory and its parents, innermost first, as
+    /// the kernel had them at the kill (`FLAG_HAS_MEMCG_PATH`): a container that dies at once
+    /// takes its cgroup with it before any walk of the hierarchy could find it.
+    pub victim_memcg: [[u8; MEMCG_NAME_LEN]; MEMCG_PATH_LEVELS],
 }
 
-const _: () = assert!(size_of::<OomKillEvent>() == 56 + 16 + 16 + 32 + 8 + 16 + 8 + 8 * STACK_DEPTH);
+const _: () = assert!(
+    size_of::<OomKillEvent>()
+        == 56 + 16 + 16 + 32 + 8 + 16 + 8 + 8 * STACK_DEPTH + MEMCG_NAME_LEN * MEMCG_PATH_LEVELS
+);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -71,6 +87,14 @@ pub struct OomConfig {
     pub oc_memcg: u32,
     pub oc_totalpages: u32,
     pub memcg_css_cgroup: u32,
+    /// `task->cgroups` (css_set) -> `subsys[memory_cgrp_id]` -> `cgroup` -> `kn`, then
+    /// `kernfs_node.name` and `.parent` up the tree: the victim's memory cgroup path. 0 in
+    /// `memcg_path` when the kernel has no memory controller.
+    pub memcg_path: u32,
+    pub css_set_memory_css: u32,
+    pub css_cgroup: u32,
+    pub kernfs_node_name: u32,
+    pub kernfs_node_parent: u32,
 }
 
 /// A key of the in-kernel OOM kill counters (`OOM_KILL_COUNTS`): one `kstall_oom_kills_total`

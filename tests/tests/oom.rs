@@ -63,6 +63,9 @@ fn memcg_oom_kill_is_reported_with_victim_cgroup_scope_and_rss() {
     assert_eq!(k["comm"], "python3", "{k}");
     assert_eq!(k["tgid"], pid, "{k}");
     assert_eq!(k["cgroup_id"], cgroup.id(), "{k}");
+    // The memory cgroup the limit is in (v1 on a hybrid host), named by the kernel at the kill.
+    let name = cgroup.path.file_name().unwrap().to_str().unwrap();
+    assert!(k["victim_memcg"].as_str().is_some_and(|p| p.ends_with(&format!("/{name}")) || p == name), "{k}");
     assert_eq!(k["scope"], "memcg", "{k}");
     assert_eq!(k["critical"], false, "{k}");
     let anon = k["anon_rss_bytes"].as_u64().expect("rss");

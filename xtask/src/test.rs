@@ -10,6 +10,7 @@
 use std::{
     io::{BufRead as _, BufReader},
     process::{Command, Stdio},
+    sync::mpsc,
     time::Instant,
 };
 
@@ -99,19 +100,101 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
             println!(
                 "==> the real cluster and its tests (cargo xtask cluster up; tests/tests/cluster.rs), beside the fuzz targets"
             );
-            Some(std::thread::spawn(move || cluster_stage(build, &binary, repeat)))
+            Some(ClusterStage::start(build, binary, repeat))
         }
         None => None,
     };
     // Every fuzz target, briefly: a crash in a parser of outside input fails the run.
     println!("==> the fuzz targets, {FUZZ_SECS} s each (cargo xtask fuzz)");
     let fuzzed = fuzz::run(FUZZ_SECS, &[]);
-    // Joined (the cluster down) before the VMs: they need the cores.
-    if let Some(stage) = on_cluster {
-        let (runs, log) = stage.join().map_err(|_| anyhow::anyhow!("the cluster stage panicked"))??;
-        println!("==> the real cluster's tests (their output)\n{log}");
+    let Some(stage) = on_cluster else {
+        fuzzed?;
+        return matrix(&env, required && with_matrix, repeat);
+    };
+    let suite = stage.suite(repeat);
+    // The healthy-node watch needs the node quiet, not the cores: beside the VMs.
+    let go = suite.is_ok() && fuzzed.is_ok();
+    if go {
+        println!("==> the real cluster, 10 minutes of a healthy node ({HEALTHY_NODE_TEST}), beside the VMs");
+    }
+    let watch = stage.watch(go);
+    let matrix = if go { matrix(&env, required && with_matrix, repeat) } else { Ok(()) };
+    let watched = watch.join().map_err(|_| anyhow::anyhow!("the cluster stage panicked"))?;
+    suite?;
+    fuzzed?;
+    if let Some((wall, results, log)) = watched? {
+        println!("==> {HEALTHY_NODE_TEST} (its output, {:.0} s)\n{log}", wall.as_secs_f64());
+        for failure in &results.failed {
+            println!("cluster tests: FAILED {}: {}", failure.test, failure.why);
+        }
+        if !results.failed.is_empty() || results.passed.is_empty() {
+            bail!("the healthy-node watch failed: see the FAILED lines above");
+        }
+    }
+    matrix
+}
+
+fn matrix(env: &bootstrap::BuildEnv, run: bool, repeat: u32) -> anyhow::Result<()> {
+    if run {
+        println!("==> the kernel matrix in VMs (cargo xtask vm-test)");
+        vm::matrix(env, &[], repeat, None)?;
+    }
+    Ok(())
+}
+
+/// The cluster test that runs alone, after the others, for 10 minutes.
+const HEALTHY_NODE_TEST: &str = "a_healthy_node_stays_silent_for_ten_minutes";
+
+type Run = (std::time::Duration, Results, String);
+
+/// The real cluster in a thread of its own: up (once its build is done), the tests `repeat`
+/// times, then — when told to go on — the healthy-node watch, then down.
+struct ClusterStage {
+    suite: mpsc::Receiver<anyhow::Result<Vec<Run>>>,
+    go: mpsc::Sender<bool>,
+    thread: std::thread::JoinHandle<anyhow::Result<Option<Run>>>,
+}
+
+impl ClusterStage {
+    fn start(build: std::process::Child, binary: std::path::PathBuf, repeat: u32) -> Self {
+        let (suite_tx, suite) = mpsc::channel();
+        let (go, go_rx) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let running = match cluster::start_for_tests(build) {
+                Ok(running) => running,
+                Err(e) => {
+                    let _ = suite_tx.send(Err(e));
+                    return Ok(None);
+                }
+            };
+            let test = |args: &[&str]| -> anyhow::Result<Run> {
+                let started = Instant::now();
+                let mut test = Command::new(&binary);
+                test.arg("--test-threads=1")
+                    .args(args)
+                    .env("KSTALL_CLUSTER", &running.state_dir)
+                    .env("KSTALL_KERNEL_TESTS", "require")
+                    .current_dir(build::workspace_root().join("tests"));
+                let (results, output) = run_tests(&mut test, false)?;
+                Ok((started.elapsed(), results, output))
+            };
+            let runs: anyhow::Result<Vec<Run>> = (0..repeat).map(|_| test(&[])).collect();
+            let _ = suite_tx.send(runs);
+            if go_rx.recv().unwrap_or(false) {
+                test(&["--ignored", "--exact", HEALTHY_NODE_TEST]).map(Some)
+            } else {
+                Ok(None)
+            }
+        });
+        Self { suite, go, thread }
+    }
+
+    /// Waits for the tests (not the watch) and prints their output and results.
+    fn suite(&self, repeat: u32) -> anyhow::Result<()> {
+        let runs = self.suite.recv().map_err(|_| anyhow::anyhow!("the cluster stage ended early"))??;
         let mut tally = Tally::default();
-        for (wall, results) in runs {
+        for (wall, results, log) in runs {
+            println!("==> the real cluster's tests (their output)\n{log}");
             for failure in &results.failed {
                 println!("cluster tests: FAILED {}: {}", failure.test, failure.why);
             }
@@ -123,37 +206,14 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
         if !tally.all_passed() {
             bail!("the cluster tests failed: see the FAILED lines above");
         }
+        Ok(())
     }
-    fuzzed?;
-    if required && with_matrix {
-        println!("==> the kernel matrix in VMs (cargo xtask vm-test)");
-        vm::matrix(&env, &[], repeat, None)?;
-    }
-    Ok(())
-}
 
-/// Waits for the cluster's build, brings the cluster up, runs its tests `repeat` times and
-/// brings it down: each run's wall time and results, and the whole output.
-fn cluster_stage(
-    build: std::process::Child,
-    binary: &std::path::Path,
-    repeat: u32,
-) -> anyhow::Result<(Vec<(std::time::Duration, Results)>, String)> {
-    let running = cluster::start_for_tests(build)?;
-    let mut runs = Vec::new();
-    let mut log = String::new();
-    for _ in 0..repeat {
-        let started = Instant::now();
-        let mut test = Command::new(binary);
-        test.arg("--test-threads=1")
-            .env("KSTALL_CLUSTER", &running.state_dir)
-            .env("KSTALL_KERNEL_TESTS", "require")
-            .current_dir(build::workspace_root().join("tests"));
-        let (results, output) = run_tests(&mut test, false)?;
-        log.push_str(&output);
-        runs.push((started.elapsed(), results));
+    /// Runs the healthy-node watch (`go`) or not, then brings the cluster down.
+    fn watch(self, go: bool) -> std::thread::JoinHandle<anyhow::Result<Option<Run>>> {
+        let _ = self.go.send(go);
+        self.thread
     }
-    Ok((runs, log))
 }
 
 /// Runs `cmd` (a `cargo test`), passing its output through, and reads the results from it. A

@@ -48,6 +48,9 @@ pub struct StatusReport {
     /// The metric families about events: series now, the cap, new series refused.
     #[serde(default)]
     pub series: Vec<crate::export::series::FamilySeries>,
+    /// The kubelet checks' last results, and where they go.
+    #[serde(default)]
+    pub kubelet: crate::kubelet::Health,
 }
 
 /// Where pod names come from and how much the agent knows.

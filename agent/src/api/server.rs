@@ -58,6 +58,7 @@ pub fn status(state: &AgentState) -> StatusReport {
             }
         },
         series: state.metrics.families(),
+        kubelet: state.kubelet.borrow().clone(),
     }
 }
 

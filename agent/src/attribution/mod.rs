@@ -124,6 +124,20 @@ pub enum Key {
     Process(u32),
     /// A pod seen in the cgroup tree before its metadata arrived from the API or file.
     PodMeta(u64),
+    /// A container of a known pod that the pod's status does not list yet: one that died as it
+    /// started is listed when the kubelet next writes the status (a hash of pod UID and id).
+    ContainerName(u64),
+}
+
+impl Key {
+    /// How long an event waits for the answer: the resolver answers at once, a pod's status
+    /// takes the kubelet a PLEG relist (1 s) and a write.
+    pub fn hold(&self) -> std::time::Duration {
+        match self {
+            Key::ContainerName(_) => std::time::Duration::from_secs(10),
+            _ => std::time::Duration::from_millis(100),
+        }
+    }
 }
 
 pub enum Resolution {
@@ -162,6 +176,9 @@ pub struct Index {
     pub pod_states: BTreeMap<pods::PodState, usize>,
     /// What the kubelet carries (`kubelet-degraded`).
     pub kubelet_load: Arc<pods::KubeletLoad>,
+    /// Pod UID -> metadata and whether the pod was deleted: for an event that names its pod's
+    /// cgroup itself (an OOM kill's victim).
+    pub pod_meta: HashMap<String, (Arc<pods::PodMeta>, bool)>,
     /// (namespace, name) of every pod kstall can still name: the metrics of any other are removed.
     pub named_pods: HashSet<(String, String)>,
     pub memory: NodeMemory,
@@ -176,6 +193,9 @@ impl Index {
                 Resolution::Found(a.clone())
             }
         };
+        if let Some(workload) = victim_pod(event) {
+            return self.resolve_workload(&workload);
+        }
         if subject_is_task(event) {
             let cgroup = event.header.cgroup_id;
             let by_cgroup = self.by_cgroup.get(&cgroup);
@@ -221,6 +241,30 @@ impl Index {
             .or_else(|| self.by_process.get(&event.header.tgid).filter(own))
     }
 
+    /// An event about a container or pod it names itself: attributed without a lookup, named as
+    /// soon as the metadata lists the pod and the container.
+    fn resolve_workload(&self, workload: &Workload) -> Resolution {
+        let (Workload::Container { pod_uid, .. } | Workload::Pod { pod_uid, .. }) = workload else {
+            return Resolution::Found(Arc::new(attribute(workload, None, false, Via::Cgroup)));
+        };
+        let meta = self.pod_meta.get(pod_uid);
+        let a = Arc::new(attribute(
+            workload,
+            meta.map(|(m, _)| &**m),
+            meta.is_some_and(|(_, d)| *d),
+            Via::Cgroup,
+        ));
+        if !self.metadata_source {
+            Resolution::Found(a)
+        } else if a.pod.is_empty() {
+            self.missing(key_for_meta(&a), Some(a))
+        } else if a.container.is_empty() && a.container_id.is_some() {
+            self.missing(key_for_container(&a), Some(a))
+        } else {
+            Resolution::Found(a)
+        }
+    }
+
     fn missing(&self, key: Key, fallback: Option<Arc<Attribution>>) -> Resolution {
         if self.unresolvable.contains(&key) {
             Resolution::Found(fallback.unwrap_or_default())
@@ -236,6 +280,21 @@ fn key_for_meta(a: &Attribution) -> Key {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     a.pod_uid.hash(&mut h);
     Key::PodMeta(h.finish())
+}
+
+fn key_for_container(a: &Attribution) -> Key {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (&a.pod_uid, &a.container_id).hash(&mut h);
+    Key::ContainerName(h.finish())
+}
+
+/// The pod's container (or pod) an OOM kill's victim was in, from the memory cgroup path the
+/// kernel gave with the kill; `None` for a node process or without a path.
+fn victim_pod(event: &Event) -> Option<Workload> {
+    let Payload::OomKill(kill) = &event.payload else { return None };
+    let workload = cgroup::parse(kill.victim_memcg.as_deref()?);
+    (!matches!(workload, Workload::Host { .. })).then_some(workload)
 }
 
 /// Whether the event's header task (for a count: its cgroup) is what it is about (a hung task, an
@@ -344,6 +403,36 @@ mod tests {
         event.header.tgid = 813;
         let Resolution::Found(a) = v1.resolve(&event) else { panic!() };
         assert_eq!((a.pod.as_str(), a.container.as_str()), ("web", ""));
+    }
+
+    #[test]
+    fn an_oom_kill_is_attributed_by_the_memory_cgroup_path_the_kernel_gave() {
+        use crate::probes::oom::tests::{victim_event, with_memcg_path};
+        let uid = "0b5e7b7e-7d45-4a8e-9c1e-2f4f1c0c9a11";
+        let id = "ab".repeat(32);
+        let pod_dir = format!("pod{uid}");
+        let decode = |raw| Decoder::default().decode(&bytes_of(&raw)).unwrap();
+        let mut raw = with_memcg_path(victim_event(), &[&id, &pod_dir, "burstable", "kubepods"]);
+        // A v1 node: the header's v2 cgroup is the host's, and the victim's process is gone.
+        raw.header.cgroup_id = 1;
+        raw.header.tgid = 4321;
+        let kill = decode(raw);
+        let mut index = Index { v1_pods: true, ..Index::default() };
+        index.by_cgroup.insert(1, Arc::new(Attribution { host: true, ..Default::default() }));
+        let Resolution::Found(a) = index.resolve(&kill) else { panic!("no lookup needed") };
+        assert_eq!(
+            (a.pod_uid.as_deref(), a.container_id.as_deref(), a.host),
+            (Some(uid), Some(id.as_str()), false)
+        );
+        assert_eq!(a.qos, Some(Qos::Burstable));
+        // A node process's path says nothing: the header's cgroup does as before.
+        let mut host = with_memcg_path(victim_event(), &["kubelet.service", "system.slice", ""]);
+        (host.header.cgroup_id, host.header.tgid) = (1, 812);
+        let host = decode(host);
+        let Resolution::Missing { key: Key::Process(_), fallback: Some(f) } = index.resolve(&host) else {
+            panic!()
+        };
+        assert!(f.host);
     }
 
     #[test]

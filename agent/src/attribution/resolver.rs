@@ -206,7 +206,7 @@ impl Resolver {
                     None => false,
                 },
                 // Metadata arrives from its source on its own; the event path's hold bounds the wait.
-                Key::PodMeta(_) => true,
+                Key::PodMeta(_) | Key::ContainerName(_) => true,
             };
             if !found {
                 self.unresolvable.insert(key);
@@ -258,6 +258,8 @@ impl Resolver {
             memory: NodeMemory { pod_limits_bytes: self.pod_memory_limits, node_bytes: self.node_memory },
             ..Index::default()
         };
+        index.pod_meta =
+            self.pods.all().map(|(meta, deleted)| (meta.uid.clone(), (meta.clone(), deleted))).collect();
         for (id, c) in &self.cgroups {
             index.by_cgroup.insert(*id, attribution(&c.value, Via::Cgroup));
         }

@@ -115,6 +115,22 @@ fn render(report: &StatusReport) -> String {
         out.push_str(&format!(" · {} processes in v1 pod cgroups", a.v1_pod_processes));
     }
     out.push('\n');
+    let checks = [
+        ("healthz", &report.kubelet.healthz, "--kubelet-healthz"),
+        ("tls", &report.kubelet.tls, "--kubelet-server"),
+    ];
+    if checks.iter().any(|(_, c, _)| c.is_some()) {
+        out.push_str("\nKUBELET\n");
+    }
+    for (name, check, flag) in checks {
+        let Some(check) = check else { continue };
+        let result = match (&check.error, check.passed_once) {
+            (None, _) => "ok".to_string(),
+            (Some(e), true) => format!("failing: {e}"),
+            (Some(e), false) => format!("never passed since start (a wrong address? {flag}): {e}"),
+        };
+        out.push_str(&format!("      {name:<8} {}  {result}\n", check.target));
+    }
     if !report.series.is_empty() {
         out.push_str(&format!("\n{:<42} {:>8} {:>8} {:>10}\n", "SERIES", "NOW", "MAX", "DROPPED"));
         for f in &report.series {
@@ -185,6 +201,10 @@ mod tests {
                 max: 5000,
                 dropped: 1042,
             }],
+            kubelet: crate::kubelet::Health {
+                healthz: Some(check("http://127.0.0.1:10248/healthz", None, true)),
+                tls: Some(check("198.51.100.10:10250", Some("connection refused"), false)),
+            },
         };
         let text = render(&report);
         assert!(
@@ -206,6 +226,18 @@ mod tests {
             text.contains("kstall_tcp_resets_total                        5000     5000       1042\n"),
             "{text}"
         );
+        assert!(text.contains("\nKUBELET\n      healthz  http://127.0.0.1:10248/healthz  ok\n"), "{text}");
+        assert!(
+            text.contains("      tls      198.51.100.10:10250  never passed since start (a wrong address? --kubelet-server): connection refused\n"),
+            "{text}"
+        );
+    }
+
+    fn check(target: &str, error: Option<&str>, passed_once: bool) -> crate::kubelet::Check {
+        serde_json::from_value(serde_json::json!({
+            "target": target, "error": error, "checked_unix_ns": 1, "passed_once": passed_once,
+        }))
+        .unwrap()
     }
 
     #[test]

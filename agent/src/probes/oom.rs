@@ -10,8 +10,8 @@
 use kstall_common::{
     counter::Counter,
     oom::{
-        FLAG_FROM_OOM_CONTROL, FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_MEMCG_OOM, FLAG_VICTIM_PID_ONLY,
-        OomConfig, OomCountKey, OomKillEvent,
+        FLAG_FROM_OOM_CONTROL, FLAG_HAS_MEMCG_PATH, FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_MEMCG_OOM,
+        FLAG_VICTIM_PID_ONLY, MEMCG_NAME_LEN, MEMCG_PATH_LEVELS, OomConfig, OomCountKey, OomKillEvent,
     },
 };
 use serde::Serialize;
@@ -45,6 +45,9 @@ pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, String> {
         OomConfig { task: super::task::resolve(vmlinux).map_err(|e| e.to_string())?, ..Default::default() };
     let victim_from_task = resolve_victim(vmlinux, &mut cfg);
     let mut notes = Vec::new();
+    if let Err(e) = resolve_memcg_path(vmlinux, &mut cfg) {
+        notes.push(format!("the victim's memory cgroup path is not read: {e}"));
+    }
     let (program, hook, victim_unavailable) = match (&victim_from_task, args >= 2) {
         (Ok(()), true) => (PROG_TASK, "tp_btf/mark_victim (task, uid)", vec![]),
         _ => {
@@ -94,6 +97,22 @@ fn resolve_oom_control(btf: &KernelBtf, cfg: &mut OomConfig) -> Result<(), BtfEr
     cfg.oc_memcg = btf.offset_of("oom_control", "memcg")?;
     cfg.oc_totalpages = btf.offset_of("oom_control", "totalpages")?;
     cfg.memcg_css_cgroup = btf.offset_of("mem_cgroup", "css.cgroup")?;
+    Ok(())
+}
+
+fn resolve_memcg_path(btf: &KernelBtf, cfg: &mut OomConfig) -> Result<(), BtfError> {
+    let memory = btf
+        .enum_values("cgroup_subsys_id")?
+        .into_iter()
+        .find_map(|(name, value)| (name == "memory_cgrp_id").then_some(value))
+        .ok_or_else(|| BtfError::Missing("memory_cgrp_id (no memory controller)".into()))?;
+    cfg.css_set_memory_css = btf.offset_of("css_set", &format!("subsys[{memory}]"))?;
+    cfg.css_cgroup = btf.offset_of("cgroup_subsys_state", "cgroup")?;
+    cfg.kernfs_node_name = btf.offset_of("kernfs_node", "name")?;
+    // Renamed `__parent` in 6.15, when it became RCU-protected.
+    cfg.kernfs_node_parent =
+        btf.offset_of("kernfs_node", "__parent").or_else(|_| btf.offset_of("kernfs_node", "parent"))?;
+    cfg.memcg_path = 1;
     Ok(())
 }
 
@@ -158,6 +177,11 @@ pub struct OomKill {
     pub oom_cgroup_id: Option<u64>,
     /// Memory the victim was weighed against, in bytes (fentry hook only).
     pub totalpages_bytes: Option<u64>,
+    /// The innermost directories of the victim's memory cgroup path as the kernel had them at
+    /// the kill (`kubepods/burstable/pod<uid>/<id>`): who the victim was, also once its
+    /// container and cgroup are gone. `None` where the kernel gave no path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub victim_memcg: Option<String>,
     pub invoker: Invoker,
     /// The invoking task's kernel stack, innermost first: the evidence for `scope`.
     pub invoker_stack: Stack,
@@ -271,6 +295,7 @@ pub fn decode(ev: &OomKillEvent, symbols: &Symbols, ctx: &Context) -> Result<Oom
         oom_score_adj: (ev.flags & FLAG_HAS_SCORE_ADJ != 0).then_some(ev.oom_score_adj),
         oom_cgroup_id: (ev.oom_cgroup_id != 0).then_some(ev.oom_cgroup_id),
         totalpages_bytes: (ev.totalpages != 0).then(|| ev.totalpages.saturating_mul(ctx.page_size)),
+        victim_memcg: (ev.flags & FLAG_HAS_MEMCG_PATH != 0).then(|| memcg_path(&ev.victim_memcg)),
         invoker: Invoker {
             pid: ev.invoker_pid,
             tgid: ev.invoker_tgid,
@@ -279,6 +304,13 @@ pub fn decode(ev: &OomKillEvent, symbols: &Symbols, ctx: &Context) -> Result<Oom
         },
         invoker_stack: stack,
     })
+}
+
+/// The captured directory names, innermost first, as a path from the outermost captured one
+/// (the root's name is empty and drops out).
+fn memcg_path(names: &[[u8; MEMCG_NAME_LEN]; MEMCG_PATH_LEVELS]) -> String {
+    let names: Vec<String> = names.iter().rev().map(|n| comm_string(n)).filter(|n| !n.is_empty()).collect();
+    names.join("/")
 }
 
 /// memcg when the memory-cgroup charge path is on the stack, global when the OOM killer was
@@ -408,6 +440,7 @@ pub(crate) mod tests {
             totalpages: 0,
             stack_bytes: 16,
             invoker_stack: [0; kstall_common::oom::STACK_DEPTH],
+            victim_memcg: [[0; MEMCG_NAME_LEN]; MEMCG_PATH_LEVELS],
         };
         ev.invoker_stack[0] = 0xffffffff81597b30;
         ev.invoker_stack[1] = 0xffffffff8168b540;
@@ -447,6 +480,47 @@ pub(crate) mod tests {
         ev.oom_cgroup_id = 0;
         let k = decode(&ev, &Symbols::default(), &ctx).unwrap();
         assert_eq!((k.scope, k.oom_cgroup_id), (Scope::Global, None), "oc->memcg NULL: the node ran out");
+    }
+
+    /// `ev` with the memory cgroup path's directory names, innermost first, as the kernel fills them.
+    pub fn with_memcg_path(mut ev: OomKillEvent, innermost_first: &[&str]) -> OomKillEvent {
+        for (slot, name) in ev.victim_memcg.iter_mut().zip(innermost_first) {
+            slot[..name.len()].copy_from_slice(name.as_bytes());
+        }
+        ev.flags |= FLAG_HAS_MEMCG_PATH;
+        ev
+    }
+
+    #[test]
+    fn the_victims_memory_cgroup_path_is_read_outermost_first() {
+        let ctx = Context::default();
+        let id = "0123456789abcdef".repeat(4);
+        let ev = with_memcg_path(
+            kill(b"dd", 42),
+            &[&id, "pod0b5e7b7e-7d45-4a8e-9c1e-2f4f1c0c9a11", "burstable", "kubepods"],
+        );
+        let k = decode(&ev, &Symbols::default(), &ctx).unwrap();
+        assert_eq!(
+            k.victim_memcg.as_deref(),
+            Some(format!("kubepods/burstable/pod0b5e7b7e-7d45-4a8e-9c1e-2f4f1c0c9a11/{id}").as_str())
+        );
+        // Closer to the root than four levels: the root's empty name drops out.
+        let shallow = with_memcg_path(kill(b"dd", 42), &["kstall-test", ""]);
+        let k = decode(&shallow, &Symbols::default(), &ctx).unwrap();
+        assert_eq!(k.victim_memcg.as_deref(), Some("kstall-test"));
+        let k = decode(&kill(b"dd", 42), &Symbols::default(), &ctx).unwrap();
+        assert_eq!(k.victim_memcg, None, "no path from the kernel, none made up");
+    }
+
+    #[test]
+    fn the_memory_cgroup_path_resolves_on_every_kernel() {
+        for k in ["5.10", "6.1", "6.12", "6.18", "7.3"] {
+            let mut cfg = OomConfig::default();
+            resolve_memcg_path(&kernel(k), &mut cfg).unwrap_or_else(|e| panic!("{k}: {e}"));
+            assert_eq!(cfg.memcg_path, 1, "{k}");
+            assert_ne!(cfg.kernfs_node_name, cfg.kernfs_node_parent, "{k}");
+            assert!(plan(&kernel(k)).unwrap().notes.is_empty(), "{k}");
+        }
     }
 
     #[test]

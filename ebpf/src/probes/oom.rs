@@ -34,14 +34,15 @@ use kstall_common::{
     counter::Counter,
     kind,
     oom::{
-        COUNT_KEYS, FLAG_FROM_OOM_CONTROL, FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_MEMCG_OOM,
-        FLAG_VICTIM_PID_ONLY, OomConfig, OomCountKey, OomKillEvent, STACK_DEPTH, VERSION,
+        COUNT_KEYS, FLAG_FROM_OOM_CONTROL, FLAG_HAS_MEMCG_PATH, FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ,
+        FLAG_MEMCG_OOM, FLAG_VICTIM_PID_ONLY, MEMCG_PATH_LEVELS, OomConfig, OomCountKey, OomKillEvent,
+        STACK_DEPTH, VERSION,
     },
 };
 
 use crate::{
     maps::{self, Filtered, reserve, submit},
-    read::{at, field},
+    read::{at, field, string},
     task::{cgroup_id, current_comm, fill_header},
     zero::zeroed_in,
 };
@@ -132,6 +133,7 @@ fn emit_kill<C: EbpfContext>(ctx: &C, victim: Victim) {
                 // An exiting victim has no nsproxy: that only leaves netns at 0.
                 let _ = fill_header(&cfg.task, task, &mut ev.header);
                 fill_rss(&cfg, task, ev);
+                fill_memcg_path(&cfg, task, ev);
                 ev.totalpages = at(oc, cfg.oc_totalpages).unwrap_or(0);
                 if !memcg.is_null()
                     && let Ok(cgroup) = at::<*const u8>(memcg, cfg.memcg_css_cgroup)
@@ -143,6 +145,7 @@ fn emit_kill<C: EbpfContext>(ctx: &C, victim: Victim) {
             Victim::Task(task) => {
                 let _ = fill_header(&cfg.task, task, &mut ev.header);
                 fill_rss(&cfg, task, ev);
+                fill_memcg_path(&cfg, task, ev);
             }
             Victim::Pid(pid) => ev.header.pid = pid,
         }
@@ -150,6 +153,30 @@ fn emit_kill<C: EbpfContext>(ctx: &C, victim: Victim) {
             bpf_get_stack(ctx.as_ptr(), ev.invoker_stack.as_mut_ptr().cast(), (STACK_DEPTH * 8) as u32, 0);
     }
     submit(entry);
+}
+
+/// The names of the victim's memory cgroup and its parents, innermost first: who the victim was
+/// is then in the event itself, also when its container and cgroup are gone by the time the
+/// agent reads it. The memory controller's cgroup, not the v2 one the header has: on a node whose
+/// kubelet uses cgroup v1 only that one is the pod's.
+#[inline(always)]
+fn fill_memcg_path(cfg: &OomConfig, task: *const u8, ev: &mut OomKillEvent) {
+    if cfg.memcg_path == 0 {
+        return;
+    }
+    let css_set: *const u8 = field(task, cfg.task.cgroups);
+    let css: *const u8 = field(css_set, cfg.css_set_memory_css);
+    let cgroup: *const u8 = field(css, cfg.css_cgroup);
+    let mut kn: *const u8 = field(cgroup, cfg.task.cgroup_kn);
+    if kn.is_null() {
+        return;
+    }
+    for name in ev.victim_memcg.iter_mut().take(MEMCG_PATH_LEVELS) {
+        // Above the root `parent` is NULL: the names stay zero.
+        string(field::<*const u8>(kn, cfg.kernfs_node_name), name);
+        kn = field(kn, cfg.kernfs_node_parent);
+    }
+    ev.flags |= FLAG_HAS_MEMCG_PATH;
 }
 
 #[inline(always)]

@@ -103,7 +103,9 @@ impl PodMeta {
                 &status.ephemeral_container_statuses,
             ];
             for s in all.into_iter().flatten().flatten() {
-                if let Some(id) = s.container_id.as_deref().and_then(strip_runtime) {
+                // The container before the last restart too: its kill may be read after it.
+                let last = s.last_state.as_ref().and_then(|l| l.terminated.as_ref()?.container_id.as_deref());
+                for id in [s.container_id.as_deref(), last].into_iter().flatten().filter_map(strip_runtime) {
                     containers.insert(id.to_string(), s.name.clone());
                 }
             }
@@ -309,6 +311,11 @@ impl PodStore {
         self.pods.get(uid).map(|e| &e.meta)
     }
 
+    /// Every pod, and whether it was deleted.
+    pub fn all(&self) -> impl Iterator<Item = (&Arc<PodMeta>, bool)> {
+        self.pods.values().map(|e| (&e.meta, e.deleted_at.is_some()))
+    }
+
     /// Whether the pod is known and was deleted (kept for retention).
     pub fn is_deleted(&self, uid: &str) -> bool {
         self.pods.get(uid).is_some_and(|e| e.deleted_at.is_some())
@@ -413,6 +420,19 @@ pub(crate) mod tests {
         assert_eq!(m.labels, BTreeMap::from([("app".to_string(), "web".to_string())]));
         assert!(!m.host_network && !m.terminating());
         assert_eq!(m.state, PodState::default(), "no phase in the status: Unknown");
+    }
+
+    #[test]
+    fn a_restarted_container_keeps_the_name_of_the_one_before() {
+        let mut pod = pod_json("u1", "hog", "new");
+        pod["status"]["containerStatuses"][0]["lastState"] = serde_json::json!({"terminated": {"exitCode": 137, "reason": "OOMKilled", "containerID": "containerd://old"}});
+        let m = PodMeta::from_pod(&serde_json::from_value(pod).unwrap(), &[]).unwrap();
+        assert_eq!(m.containers.get("new").map(String::as_str), Some("app"));
+        assert_eq!(
+            m.containers.get("old").map(String::as_str),
+            Some("app"),
+            "its kill may be read after the restart"
+        );
     }
 
     #[test]

@@ -204,6 +204,7 @@ pub(crate) mod tests {
             oom_score_adj: Some(-997),
             oom_cgroup_id: None,
             totalpages_bytes: None,
+            victim_memcg: None,
             invoker: Invoker { pid: 1, tgid: 1, comm: "python3".into(), cgroup_id: 1 },
             invoker_stack: Stack::from_names(&["oom_kill_process", "out_of_memory"]),
         };
