@@ -384,6 +384,18 @@ fn what(e: &Value) -> String {
             let top = e["stack"].as_array().and_then(|f| f.first()).and_then(Value::as_str).unwrap_or("");
             format!("hung {}s in {} {pid} at {top}", n("blocked_secs"), s("wait"))
         }
+        // Found by the sampler: killable waits too, which the kernel's detector never reports.
+        "stuck_task" => {
+            let top = e["stack"].as_array().and_then(|f| f.first()).and_then(Value::as_str).unwrap_or("");
+            let exiting = if e["exiting"] == true { " while exiting" } else { "" };
+            format!(
+                "stuck {}s ({}, {} wakeups) in {} {pid} at {top}{exiting}",
+                n("blocked_secs"),
+                s("wait_kind"),
+                n("wakeups"),
+                s("wait")
+            )
+        }
         "hung_task_cleared" => format!("no longer hung ({}) {pid}", s("why")),
         "oom_kill" => {
             let rss =
@@ -418,7 +430,8 @@ fn what(e: &Value) -> String {
             }
             text
         }
-        other => other.to_string(),
+        // From an agent newer than this kstall: its JSON (`--output json`) has it all.
+        other => format!("{other} event (no text for it in this kstall version: --output json)"),
     }
 }
 
@@ -456,6 +469,19 @@ mod tests {
         assert_eq!(
             render(&hung),
             "04:42:02.123  shop/web-1/app                        hung-task  hung 122s in nfs 4242/4243 java at folio_wait_bit+0xd6"
+        );
+        let stuck = json!({"probe": "stuck-task", "time_unix_ns": T, "tgid": 355, "pid": 355, "comm": "python3",
+            "kind": "stuck_task", "blocked_secs": 45, "wakeups": 0, "wait": "nfs", "wait_kind": "killable",
+            "stack": ["nfs_wb_all+0x25", "do_exit+0x2b1"], "exiting": true,
+            "namespace": "shop", "pod": "web-1", "container": "app", "host": false});
+        assert_eq!(
+            render(&stuck),
+            "04:42:02.123  shop/web-1/app                        stuck-task  stuck 45s (killable, 0 wakeups) in nfs 355/355 python3 at nfs_wb_all+0x25 while exiting"
+        );
+        let newer = json!({"probe": "x", "time_unix_ns": T, "kind": "softirq_stall", "host": true});
+        assert!(
+            render(&newer)
+                .ends_with("softirq_stall event (no text for it in this kstall version: --output json)")
         );
         let cleared = json!({"probe": "hung-task", "time_unix_ns": T, "tgid": 4242, "pid": 4243, "comm": "java",
             "kind": "hung_task_cleared", "why": "exited", "namespace": "", "pod": "", "host": false, "pod_uid": "u-1"});
