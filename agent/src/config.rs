@@ -12,7 +12,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9700";
 pub const DEFAULT_API_SOCKET: &str = "/run/kstall/kstall.sock";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/kstall";
 
-#[derive(Debug, Default, clap::Args)]
+#[derive(Debug, Default, clap::Args, serde::Serialize)]
 pub struct AgentArgs {
     /// TOML file with any of the settings below (snake_case keys); flags and env win over it.
     #[arg(long, env = "KSTALL_CONFIG", value_name = "FILE")]
@@ -195,58 +195,91 @@ pub struct AgentArgs {
     pub capture_port: Option<u16>,
 }
 
-/// The file form: same settings, native TOML types. Unknown keys are errors (a typo must not be
-/// silently ignored on a production node).
+/// The file form: same settings, native TOML types (a count or a port as a number, a duration as
+/// `"90s"` or a number of seconds; a string does as well, as a flag would carry it). Unknown keys
+/// are errors (a typo must not be silently ignored on a production node).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
+    #[serde(default, deserialize_with = "text")]
     listen: Option<String>,
     web_config_file: Option<PathBuf>,
     api_socket: Option<PathBuf>,
     state_dir: Option<PathBuf>,
+    #[serde(default, deserialize_with = "texts")]
     probes: Option<Vec<String>>,
     ring_buffer_bytes: Option<toml::Value>,
     sample_events: Option<toml::Value>,
+    #[serde(default, deserialize_with = "text")]
     log_format: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     log_level: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     tcp_reset_hook: Option<String>,
     hung_task_timeout_secs: Option<u64>,
+    #[serde(default, deserialize_with = "text")]
     stuck_task_interval: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     stuck_task_threshold: Option<String>,
     stuck_task_max_reports: Option<u32>,
+    #[serde(default, deserialize_with = "texts")]
     critical_comms: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "texts")]
     metric_ports: Option<Vec<String>>,
     max_series_per_metric: Option<u64>,
     record_raw: Option<PathBuf>,
+    #[serde(default, deserialize_with = "text")]
     pod_metadata: Option<String>,
     pods_file: Option<PathBuf>,
     kubeconfig: Option<PathBuf>,
+    #[serde(default, deserialize_with = "text")]
     node_name: Option<String>,
+    #[serde(default, deserialize_with = "texts")]
     pod_labels: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "text")]
     pod_retention: Option<String>,
+    #[serde(default, deserialize_with = "texts")]
     nfs_ports: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "text")]
     redirect_min_resets: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     redirect_window: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     quiet_window: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     termination_blocked_after: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     oom_loop_count: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     oom_loop_window: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     system_oom_hold: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     node_wide_min_pods: Option<String>,
+    #[serde(default, deserialize_with = "texts")]
     alertmanager_url: Option<Vec<String>>,
     alertmanager_ca_file: Option<PathBuf>,
     alertmanager_bearer_token_file: Option<PathBuf>,
+    #[serde(default, deserialize_with = "text")]
     alertmanager_basic_auth_user: Option<String>,
     alertmanager_basic_auth_password_file: Option<PathBuf>,
     kubernetes_events: Option<bool>,
+    #[serde(default, deserialize_with = "texts")]
     node_conditions: Option<Vec<String>>,
     kubelet_checks: Option<bool>,
+    #[serde(default, deserialize_with = "text")]
     kubelet_healthz: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     kubelet_server: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     node_ip: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     kubelet_image_pull_pods: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     kubelet_termination_overdue: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     kubelet_stuck_terminating_pods: Option<String>,
+    #[serde(default, deserialize_with = "text")]
     kubelet_unhealthy_after: Option<String>,
 }
 
@@ -298,30 +331,120 @@ pub struct Config {
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid configuration: {field}: {message}")]
+#[error("invalid configuration: {origin}: {message}")]
 pub struct ConfigError {
     pub field: &'static str,
+    /// Where the bad value came from: its flag (`--oom-loop-count`), its variable
+    /// (`KSTALL_OOM_LOOP_COUNT`), or the file's key and line (`/etc/kstall.toml line 3,
+    /// oom_loop_count`).
+    pub origin: String,
     pub message: String,
 }
 
 fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
     // One line, always: errors from parsers (TOML) can span several.
     let message = message.into().split_whitespace().collect::<Vec<_>>().join(" ");
-    ConfigError { field, message }
+    ConfigError { field, origin: field.to_string(), message }
+}
+
+/// A setting's value as a flag carries it, from the file's string, number or boolean.
+struct Text(String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Text;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string, number or boolean")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+fn text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(Some(Text::deserialize(d)?.0))
+}
+
+fn texts<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    Ok(Some(Vec::<Text>::deserialize(d)?.into_iter().map(|t| t.0).collect()))
+}
+
+/// The config file's error, one line: its path, the line and the key.
+fn file_error(path: &std::path::Path, text: &str, e: &toml::de::Error) -> ConfigError {
+    let Some(span) = e.span() else {
+        return invalid("config", format!("{}: {}", path.display(), e.message()));
+    };
+    let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+    let key = text.lines().nth(line - 1).and_then(|l| l.split_once('=')).map(|(key, _)| key.trim());
+    let at = match key {
+        Some(key) if !key.is_empty() && !key.starts_with('[') => format!("line {line}, {key}"),
+        _ => format!("line {line}"),
+    };
+    ConfigError { origin: format!("{} {at}", path.display()), ..invalid("config", e.message()) }
+}
+
+/// Where `field`'s value came from: a flag or variable when the command line or environment set
+/// it (they win over the file), else the file's line with the key.
+fn origin_of(field: &str, given: &serde_json::Value, file: Option<(&std::path::Path, &str)>) -> String {
+    let set = |v: &serde_json::Value| !v.is_null() && *v != serde_json::Value::Bool(false);
+    if given.get(field).is_some_and(set) {
+        let flag = format!("--{}", field.replace('_', "-"));
+        let variable = format!("KSTALL_{}", field.to_uppercase());
+        let on_command_line = std::env::args()
+            .any(|a| a == flag || a.strip_prefix(&flag).is_some_and(|rest| rest.starts_with('=')));
+        return if !on_command_line && std::env::var_os(&variable).is_some() { variable } else { flag };
+    }
+    let line = file.and_then(|(path, text)| {
+        let n = text.lines().position(|l| {
+            l.trim_start().strip_prefix(field).is_some_and(|rest| rest.trim_start().starts_with('='))
+        })?;
+        Some(format!("{} line {}, {field}", path.display(), n + 1))
+    });
+    line.unwrap_or_else(|| field.to_string())
 }
 
 impl Config {
+    /// The configuration from the flags and variables in `args` over the file they name; a bad
+    /// value is an error naming where it came from.
     pub fn resolve(args: AgentArgs) -> Result<Self, ConfigError> {
-        let file = match &args.config {
+        let given = serde_json::to_value(&args).unwrap_or_default();
+        let (file, text) = match &args.config {
             Some(path) => {
-                let text = crate::named_file::read_text(path, crate::named_file::CONFIG_MAX_BYTES)
-                    .map_err(|e| invalid("config", e))?;
-                toml::from_str::<FileConfig>(&text)
-                    .map_err(|e| invalid("config", format!("{}: {}", path.display(), e.message())))?
+                let text =
+                    crate::named_file::read_text(path, crate::named_file::CONFIG_MAX_BYTES).map_err(|e| {
+                        ConfigError { origin: origin_of("config", &given, None), ..invalid("config", e) }
+                    })?;
+                (toml::from_str::<FileConfig>(&text).map_err(|e| file_error(path, &text, &e))?, text)
             }
-            None => FileConfig::default(),
+            None => (FileConfig::default(), String::new()),
         };
+        let path = args.config.clone();
+        Self::from_layers(args, file).map_err(|mut e| {
+            if e.field != "config" {
+                e.origin = origin_of(e.field, &given, path.as_deref().map(|p| (p, text.as_str())));
+            }
+            e
+        })
+    }
 
+    fn from_layers(args: AgentArgs, file: FileConfig) -> Result<Self, ConfigError> {
         let listen = args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.into());
         let listen = listen
             .parse::<SocketAddr>()
@@ -1034,7 +1157,7 @@ mod tests {
         let err = resolve(some(&["NFSClientStalled", "Ready"])).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "invalid configuration: node_conditions: \"Ready\" is not one of NFSClientStalled, KernelSystemOOM, KubeletDegraded, none"
+            "invalid configuration: --node-conditions: \"Ready\" is not one of NFSClientStalled, KernelSystemOOM, KubeletDegraded, none"
         );
         let without_api = AgentArgs { pod_metadata: Some("none".into()), ..some(&["KernelSystemOOM"]) };
         assert_eq!(resolve(without_api).unwrap_err().field, "node_conditions");
@@ -1197,6 +1320,162 @@ mod tests {
         let mut f = tempfile::NamedTempFile::new().unwrap();
         f.write_all(contents.as_bytes()).unwrap();
         f
+    }
+
+    /// Every key `FileConfig` takes, as serde lists them for an unknown one.
+    fn file_keys() -> Vec<String> {
+        let e = toml::from_str::<FileConfig>("no_such_key = 1").unwrap_err();
+        let listed = e.message().split_once("expected one of").expect("serde lists the keys").1;
+        listed.split(',').map(|k| k.trim().trim_matches('`').to_string()).collect()
+    }
+
+    /// Every setting with a good value in its native TOML type (and its flag's text), beside what
+    /// it needs to be valid (`NEEDS`). A new setting fails `every_setting_...` until it is here.
+    fn samples(dir: &std::path::Path) -> Vec<(&'static str, String, Vec<String>)> {
+        let write = |name: &str, contents: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, contents).unwrap();
+            path.display().to_string()
+        };
+        let pods = write("pods.json", r#"{"items": []}"#);
+        let kubeconfig = write("kubeconfig", "apiVersion: v1\nkind: Config\n");
+        let web = write("web.yml", "{}\n");
+        let secret = write("secret", "s3cret\n");
+        // Any CA will do: the system's (ca-certificates).
+        let ca = write("ca.crt", &std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap());
+        let s = |v: &str| format!("{v:?}");
+        let one = |v: &str| vec![v.to_string()];
+        vec![
+            ("listen", s("127.0.0.1:9799"), one("127.0.0.1:9799")),
+            ("web_config_file", s(&web), one(&web)),
+            ("api_socket", s("/run/kstall/other.sock"), one("/run/kstall/other.sock")),
+            ("state_dir", s("none"), one("none")),
+            ("probes", r#"["oom", "tcp-reset"]"#.into(), one("oom,tcp-reset")),
+            ("ring_buffer_bytes", "2097152".into(), one("2M")),
+            ("sample_events", "8".into(), one("8")),
+            ("log_format", s("json"), one("json")),
+            ("log_level", s("debug"), one("debug")),
+            ("tcp_reset_hook", s("tcp-send-reset"), one("tcp-send-reset")),
+            ("hung_task_timeout_secs", "120".into(), one("120")),
+            ("stuck_task_interval", "10".into(), one("10s")),
+            ("stuck_task_threshold", "60".into(), one("1m")),
+            ("stuck_task_max_reports", "100".into(), one("100")),
+            ("critical_comms", r#"["kubelet", "etcd"]"#.into(), one("kubelet,etcd")),
+            ("metric_ports", r#"[8080, "9000-9010"]"#.into(), one("8080,9000-9010")),
+            ("max_series_per_metric", "1000".into(), one("1000")),
+            ("record_raw", s("/tmp/kstall-raw.txt"), one("/tmp/kstall-raw.txt")),
+            ("pod_metadata", s("api"), one("api")),
+            ("pods_file", s(&pods), one(&pods)),
+            ("kubeconfig", s(&kubeconfig), one(&kubeconfig)),
+            ("node_name", s("node-a"), one("node-a")),
+            ("pod_labels", r#"["app", "team"]"#.into(), one("app,team")),
+            ("pod_retention", "600".into(), one("10m")),
+            ("nfs_ports", "[2049, 20049]".into(), one("2049,20049")),
+            ("redirect_min_resets", "5".into(), one("5")),
+            ("redirect_window", "60".into(), one("1m")),
+            ("quiet_window", "30".into(), one("30s")),
+            ("termination_blocked_after", "120".into(), one("2m")),
+            ("oom_loop_count", "3".into(), one("3")),
+            ("oom_loop_window", "3600".into(), one("1h")),
+            ("system_oom_hold", "600".into(), one("10m")),
+            ("node_wide_min_pods", "2".into(), one("2")),
+            ("alertmanager_url", r#"["https://127.0.0.1:9093"]"#.into(), one("https://127.0.0.1:9093")),
+            ("alertmanager_ca_file", s(&ca), one(&ca)),
+            ("alertmanager_bearer_token_file", s(&secret), one(&secret)),
+            ("alertmanager_basic_auth_user", s("kstall"), one("kstall")),
+            ("alertmanager_basic_auth_password_file", s(&secret), one(&secret)),
+            ("kubernetes_events", "false".into(), one("off")),
+            ("node_conditions", r#"["KubeletDegraded"]"#.into(), one("KubeletDegraded")),
+            ("kubelet_checks", "true".into(), one("on")),
+            ("kubelet_healthz", s("http://127.0.0.1:10248/healthz"), one("http://127.0.0.1:10248/healthz")),
+            ("kubelet_server", s("127.0.0.1:10250"), one("127.0.0.1:10250")),
+            ("node_ip", s("198.51.100.10"), one("198.51.100.10")),
+            ("kubelet_image_pull_pods", "20".into(), one("20")),
+            ("kubelet_termination_overdue", "300".into(), one("5m")),
+            ("kubelet_stuck_terminating_pods", "3".into(), one("3")),
+            ("kubelet_unhealthy_after", "30".into(), one("30s")),
+        ]
+    }
+
+    /// What every sample needs beside it: the API source (node conditions, Events, the kubelet
+    /// checks) and Alertmanager (its credentials).
+    const NEEDS: &[&str] = &["pod_metadata", "kubeconfig", "node_name", "alertmanager_url"];
+
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        agent: AgentArgs,
+    }
+
+    #[test]
+    fn every_setting_is_taken_in_its_native_toml_type_and_as_a_flag_and_a_bad_one_names_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let samples = samples(dir.path());
+        let mut listed: Vec<&str> = samples.iter().map(|(k, _, _)| *k).collect();
+        listed.sort_unstable();
+        let mut keys = file_keys();
+        keys.sort_unstable();
+        assert_eq!(listed, keys, "every setting has a sample here");
+        // What a key needs in the file beside it: the common needs, and basic auth's other half.
+        let needs = |key: &str| -> String {
+            let partner = match key {
+                "alertmanager_basic_auth_user" => "alertmanager_basic_auth_password_file",
+                "alertmanager_basic_auth_password_file" => "alertmanager_basic_auth_user",
+                _ => "",
+            };
+            samples
+                .iter()
+                .filter(|(k, _, _)| NEEDS.contains(k) || *k == partner)
+                .map(|(k, v, _)| format!("{k} = {v}\n"))
+                .collect()
+        };
+        // All at once, natively typed (the bearer token apart: it excludes basic auth).
+        let all: String = samples
+            .iter()
+            .filter(|(k, _, _)| *k != "alertmanager_bearer_token_file")
+            .map(|(k, v, _)| format!("{k} = {v}\n"))
+            .collect();
+        let f = file(&all);
+        resolve(AgentArgs { config: Some(f.path().into()), ..Default::default() })
+            .unwrap_or_else(|e| panic!("{e}"));
+        use clap::Parser as _;
+        for (key, _, flag_values) in &samples {
+            // As a flag, over a file with what it needs.
+            let f = file(&needs(key));
+            let flag = format!("--{}", key.replace('_', "-"));
+            let mut argv = vec!["kstall".to_string(), "--config".into(), f.path().display().to_string()];
+            for v in flag_values {
+                argv.extend([flag.clone(), v.clone()]);
+            }
+            let args = Flags::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}")).agent;
+            resolve(args).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+            // A value of no setting's type, on line 2 of the file: one line naming both.
+            let f = file(&format!("# kstall\n{key} = {{ nested = 1 }}\n"));
+            let e =
+                resolve(AgentArgs { config: Some(f.path().into()), ..Default::default() }).expect_err(key);
+            let message = e.to_string();
+            assert!(message.contains(&format!("{} line 2, {key}: ", f.path().display())), "{message}");
+            assert!(!message.contains('\n'), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_bad_value_names_its_flag_or_its_line_in_the_file() {
+        let f = file("listen = \"127.0.0.1:9800\"\n\noom_loop_count = 0\n");
+        let from_file =
+            resolve(AgentArgs { config: Some(f.path().into()), ..Default::default() }).unwrap_err();
+        assert_eq!(from_file.field, "oom_loop_count");
+        assert_eq!(from_file.origin, format!("{} line 3, oom_loop_count", f.path().display()));
+        let from_flag = resolve(AgentArgs {
+            config: Some(f.path().into()),
+            oom_loop_count: Some("1".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(
+            from_flag.origin, "--oom-loop-count",
+            "the flag wins over the file: its value is the bad one"
+        );
     }
 
     #[test]

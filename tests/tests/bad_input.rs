@@ -100,14 +100,15 @@ fn every_bad_flag_or_environment_value_exits_64_naming_it() {
     // SAFETY: a valid C string.
     assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo");
     let fifo = fifo.to_str().unwrap();
+    // Each named as the user gave it: its flag, or its variable.
     let cases: [(&[&str], (&str, &str), &str); 7] = [
-        (&["--max-series-per-metric", "0"], ("", ""), "max_series_per_metric"),
-        (&["--metric-ports", "http"], ("", ""), "metric_ports"),
-        (&[], ("KSTALL_STATE_DIR", "relative/dir"), "state_dir"),
-        (&[], ("KSTALL_ALERTMANAGER_CA_FILE", "/nonexistent/ca.crt"), "alertmanager_ca_file"),
-        (&["--pods-file", fifo], ("", ""), "pods_file"),
-        (&["--config", fifo], ("", ""), "config"),
-        (&["--web-config-file", "/dev/zero"], ("", ""), "web_config_file"),
+        (&["--max-series-per-metric", "0"], ("", ""), "--max-series-per-metric"),
+        (&["--metric-ports", "http"], ("", ""), "--metric-ports"),
+        (&[], ("KSTALL_STATE_DIR", "relative/dir"), "KSTALL_STATE_DIR"),
+        (&[], ("KSTALL_ALERTMANAGER_CA_FILE", "/nonexistent/ca.crt"), "KSTALL_ALERTMANAGER_CA_FILE"),
+        (&["--pods-file", fifo], ("", ""), "--pods-file"),
+        (&["--config", fifo], ("", ""), "--config"),
+        (&["--web-config-file", "/dev/zero"], ("", ""), "--web-config-file"),
     ];
     for (args, (env, value), field) in cases {
         let mut command = Command::new(agent_binary());

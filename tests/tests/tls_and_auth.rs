@@ -169,7 +169,7 @@ fn a_bad_web_config_file_exits_64_naming_it() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(64), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("web_config_file") && stderr.contains("not a bcrypt hash"), "{stderr}");
+    assert!(stderr.contains("--web-config-file: ") && stderr.contains("not a bcrypt hash"), "{stderr}");
 }
 
 #[test]
