@@ -1,6 +1,7 @@
 //! `cargo xtask imports`: the agent's module graph, read from its source with `syn` — which file
-//! names which (a `use`, or a path in code; test code left out) — and any circle in it. The
-//! agent's imports point one way (docs/architecture.md); a unit test below keeps them so.
+//! names which (a `use`, or a path in code; test code left out) — any circle in it, and any edge
+//! between top-level modules that docs/architecture.md's module table does not allow. The table
+//! is the rule; a unit test below keeps the source to it.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -20,8 +21,13 @@ pub struct Graph {
 
 pub fn run() -> anyhow::Result<()> {
     let graph = Graph::read(&crate_src())?;
+    let allowed = Allowed::read(&architecture_doc())?;
+    let refused = allowed.refused(&graph);
+    for edge in &refused {
+        println!("not allowed by docs/architecture.md: {edge}");
+    }
     let cycles = graph.cycles();
-    if cycles.is_empty() {
+    if cycles.is_empty() && refused.is_empty() {
         for (layer, modules) in graph.layers().iter().enumerate() {
             let names: Vec<String> = modules.iter().map(name).collect();
             println!("{layer:>2}  {}", names.join("  "));
@@ -39,11 +45,101 @@ pub fn run() -> anyhow::Result<()> {
             }
         }
     }
-    anyhow::bail!("{} import circle(s) among the agent's modules", cycles.len())
+    anyhow::bail!(
+        "{} import circle(s) and {} edge(s) the architecture table does not allow among the agent's modules",
+        cycles.len(),
+        refused.len()
+    )
 }
 
 fn crate_src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/src")
+}
+
+fn architecture_doc() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/architecture.md")
+}
+
+/// docs/architecture.md's module table: each row's top-level modules (`daemon.rs`, `api/`) and
+/// what they may import — a list (`state::lock`, `attribution (its ErrorChain)`: the module is
+/// the first word), `everything below`, `` `x` and below``, or `—` (nothing). Rows go from the
+/// top of the graph down.
+pub struct Allowed {
+    rows: Vec<(Vec<String>, BTreeSet<String>)>,
+}
+
+impl Allowed {
+    pub fn read(doc: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(doc).with_context(|| doc.display().to_string())?;
+        Self::parse(&text)
+    }
+
+    fn parse(text: &str) -> anyhow::Result<Self> {
+        let table: Vec<Vec<&str>> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("| module | holds | imports |"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
+            .collect();
+        anyhow::ensure!(!table.is_empty(), "no `| module | holds | imports |` table");
+        let modules_of = |cell: &str| -> Vec<String> {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(|m| m.trim_end_matches('/').trim_end_matches(".rs").to_string())
+                .collect()
+        };
+        let rows: Vec<Vec<String>> = table.iter().map(|row| modules_of(row[0])).collect();
+        let mut out = Vec::new();
+        for (i, row) in table.iter().enumerate() {
+            let cell = *row.last().expect("a row");
+            let below = |from: usize| rows[from..].iter().flatten().cloned().collect::<BTreeSet<_>>();
+            let allowed = if cell == "everything below" {
+                below(i + 1)
+            } else if let Some(first) = cell.strip_suffix(" and below") {
+                let first = first.trim_matches('`');
+                let at = rows.iter().position(|r| r.iter().any(|m| m == first));
+                below(at.with_context(|| format!("{first:?} is in no row of the table"))?)
+            } else if cell == "—" {
+                BTreeSet::new()
+            } else {
+                cell.split(", ")
+                    .map(|item| {
+                        let word = item.trim_matches('`').split([' ', ':']).next().unwrap_or_default();
+                        word.trim_matches('`').to_string()
+                    })
+                    .collect()
+            };
+            // The table itself points one way: nothing it lists is beside or above the row.
+            let beside_or_above: BTreeSet<String> = rows[..=i].iter().flatten().cloned().collect();
+            if let Some(up) = allowed.intersection(&beside_or_above).next() {
+                anyhow::bail!("the module table's row {:?} imports {up:?}, beside or above it", rows[i]);
+            }
+            out.push((rows[i].clone(), allowed));
+        }
+        Ok(Self { rows: out })
+    }
+
+    /// Edges between top-level modules the table does not allow, and modules it does not list.
+    pub fn refused(&self, graph: &Graph) -> Vec<String> {
+        let allowed = |from: &str| self.rows.iter().find(|(modules, _)| modules.iter().any(|m| m == from));
+        let mut refused = BTreeSet::new();
+        for (from, targets) in &graph.edges {
+            let Some(top) = from.first() else { continue };
+            let Some((_, may)) = allowed(top) else {
+                refused.insert(format!("{top} is in no row of the module table"));
+                continue;
+            };
+            for (to, why) in targets {
+                let Some(target) = to.first().filter(|t| *t != top) else { continue };
+                if !may.contains(target) {
+                    refused.insert(format!("{} -> {target} ({why})", name(from)));
+                }
+            }
+        }
+        refused.into_iter().collect()
+    }
 }
 
 fn name(module: &Module) -> String {
@@ -309,7 +405,10 @@ mod tests {
     use super::*;
 
     fn graph(files: &[(&str, &str)]) -> Graph {
-        let dir = std::env::temp_dir().join(format!("kstall-imports-{}", std::process::id()));
+        // One directory a call: the tests run side by side.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("kstall-imports-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         for (path, text) in files {
             let path = dir.join(path);
@@ -368,5 +467,33 @@ mod tests {
         let graph = Graph::read(&crate_src()).unwrap();
         let cycles: Vec<Vec<String>> = graph.cycles().iter().map(|c| c.iter().map(name).collect()).collect();
         assert!(cycles.is_empty(), "import circles (cargo xtask imports shows why): {cycles:?}");
+        let refused = Allowed::read(&architecture_doc()).unwrap().refused(&graph);
+        assert!(refused.is_empty(), "imports docs/architecture.md does not allow: {refused:#?}");
+    }
+
+    #[test]
+    fn the_table_says_what_each_module_may_import() {
+        let doc = "| module | holds | imports |\n|---|---|---|\n\
+                   | `top.rs` | x | everything below |\n\
+                   | `mid/` | x | `low` and below |\n\
+                   | `side.rs` | x | low::item, leaf (its Error) |\n\
+                   | `low.rs`, `leaf.rs` | x | — |\n";
+        let allowed = Allowed::parse(doc).unwrap();
+        let g = graph(&[
+            ("lib.rs", "pub mod top; pub mod mid; pub mod side; pub mod low; pub mod leaf;"),
+            ("top.rs", "use crate::{mid, side, low};"),
+            ("mid.rs", "use crate::{low, leaf, side};"),
+            ("side.rs", "use crate::{low::X, leaf::E};"),
+            ("low.rs", "pub struct X; fn f() { crate::leaf::g() }"),
+            ("leaf.rs", "pub struct E; pub fn g() {}"),
+        ]);
+        assert_eq!(
+            allowed.refused(&g),
+            ["low -> leaf (leaf::g)", "mid -> side (side)"],
+            "a module below may not import one beside or above it"
+        );
+        let upward = "| module | holds | imports |\n|---|---|---|\n| `a.rs` | x | — |\n| `b.rs` | x | a |\n";
+        let e = Allowed::parse(upward).err().expect("a table pointing up is refused");
+        assert!(e.to_string().contains("imports \"a\", beside or above it"), "{e}");
     }
 }
