@@ -132,6 +132,10 @@ struct HeldEvent {
 }
 
 impl Held {
+    fn waiting(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// The key an OOM kill of `(cgroup_id, comm)` waits for, if one does.
     fn oom_kill_key(&self, cgroup_id: u64, comm: &str) -> Option<Key> {
         self.events.iter().find_map(|held| {
@@ -361,6 +365,8 @@ pub async fn run(
     drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut hold_tick = tokio::time::interval(HOLD_CHECK_INTERVAL);
     hold_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Its own view of the index, to be woken by a new one (the pipeline's marks what it has seen).
+    let mut new_index = pipeline.index.clone();
     let mut counter_tick = tokio::time::interval(counters::INTERVAL);
     counter_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -374,7 +380,9 @@ pub async fn run(
                     pipeline.take_counts(drained);
                 }
             }
-            _ = hold_tick.tick() => pipeline.release_held(Instant::now()),
+            // Only while something waits: an idle agent has no timer of its own to serve.
+            _ = hold_tick.tick(), if pipeline.held.waiting() => pipeline.release_held(Instant::now()),
+            Ok(()) = new_index.changed() => pipeline.release_held(Instant::now()),
             Some(states) = task_states.recv() => pipeline.apply_task_states(&states, kernel::unix_now_ns()),
             _ = drain_tick.tick() => {
                 read_ring(fd.get_mut(), &mut pipeline);
