@@ -41,28 +41,32 @@ fn assert_usage_error_with_env(args: &[&str], env: &[(&str, &str)], field: &str)
 }
 
 #[test]
-fn bad_values_exit_64_naming_the_field() {
-    assert_usage_error(&["agent", "--listen", "nowhere"], "listen");
-    assert_usage_error(&["agent", "--probes", "tcp-reset,oom-kil"], "probes");
-    assert_usage_error(&["agent", "--ring-buffer-bytes", "1000"], "ring_buffer_bytes");
-    assert_usage_error(&["agent", "--tcp-reset-hook", "kprobe"], "tcp_reset_hook");
-    assert_usage_error(&["agent", "--sample-events", "many"], "sample_events");
-    assert_usage_error(&["agent", "--sample-events", "4294967295"], "sample_events");
-    assert_usage_error(&["agent", "--config", "/nonexistent.toml"], "config");
+fn bad_values_exit_64_naming_the_flag() {
+    assert_usage_error(&["agent", "--listen", "nowhere"], "--listen: ");
+    assert_usage_error(&["agent", "--probes", "tcp-reset,oom-kil"], "--probes: ");
+    assert_usage_error(&["agent", "--ring-buffer-bytes", "1000"], "--ring-buffer-bytes: ");
+    assert_usage_error(&["agent", "--tcp-reset-hook", "kprobe"], "--tcp-reset-hook: ");
+    assert_usage_error(&["agent", "--sample-events", "many"], "--sample-events: ");
+    assert_usage_error(&["agent", "--sample-events", "4294967295"], "--sample-events: ");
+    assert_usage_error(&["agent", "--config", "/nonexistent.toml"], "--config: ");
     assert_usage_error(&["agent", "--no-such-flag"], "--no-such-flag");
     assert_usage_error(&["frobnicate"], "frobnicate");
-    assert_usage_error(&["agent", "--alertmanager-url", "ftp://am:9093"], "alertmanager_url");
-    assert_usage_error(&["agent", "--pods-file", "/nonexistent/pods.json"], "pods_file");
+    assert_usage_error(&["agent", "--alertmanager-url", "ftp://am:9093"], "--alertmanager-url: ");
+    assert_usage_error(&["agent", "--pods-file", "/nonexistent/pods.json"], "--pods-file: ");
     assert_usage_error(&["trace", "--probe", "tcp-reset,oom-kil"], "oom-kil");
     assert_usage_error(&["trace", "--duration", "soon"], "--duration");
     assert_usage_error(&["incidents", "--output", "xml"], "xml");
 }
 
 #[test]
-fn environment_values_are_validated_like_flags() {
-    assert_usage_error_with_env(&["agent"], &[("KSTALL_LISTEN", "nowhere")], "listen");
-    assert_usage_error_with_env(&["agent"], &[("KSTALL_PROBES", "nfs-typo")], "probes");
-    assert_usage_error_with_env(&["agent"], &[("KSTALL_RING_BUFFER_BYTES", "12K")], "ring_buffer_bytes");
+fn environment_values_are_validated_like_flags_and_named_as_variables() {
+    assert_usage_error_with_env(&["agent"], &[("KSTALL_LISTEN", "nowhere")], "KSTALL_LISTEN: ");
+    assert_usage_error_with_env(&["agent"], &[("KSTALL_PROBES", "nfs-typo")], "KSTALL_PROBES: ");
+    assert_usage_error_with_env(
+        &["agent"],
+        &[("KSTALL_RING_BUFFER_BYTES", "12K")],
+        "KSTALL_RING_BUFFER_BYTES: ",
+    );
 }
 
 #[test]
