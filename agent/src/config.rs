@@ -342,9 +342,13 @@ pub struct ConfigError {
 }
 
 fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
-    // One line, always: errors from parsers (TOML) can span several.
-    let message = message.into().split_whitespace().collect::<Vec<_>>().join(" ");
-    ConfigError { field, origin: field.to_string(), message }
+    ConfigError { field, origin: field.to_string(), message: one_line(&message.into()) }
+}
+
+/// One line, always: errors from parsers (TOML) can span several, and a path or a key the user
+/// wrote may hold a line break.
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// A setting's value as a flag carries it, from the file's string, number or boolean.
@@ -392,12 +396,16 @@ fn file_error(path: &std::path::Path, text: &str, e: &toml::de::Error) -> Config
         return invalid("config", format!("{}: {}", path.display(), e.message()));
     };
     let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+    // The key when the line starts with one (a bare key: what every setting's name is).
     let key = text.lines().nth(line - 1).and_then(|l| l.split_once('=')).map(|(key, _)| key.trim());
+    let bare = |key: &str| {
+        !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
     let at = match key {
-        Some(key) if !key.is_empty() && !key.starts_with('[') => format!("line {line}, {key}"),
+        Some(key) if bare(key) => format!("line {line}, {key}"),
         _ => format!("line {line}"),
     };
-    ConfigError { origin: format!("{} {at}", path.display()), ..invalid("config", e.message()) }
+    ConfigError { origin: one_line(&format!("{} {at}", path.display())), ..invalid("config", e.message()) }
 }
 
 /// Where `field`'s value came from: a flag or variable when the command line or environment set
@@ -415,7 +423,7 @@ fn origin_of(field: &str, given: &serde_json::Value, file: Option<(&std::path::P
         let n = text.lines().position(|l| {
             l.trim_start().strip_prefix(field).is_some_and(|rest| rest.trim_start().starts_with('='))
         })?;
-        Some(format!("{} line {}, {field}", path.display(), n + 1))
+        Some(one_line(&format!("{} line {}, {field}", path.display(), n + 1)))
     });
     line.unwrap_or_else(|| field.to_string())
 }
@@ -1457,6 +1465,19 @@ mod tests {
             assert!(message.contains(&format!("{} line 2, {key}: ", f.path().display())), "{message}");
             assert!(!message.contains('\n'), "{message}");
         }
+    }
+
+    #[test]
+    fn a_line_that_is_no_key_is_named_by_its_number_alone() {
+        // Found by the config_file fuzz target: a carriage return in what looked like a key.
+        let f = file("pod_..r\0st\ra..metadata = \"file\"\n");
+        let e = resolve(AgentArgs { config: Some(f.path().into()), ..Default::default() }).unwrap_err();
+        let message = e.to_string();
+        assert!(!message.contains(['\n', '\r']), "{message:?}");
+        assert!(
+            message.starts_with(&format!("invalid configuration: {} line 1: ", f.path().display())),
+            "{message:?}"
+        );
     }
 
     #[test]
