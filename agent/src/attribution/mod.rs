@@ -274,19 +274,21 @@ impl Index {
     }
 }
 
-/// Pod metadata misses are keyed by a hash of the UID: `Key` stays `Copy`.
+/// Metadata misses are keyed by a hash (of the pod UID; of UID and container id): `Key` stays
+/// `Copy`.
 fn key_for_meta(a: &Attribution) -> Key {
-    use std::hash::{Hash as _, Hasher as _};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    a.pod_uid.hash(&mut h);
-    Key::PodMeta(h.finish())
+    Key::PodMeta(hash_of(&a.pod_uid))
 }
 
 fn key_for_container(a: &Attribution) -> Key {
-    use std::hash::{Hash as _, Hasher as _};
+    Key::ContainerName(hash_of(&(&a.pod_uid, &a.container_id)))
+}
+
+fn hash_of(value: &impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher as _;
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (&a.pod_uid, &a.container_id).hash(&mut h);
-    Key::ContainerName(h.finish())
+    value.hash(&mut h);
+    h.finish()
 }
 
 /// The pod's container (or pod) an OOM kill's victim was in, from the memory cgroup path the
