@@ -15,13 +15,13 @@ use crate::{
     decode::{DecodeError, check_version, comm_string, read_record},
     kernel,
     probes::{
-        self, Decoding,
+        self, Decoding, EventData, EventKind,
         hung_task::{self, HungTask},
         nfs::{self, Nfs, NfsCount},
         oom::{self, OomKill, OomKillCount},
         stuck_task::{self, StuckTaskSample},
         tcp_reset::{self, ResetCount, TcpReset},
-        wait::{WaitClass, WaitKind},
+        wait::HungTaskCleared,
     },
 };
 
@@ -60,16 +60,25 @@ pub enum Payload {
     NfsCount(NfsCount),
 }
 
-/// A stuck task that left D state or exited: not from the kernel but from the agent's look at
-/// `/proc` (`stuck.rs`), told as an event so everything downstream sees it in order.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct HungTaskCleared {
-    pub wait: WaitClass,
-    pub wait_kind: WaitKind,
-    /// The longest blocked time reported while it was hung.
-    pub blocked_secs: Option<u64>,
-    /// `left_d_state` or `exited`.
-    pub why: &'static str,
+impl Payload {
+    /// Its kind's data, through which everything generic reads it (a new kind is one line here).
+    pub fn data(&self) -> &dyn EventData {
+        match self {
+            Payload::TcpReset(p) => p,
+            Payload::TcpResetCount(p) => p,
+            Payload::HungTask(p) => p,
+            Payload::StuckTask(p) => p,
+            Payload::HungTaskCleared(p) => p,
+            Payload::OomKill(p) => p,
+            Payload::OomKillCount(p) => p,
+            Payload::Nfs(p) => p,
+            Payload::NfsCount(p) => p,
+        }
+    }
+
+    pub fn kind(&self) -> &'static EventKind {
+        self.data().kind()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

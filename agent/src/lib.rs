@@ -21,6 +21,8 @@ mod memory;
 mod named_file;
 pub mod pipeline;
 pub mod probes;
+#[cfg(test)]
+mod registry_tests;
 pub mod state;
 pub mod stuck;
 pub mod symbols;

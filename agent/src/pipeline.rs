@@ -298,12 +298,7 @@ impl Pipeline {
     }
 
     fn emit(&mut self, attributed: Attributed) {
-        let count = match &attributed.event.payload {
-            Payload::TcpResetCount(count) => Some(count.suppressed),
-            Payload::OomKillCount(count) => Some(count.suppressed),
-            Payload::NfsCount(count) => Some(count.suppressed),
-            _ => None,
-        };
+        let count = attributed.event.payload.data().suppressed();
         if attributed.unattributed() && count.is_none() {
             self.metrics.unattributed(attributed.event.header.probe);
         }
@@ -432,10 +427,10 @@ pub async fn poll_losses(lost: PerCpuArray<MapData, u64>, counts: Arc<Counts>, s
             _ = tick.tick() => false,
         };
         for (i, probe) in probes::ALL.iter().enumerate() {
-            let Ok(per_cpu) = lost.get(&probe.kind, 0) else { continue };
+            let Ok(per_cpu) = lost.get(&probe.record_kind(), 0) else { continue };
             let total: u64 = per_cpu.iter().sum();
             if total > reported[i] {
-                counts.add_lost(probe.name, total - reported[i]);
+                counts.add_lost(probe.name(), total - reported[i]);
                 reported[i] = total;
             }
         }

@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     attribution::{Attributed, Attribution},
-    events::{Event, Header, HungTaskCleared, Payload},
-    probes::wait::{WaitClass, WaitKind},
+    events::{Event, Header, Payload},
+    probes::wait::{HungTaskCleared, WaitClass, WaitKind},
 };
 
 /// More tasks than this stuck at once is a node on fire; beyond it new ones are counted, not kept.

@@ -391,6 +391,16 @@ impl<'ast> Visit<'ast> for Paths {
         }
     }
 
+    /// `pub(super)` and `pub(in path)` say who may use an item, not what it uses.
+    fn visit_visibility(&mut self, _: &'ast syn::Visibility) {}
+
+    /// A trait's test-only method (its samples for a test) is test code too.
+    fn visit_trait_item_fn(&mut self, item: &'ast syn::TraitItemFn) {
+        if !is_test_only(&item.attrs) {
+            syn::visit::visit_trait_item_fn(self, item);
+        }
+    }
+
     fn visit_path(&mut self, path: &'ast syn::Path) {
         let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
         if let Some(module) = self.resolve(&segments) {
@@ -424,13 +434,18 @@ mod tests {
     fn uses_paths_and_parents_are_edges_tests_are_not() {
         let g = graph(&[
             ("lib.rs", "pub mod a; pub mod b; pub mod c;"),
-            ("a/mod.rs", "pub mod x; pub fn f() { x::g() }"),
+            ("a/mod.rs", "pub mod x; pub fn f() { x::g() } pub(in crate::a) struct Y;"),
             (
                 "a/x.rs",
-                "use super::super::b::{self, T}; pub fn g() {} #[cfg(not(test))] fn h() { crate::c::k() }",
+                "use super::super::b::{self, T}; pub fn g() {} #[cfg(not(test))] fn h() { crate::c::k() } \
+                 pub(super) struct Z;",
             ),
             ("b.rs", "use crate::{a, c as see}; pub struct T; fn h() { see::k(); a::x::g(); }"),
-            ("c.rs", "pub fn k() {} #[cfg(test)] mod tests { use crate::a::x; } #[cfg(test)] mod more;"),
+            (
+                "c.rs",
+                "pub fn k() {} #[cfg(test)] mod tests { use crate::a::x; } #[cfg(test)] mod more; \
+                 pub trait S { #[cfg(test)] fn s() -> crate::b::T; }",
+            ),
             ("c/more.rs", "use crate::b::T;"),
             ("unused.rs", "use crate::b::T;"),
         ]);

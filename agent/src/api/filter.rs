@@ -5,8 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     attribution::{Attributed, Attribution},
-    events::Payload,
-    probes::tcp_reset::CountedPort,
+    probes::FilterFields,
 };
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,36 +48,7 @@ impl TraceFilter {
         {
             return false;
         }
-        let (ports, addrs): (Vec<u16>, Vec<String>) = match &event.payload {
-            Payload::TcpReset(r) => (
-                [Some(r.local_port), Some(r.remote_port), r.original_dst_port]
-                    .into_iter()
-                    .flatten()
-                    .collect(),
-                [Some(r.remote_addr), r.original_dst_addr]
-                    .into_iter()
-                    .flatten()
-                    .map(|a| a.to_string())
-                    .collect(),
-            ),
-            Payload::TcpResetCount(c) => (
-                [Some(c.port), c.original_port]
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|p| match p {
-                        CountedPort::Number(n) => Some(n),
-                        _ => None,
-                    })
-                    .collect(),
-                vec![],
-            ),
-            Payload::Nfs(n) => {
-                (n.server_port.into_iter().collect(), n.server_addr.iter().map(|a| a.to_string()).collect())
-            }
-            // A count's series has no port: a port filter leaves it out.
-            Payload::NfsCount(c) => (vec![], c.series.server_addr.iter().map(|a| a.to_string()).collect()),
-            _ => (vec![], vec![]),
-        };
+        let FilterFields { ports, addrs } = event.payload.data().filter_fields();
         if self.port.is_some_and(|p| !ports.contains(&p)) {
             return false;
         }

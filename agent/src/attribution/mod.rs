@@ -24,7 +24,10 @@ use std::{
 use serde::Serialize;
 
 use self::cgroup::{Qos, Workload};
-use crate::events::{Event, Payload};
+use crate::{
+    events::{Event, Payload},
+    probes::Subject,
+};
 
 /// An event and who it is about: what everything after the pipeline sees. `who` is the host or
 /// nobody (all empty) when kstall could not tell, never missing.
@@ -300,17 +303,9 @@ fn victim_pod(event: &Event) -> Option<Workload> {
 }
 
 /// Whether the event's header task (for a count: its cgroup) is what it is about (a hung task, an
-/// OOM victim). Resets and RPC events run in softirq or kworker context: their task is whoever the
-/// CPU was running.
+/// OOM victim), or its network namespace is (see [`Subject`]).
 fn subject_is_task(event: &Event) -> bool {
-    matches!(
-        event.payload,
-        Payload::HungTask(_)
-            | Payload::StuckTask(_)
-            | Payload::OomKill(_)
-            | Payload::OomKillCount(_)
-            | Payload::HungTaskCleared(_)
-    )
+    event.payload.kind().subject == Subject::Task
 }
 
 /// The attribution of a workload, with the pod's metadata when it is known.

@@ -341,97 +341,15 @@ pub fn who(e: &Value) -> String {
     }
 }
 
+/// The event's own text, as its probe writes it.
 fn what(e: &Value) -> String {
-    let s = |k: &str| e[k].as_str().unwrap_or("");
-    let n = |k: &str| e[k].as_u64().map(|v| v.to_string()).unwrap_or_else(|| "?".into());
-    let pid = format!("{}/{} {}", n("tgid"), n("pid"), s("comm"));
-    match s("kind") {
-        "tcp_reset" => {
-            let arrow = if s("direction") == "sent" { "sent RST" } else { "got RST" };
-            let mut text = format!(
-                "{arrow} {}:{} -> {}:{}",
-                s("local_addr"),
-                n("local_port"),
-                s("remote_addr"),
-                n("remote_port")
-            );
-            if let Some(port) = e["original_dst_port"].as_u64() {
-                text.push_str(&format!(" (dialled {}:{port}, redirected)", s("original_dst_addr")));
-            }
-            if !s("reason").is_empty() {
-                text.push_str(&format!(" {}", s("reason")));
-            }
-            text
-        }
-        // A series' resets beyond those shown (sampling): counted, not each sent.
-        "tcp_reset_count" => {
-            let arrow = if s("direction") == "sent" { "sent RSTs" } else { "got RSTs" };
-            let mut text = format!(
-                "{} more {arrow} not shown ({} counted in 1 s): port {}",
-                n("suppressed"),
-                n("resets"),
-                s("port")
-            );
-            if !s("original_port").is_empty() {
-                text.push_str(&format!(" (dialled port {}, redirected)", s("original_port")));
-            }
-            if !s("reason").is_empty() {
-                text.push_str(&format!(" {}", s("reason")));
-            }
-            text
-        }
-        "hung_task" => {
-            let top = e["stack"].as_array().and_then(|f| f.first()).and_then(Value::as_str).unwrap_or("");
-            format!("hung {}s in {} {pid} at {top}", n("blocked_secs"), s("wait"))
-        }
-        // Found by the sampler: killable waits too, which the kernel's detector never reports.
-        "stuck_task" => {
-            let top = e["stack"].as_array().and_then(|f| f.first()).and_then(Value::as_str).unwrap_or("");
-            let exiting = if e["exiting"] == true { " while exiting" } else { "" };
-            format!(
-                "stuck {}s ({}, {} wakeups) in {} {pid} at {top}{exiting}",
-                n("blocked_secs"),
-                s("wait_kind"),
-                n("wakeups"),
-                s("wait")
-            )
-        }
-        "hung_task_cleared" => format!("no longer hung ({}) {pid}", s("why")),
-        "oom_kill" => {
-            let rss =
-                e["anon_rss_bytes"].as_u64().map(|b| format!(" rss {} MiB", b >> 20)).unwrap_or_default();
-            let critical = if e["critical"] == true { " CRITICAL" } else { "" };
-            format!("OOM kill ({}) of {pid}{rss}{critical}", s("scope"))
-        }
-        // A series' NFS events beyond those shown (sampling).
-        "nfs_count" => format!(
-            "{} more {} not shown ({} counted in 1 s): server {}{}",
-            n("suppressed"),
-            s("what"),
-            n("events"),
-            s("server_addr"),
-            e["error_name"].as_str().map(|e| format!(" {e}")).unwrap_or_default()
-        ),
-        // A series' kills beyond those shown (sampling).
-        "oom_kill_count" => format!(
-            "{} more OOM kills ({}) of {} not shown ({} counted in 1 s)",
-            n("suppressed"),
-            s("scope"),
-            if s("comm").is_empty() { "?" } else { s("comm") },
-            n("kills")
-        ),
-        "nfs" => {
-            let mut text = format!("{} server {}:{}", s("what"), s("server_addr"), n("server_port"));
-            if !s("procedure").is_empty() {
-                text.push_str(&format!(" {}", s("procedure")));
-            }
-            if let Some(error) = e["error_name"].as_str() {
-                text.push_str(&format!(" {error}"));
-            }
-            text
-        }
+    match e["kind"].as_str().and_then(probes::event_kind) {
+        Some(kind) => (kind.text)(&probes::probe::Fields(e)),
         // From an agent newer than this kstall: its JSON (`--output json`) has it all.
-        other => format!("{other} event (no text for it in this kstall version: --output json)"),
+        None => format!(
+            "{} event (no text for it in this kstall version: --output json)",
+            e["kind"].as_str().unwrap_or("unknown")
+        ),
     }
 }
 

@@ -6,10 +6,12 @@ use kstall_common::hung_task::{
     BLOCKER_TYPE_MASK, BLOCKER_TYPE_MUTEX, BLOCKER_TYPE_RWSEM_READER, BLOCKER_TYPE_RWSEM_WRITER,
     BLOCKER_TYPE_SEM, FLAG_BLOCKER_TRACKED, FLAG_EXITING, FLAG_NO_NSPROXY, HungTaskConfig, HungTaskEvent,
 };
+use kstall_common::kind;
 use serde::Serialize;
 
 use super::{
     plan::{Plan, ProgramSpec, Unavailable},
+    probe::{EventData, EventKind, Probe, Subject},
     wait::{WaitClass, classify},
 };
 use crate::{
@@ -119,14 +121,53 @@ pub fn decode(ev: &HungTaskEvent, symbols: &Symbols, clock: Clock) -> Result<Hun
     })
 }
 
+/// The probe, as the registry lists it.
+pub struct HungTaskProbe;
+
+impl Probe for HungTaskProbe {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn record_kind(&self) -> u32 {
+        kind::HUNG_TASK
+    }
+
+    fn events(&self) -> &'static [EventKind] {
+        &[HUNG, super::wait::CLEARED]
+    }
+
+    #[cfg(test)]
+    fn samples(&self) -> Vec<crate::events::Payload> {
+        use crate::events::Payload;
+
+        let hung =
+            decode(&tests::event(&[0xffff_ffff_8100_0000]), &Symbols::default(), Clock { hz: Some(250) });
+        vec![Payload::HungTask(hung.expect("sample")), super::wait::tests::cleared()]
+    }
+}
+
+const HUNG: EventKind = EventKind {
+    name: "hung_task",
+    subject: Subject::Task,
+    families: &["kstall_stuck_tasks_total"],
+    text: |e| format!("hung {}s in {} {} at {}", e.n("blocked_secs"), e.s("wait"), e.task(), e.top_frame()),
+};
+
+impl EventData for HungTask {
+    fn kind(&self) -> &'static EventKind {
+        &HUNG
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use kstall_common::{EventHeader, kind};
+    use kstall_common::EventHeader;
 
     use super::*;
     use crate::symbols::SymbolTable;
 
-    fn event(stack: &[u64]) -> HungTaskEvent {
+    pub(super) fn event(stack: &[u64]) -> HungTaskEvent {
         let mut header = EventHeader::zeroed();
         header.kind = kind::HUNG_TASK;
         header.version = kstall_common::hung_task::VERSION;

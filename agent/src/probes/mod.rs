@@ -7,6 +7,7 @@ pub mod hung_task;
 pub mod nfs;
 pub mod oom;
 pub mod plan;
+pub mod probe;
 pub mod stuck_task;
 mod task;
 pub mod tcp_reset;
@@ -17,38 +18,38 @@ use aya::{
     maps::{Array, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, FEntry, Iter, Program, ProgramError},
 };
-use kstall_common::{capture::CaptureFilter, kind, tcp_reset::ConntrackOffsets};
+use kstall_common::{capture::CaptureFilter, tcp_reset::ConntrackOffsets};
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use self::plan::{Attach, Plan, ProbeStatus, ProgramSpec, Unavailable, error_chain, summarize};
+pub use self::probe::{EventData, EventKind, FilterFields, Probe, Subject};
 use crate::{kernel, kernel_btf::KernelBtf, symbols::Symbols};
 
 /// The kernel programs, built by build.rs (empty when built with `AYA_BUILD_SKIP=1`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/kstall"));
 
 /// Every probe kstall has, in the order `kstall status` lists them.
-pub const ALL: &[ProbeInfo] = &[
-    ProbeInfo { name: tcp_reset::NAME, kind: kind::TCP_RESET },
-    ProbeInfo { name: hung_task::NAME, kind: kind::HUNG_TASK },
-    ProbeInfo { name: oom::NAME, kind: kind::OOM_KILL },
-    ProbeInfo { name: nfs::NAME, kind: kind::NFS },
-    ProbeInfo { name: stuck_task::NAME, kind: kind::STUCK_TASK },
+pub const ALL: &[&dyn Probe] = &[
+    &tcp_reset::TcpResetProbe,
+    &hung_task::HungTaskProbe,
+    &oom::OomProbe,
+    &nfs::NfsProbe,
+    &stuck_task::StuckTaskProbe,
 ];
 
-pub struct ProbeInfo {
-    pub name: &'static str,
-    /// The event kind its programs emit (indexes the kernel's loss counters).
-    pub kind: u32,
-}
-
 pub fn names() -> impl Iterator<Item = &'static str> {
-    ALL.iter().map(|p| p.name)
+    ALL.iter().map(|p| p.name())
 }
 
 /// Where probe `name` is in [`ALL`].
 pub fn position(name: &str) -> Option<usize> {
-    ALL.iter().position(|p| p.name == name)
+    ALL.iter().position(|p| p.name() == name)
+}
+
+/// Every event kind's description, by its JSON `kind` (a kind two probes emit is listed once).
+pub fn event_kind(name: &str) -> Option<&'static EventKind> {
+    ALL.iter().flat_map(|p| p.events()).find(|k| k.name == name)
 }
 
 /// What the agent asks of its probes (part of the agent's configuration, validated there).
@@ -190,12 +191,12 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
     let mut statuses: Vec<ProbeStatus> = ALL
         .iter()
         .map(|p| {
-            let reason = if settings.enabled.iter().any(|n| n == p.name) {
+            let reason = if settings.enabled.iter().any(|n| n == p.name()) {
                 "not loaded"
             } else {
                 "disabled by --probes"
             };
-            ProbeStatus::down(p.name, reason)
+            ProbeStatus::down(p.name(), reason)
         })
         .collect();
     let loaded = |statuses| {
@@ -326,10 +327,10 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
         }
         match result {
             Ok((programs, hook)) => {
-                tracing::info!(probe = ALL[idx].name, hook = %hook, "probe attached");
+                tracing::info!(probe = ALL[idx].name(), hook = %hook, "probe attached");
                 attached.extend(programs.iter().map(|p| p.program));
                 statuses[idx] = ProbeStatus {
-                    name: ALL[idx].name.to_string(),
+                    name: ALL[idx].name().to_string(),
                     up: true,
                     hook: Some(hook),
                     reason: None,

@@ -12,6 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use aya::{Ebpf, maps::Array, programs::RawTracePoint};
 use kstall_common::{
     counter::Counter,
+    kind,
     nfs::{
         NAME_LEN, NfsConfig, NfsCountKey, NfsEvent, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING,
         WHAT_SOCKET_CONNECT, WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET, WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
@@ -19,7 +20,10 @@ use kstall_common::{
 };
 use serde::Serialize;
 
-use super::plan::{ProbeStatus, Unavailable};
+use super::{
+    plan::{ProbeStatus, Unavailable},
+    probe::{EventData, EventKind, FilterFields, Probe, Subject},
+};
 use crate::{
     decode::DecodeError,
     kernel_btf::{BtfError, KernelBtf},
@@ -435,6 +439,106 @@ pub fn errno_name(error: i32) -> Option<&'static str> {
         libc::EIO => "EIO",
         _ => return None,
     })
+}
+
+/// The probe, as the registry lists it.
+pub struct NfsProbe;
+
+impl Probe for NfsProbe {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn record_kind(&self) -> u32 {
+        kind::NFS
+    }
+
+    fn events(&self) -> &'static [EventKind] {
+        &[RPC, RPC_COUNT]
+    }
+
+    #[cfg(test)]
+    fn samples(&self) -> Vec<crate::events::Payload> {
+        use crate::events::Payload;
+
+        let timeout = tests::event(WHAT_TIMEOUT, 0);
+        let mut samples = vec![Payload::Nfs(decode(&timeout, Clock { hz: Some(250) }).expect("sample"))];
+        for (what, error) in [
+            (WHAT_RETRANSMIT, 0),
+            (WHAT_TIMEOUT, 0),
+            (WHAT_SOCKET_CONNECT, -libc::ECONNREFUSED),
+            (WHAT_STATE_MGR_FAILED, -libc::EIO),
+        ] {
+            samples.push(Payload::NfsCount(tests::count_of(&tests::event(what, error), 2)));
+        }
+        samples
+    }
+}
+
+const RPC: EventKind = EventKind {
+    name: "nfs",
+    subject: Subject::Netns,
+    families: &["kstall_nfs_server_responding"],
+    text: |e| {
+        let mut text = format!("{} server {}:{}", e.s("what"), e.s("server_addr"), e.n("server_port"));
+        if !e.s("procedure").is_empty() {
+            text.push_str(&format!(" {}", e.s("procedure")));
+        }
+        if let Some(error) = e.get("error_name").as_str() {
+            text.push_str(&format!(" {error}"));
+        }
+        text
+    },
+};
+
+/// A series' NFS events beyond those shown (sampling).
+const RPC_COUNT: EventKind = EventKind {
+    name: "nfs_count",
+    subject: Subject::Netns,
+    families: &[
+        "kstall_nfs_rpc_retransmits_total",
+        "kstall_nfs_rpc_timeouts_total",
+        "kstall_nfs_connect_errors_total",
+        "kstall_nfs_state_manager_failures_total",
+    ],
+    text: |e| {
+        format!(
+            "{} more {} not shown ({} counted in 1 s): server {}{}",
+            e.n("suppressed"),
+            e.s("what"),
+            e.n("events"),
+            e.s("server_addr"),
+            e.get("error_name").as_str().map(|e| format!(" {e}")).unwrap_or_default()
+        )
+    },
+};
+
+impl EventData for Nfs {
+    fn kind(&self) -> &'static EventKind {
+        &RPC
+    }
+
+    fn filter_fields(&self) -> FilterFields {
+        FilterFields {
+            ports: self.server_port.into_iter().collect(),
+            addrs: self.server_addr.iter().map(|a| a.to_string()).collect(),
+        }
+    }
+}
+
+impl EventData for NfsCount {
+    fn kind(&self) -> &'static EventKind {
+        &RPC_COUNT
+    }
+
+    /// A count's series has no port: a port filter leaves it out.
+    fn filter_fields(&self) -> FilterFields {
+        FilterFields { ports: vec![], addrs: self.series.server_addr.iter().map(|a| a.to_string()).collect() }
+    }
+
+    fn suppressed(&self) -> Option<u64> {
+        Some(self.suppressed)
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 
 use kstall_common::{
     counter::Counter,
+    kind,
     oom::{
         FLAG_FROM_OOM_CONTROL, FLAG_HAS_MEMCG_PATH, FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_MEMCG_OOM,
         FLAG_VICTIM_PID_ONLY, MEMCG_NAME_LEN, MEMCG_PATH_LEVELS, OomConfig, OomCountKey, OomKillEvent,
@@ -16,7 +17,10 @@ use kstall_common::{
 };
 use serde::Serialize;
 
-use super::plan::{Fallback, Plan, ProgramSpec, Unavailable};
+use super::{
+    plan::{Fallback, Plan, ProgramSpec, Unavailable},
+    probe::{EventData, EventKind, Probe, Subject},
+};
 use crate::{
     decode::{DecodeError, comm_string},
     kernel_btf::{BtfError, KernelBtf},
@@ -340,9 +344,88 @@ pub fn scope_of<'a>(frames: impl Iterator<Item = &'a str> + Clone) -> Scope {
     }
 }
 
+/// The probe, as the registry lists it.
+pub struct OomProbe;
+
+impl Probe for OomProbe {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn record_kind(&self) -> u32 {
+        kind::OOM_KILL
+    }
+
+    fn events(&self) -> &'static [EventKind] {
+        &[KILL, KILL_COUNT]
+    }
+
+    #[cfg(test)]
+    fn samples(&self) -> Vec<crate::events::Payload> {
+        use crate::events::Payload;
+
+        let ctx = Context::default();
+        let kill = decode(&tests::victim_event(), &Symbols::default(), &ctx).expect("sample");
+        let count = CountedKills {
+            cgroup_id: 7,
+            comm: "python3".into(),
+            scope: Some(Scope::Memcg),
+            kills: 3,
+            suppressed: 2,
+        };
+        vec![Payload::OomKill(kill), Payload::OomKillCount(count.settle(None, &ctx))]
+    }
+}
+
+const KILL: EventKind = EventKind {
+    name: "oom_kill",
+    subject: Subject::Task,
+    families: &[],
+    text: |e| {
+        let rss =
+            e.get("anon_rss_bytes").as_u64().map(|b| format!(" rss {} MiB", b >> 20)).unwrap_or_default();
+        let critical = if e.is_true("critical") { " CRITICAL" } else { "" };
+        format!("OOM kill ({}) of {}{rss}{critical}", e.s("scope"), e.task())
+    },
+};
+
+/// A series' kills beyond those shown (sampling).
+const KILL_COUNT: EventKind = EventKind {
+    name: "oom_kill_count",
+    subject: Subject::Task,
+    families: &["kstall_oom_kills_total"],
+    text: |e| {
+        format!(
+            "{} more OOM kills ({}) of {} not shown ({} counted in 1 s)",
+            e.n("suppressed"),
+            e.s("scope"),
+            if e.s("comm").is_empty() { "?" } else { e.s("comm") },
+            e.n("kills")
+        )
+    },
+};
+
+impl EventData for OomKill {
+    fn kind(&self) -> &'static EventKind {
+        &KILL
+    }
+}
+
+impl EventData for OomKillCount {
+    fn kind(&self) -> &'static EventKind {
+        &KILL_COUNT
+    }
+
+    fn suppressed(&self) -> Option<u64> {
+        Some(self.suppressed)
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
-    use kstall_common::{EventHeader, kind};
+    use kstall_common::EventHeader;
+
+    use kstall_common::kind;
 
     use super::*;
     use crate::{kernel_btf::tests::kernel, symbols::SymbolTable};

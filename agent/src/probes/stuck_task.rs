@@ -20,6 +20,7 @@ use aya::{
     maps::{Array, MapData},
     programs::Iter,
 };
+use kstall_common::kind;
 use kstall_common::stuck_task::{
     AsleepTask, FLAG_EXITING, FLAG_NO_NSPROXY, PF_FROZEN, StuckTaskConfig, StuckTaskEvent, SweepStats,
     TASK_WAKEKILL,
@@ -29,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     plan::{Plan, ProgramSpec},
+    probe::{EventData, EventKind, Probe, Subject},
     wait::{WaitClass, WaitKind, classify},
 };
 use crate::{
@@ -310,14 +312,69 @@ fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// The probe, as the registry lists it.
+pub struct StuckTaskProbe;
+
+impl Probe for StuckTaskProbe {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn record_kind(&self) -> u32 {
+        kind::STUCK_TASK
+    }
+
+    fn events(&self) -> &'static [EventKind] {
+        &[STUCK, super::wait::CLEARED]
+    }
+
+    #[cfg(test)]
+    fn samples(&self) -> Vec<crate::events::Payload> {
+        use crate::events::Payload;
+
+        let raw = tests::event(kstall_common::stuck_task::TASK_UNINTERRUPTIBLE | TASK_WAKEKILL, &[1]);
+        vec![
+            Payload::StuckTask(decode(&raw, &Symbols::default()).expect("sample")),
+            super::wait::tests::cleared(),
+        ]
+    }
+}
+
+/// Found by the sampler: killable waits too, which the kernel's detector never reports.
+const STUCK: EventKind = EventKind {
+    name: "stuck_task",
+    subject: Subject::Task,
+    families: &["kstall_stuck_tasks_total"],
+    text: |e| {
+        let exiting = if e.is_true("exiting") { " while exiting" } else { "" };
+        format!(
+            "stuck {}s ({}, {} wakeups) in {} {} at {}{exiting}",
+            e.n("blocked_secs"),
+            e.s("wait_kind"),
+            e.n("wakeups"),
+            e.s("wait"),
+            e.task(),
+            e.top_frame()
+        )
+    },
+};
+
+impl EventData for StuckTaskSample {
+    fn kind(&self) -> &'static EventKind {
+        &STUCK
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use kstall_common::{EventHeader, kind, stuck_task::TASK_UNINTERRUPTIBLE};
+    use kstall_common::EventHeader;
+
+    use kstall_common::stuck_task::TASK_UNINTERRUPTIBLE;
 
     use super::*;
     use crate::{kernel_btf::tests::kernel, symbols::SymbolTable};
 
-    fn event(state: u32, stack: &[u64]) -> StuckTaskEvent {
+    pub(super) fn event(state: u32, stack: &[u64]) -> StuckTaskEvent {
         let mut header = EventHeader::zeroed();
         header.kind = kind::STUCK_TASK;
         header.version = kstall_common::stuck_task::VERSION;

@@ -16,6 +16,7 @@ use std::{
 
 use kstall_common::{
     counter::Counter,
+    kind,
     tcp_reset::{
         self as raw, ConntrackOffsets, DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6,
         FLAG_HAS_CONNTRACK, FLAG_HAS_REASON, FLAG_HAS_SOCKET, KEY_ORIGINAL_EPHEMERAL, KEY_ORIGINAL_OTHER,
@@ -24,7 +25,10 @@ use kstall_common::{
 };
 use serde::Serialize;
 
-use super::plan::{Fallback, Plan, ProgramSpec, Unavailable};
+use super::{
+    plan::{Fallback, Plan, ProgramSpec, Unavailable},
+    probe::{EventData, EventKind, FilterFields, Probe, Subject},
+};
 use crate::{decode::DecodeError, kernel_btf::KernelBtf};
 
 pub const NAME: &str = "tcp-reset";
@@ -549,9 +553,129 @@ fn tcp_state_name(state: u8) -> Option<&'static str> {
     })
 }
 
+/// The probe, as the registry lists it.
+pub struct TcpResetProbe;
+
+impl Probe for TcpResetProbe {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn record_kind(&self) -> u32 {
+        kind::TCP_RESET
+    }
+
+    fn events(&self) -> &'static [EventKind] {
+        &[RESET, RESET_COUNT]
+    }
+
+    #[cfg(test)]
+    fn samples(&self) -> Vec<crate::events::Payload> {
+        use crate::events::Payload;
+
+        let names = Names::default();
+        vec![
+            Payload::TcpReset(decode(&tests::redirected_syn_reset(), &names).expect("sample")),
+            Payload::TcpResetCount(
+                decode_count(&tests::redirected_count_key(), &Counter { events: 5, emitted: 1 }, &names)
+                    .expect("sample"),
+            ),
+        ]
+    }
+}
+
+const RESET: EventKind = EventKind {
+    name: "tcp_reset",
+    subject: Subject::Netns,
+    families: &[],
+    text: |e| {
+        let arrow = if e.s("direction") == "sent" { "sent RST" } else { "got RST" };
+        let mut text = format!(
+            "{arrow} {}:{} -> {}:{}",
+            e.s("local_addr"),
+            e.n("local_port"),
+            e.s("remote_addr"),
+            e.n("remote_port")
+        );
+        if let Some(port) = e.get("original_dst_port").as_u64() {
+            text.push_str(&format!(" (dialled {}:{port}, redirected)", e.s("original_dst_addr")));
+        }
+        if !e.s("reason").is_empty() {
+            text.push_str(&format!(" {}", e.s("reason")));
+        }
+        text
+    },
+};
+
+/// A series' resets beyond those shown (sampling): counted, not each sent.
+const RESET_COUNT: EventKind = EventKind {
+    name: "tcp_reset_count",
+    subject: Subject::Netns,
+    families: &["kstall_tcp_resets_total"],
+    text: |e| {
+        let arrow = if e.s("direction") == "sent" { "sent RSTs" } else { "got RSTs" };
+        let mut text = format!(
+            "{} more {arrow} not shown ({} counted in 1 s): port {}",
+            e.n("suppressed"),
+            e.n("resets"),
+            e.s("port")
+        );
+        if !e.s("original_port").is_empty() {
+            text.push_str(&format!(" (dialled port {}, redirected)", e.s("original_port")));
+        }
+        if !e.s("reason").is_empty() {
+            text.push_str(&format!(" {}", e.s("reason")));
+        }
+        text
+    },
+};
+
+impl EventData for TcpReset {
+    fn kind(&self) -> &'static EventKind {
+        &RESET
+    }
+
+    fn filter_fields(&self) -> FilterFields {
+        FilterFields {
+            ports: [Some(self.local_port), Some(self.remote_port), self.original_dst_port]
+                .into_iter()
+                .flatten()
+                .collect(),
+            addrs: [Some(self.remote_addr), self.original_dst_addr]
+                .into_iter()
+                .flatten()
+                .map(|a| a.to_string())
+                .collect(),
+        }
+    }
+}
+
+impl EventData for ResetCount {
+    fn kind(&self) -> &'static EventKind {
+        &RESET_COUNT
+    }
+
+    /// Only ports counted by number; a count has no address.
+    fn filter_fields(&self) -> FilterFields {
+        let ports = [Some(self.port), self.original_port]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| match p {
+                CountedPort::Number(n) => Some(n),
+                _ => None,
+            })
+            .collect();
+        FilterFields { ports, addrs: vec![] }
+    }
+
+    fn suppressed(&self) -> Option<u64> {
+        Some(self.suppressed)
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
-    use kstall_common::{EventHeader, kind};
+    use kstall_common::EventHeader;
 
     use super::*;
     use crate::kernel_btf::tests::{kernel, testdata};

@@ -5,6 +5,8 @@ use std::sync::LazyLock;
 
 use serde::Serialize;
 
+use super::probe::{EventData, EventKind, Subject};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WaitClass {
@@ -189,9 +191,44 @@ fn frame_signs(name: &str) -> u8 {
         .fold(0, |signs, (_, _, sign)| signs | sign)
 }
 
+/// A stuck task, however found, that left D state or exited: not from the kernel but from the
+/// agent's look at `/proc` (`stuck.rs`), told as an event so everything downstream sees it in
+/// order. Both stuck-task probes emit it, under their name.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HungTaskCleared {
+    pub wait: WaitClass,
+    pub wait_kind: WaitKind,
+    /// The longest blocked time reported while it was hung.
+    pub blocked_secs: Option<u64>,
+    /// `left_d_state` or `exited`.
+    pub why: &'static str,
+}
+
+pub(super) const CLEARED: EventKind = EventKind {
+    name: "hung_task_cleared",
+    subject: Subject::Task,
+    families: &["kstall_stuck_task_blocked_seconds"],
+    text: |e| format!("no longer hung ({}) {}", e.s("why"), e.task()),
+};
+
+impl EventData for HungTaskCleared {
+    fn kind(&self) -> &'static EventKind {
+        &CLEARED
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+
+    pub(crate) fn cleared() -> crate::events::Payload {
+        crate::events::Payload::HungTaskCleared(HungTaskCleared {
+            wait: WaitClass::Nfs,
+            wait_kind: WaitKind::Killable,
+            blocked_secs: Some(42),
+            why: "exited",
+        })
+    }
 
     fn class(frames: &[&str]) -> WaitClass {
         classify(frames.iter().copied())

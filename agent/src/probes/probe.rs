@@ -1,0 +1,96 @@
+//! What one probe is to the agent: the [`Probe`] trait each probe's agent half implements, and the
+//! [`EventKind`] each of its events declares. The registry (`probes::ALL`) lists the probes; the
+//! agent's generic parts (`kstall trace`'s text, its filters, attribution's subject, the count's
+//! suppressed events, the registry's generated test) read them from there instead of naming
+//! probes.
+
+use serde_json::Value;
+
+pub trait Probe: Sync {
+    /// Its name in `--probes`, `kstall status`, `kstall trace --probe` and the `probe` label.
+    fn name(&self) -> &'static str;
+
+    /// The record kind its kernel half writes (`kstall_common::kind`); it also indexes the
+    /// kernel's per-kind loss counters.
+    fn record_kind(&self) -> u32;
+
+    /// Every kind of event it emits, records and the agent's own (counts, cleared tasks).
+    fn events(&self) -> &'static [EventKind];
+
+    /// One event of each of its kinds, for the registry's generated test.
+    #[cfg(test)]
+    fn samples(&self) -> Vec<crate::events::Payload>;
+}
+
+/// One kind of event: the `kind` its JSON carries and all that generic code needs to know of it.
+pub struct EventKind {
+    pub name: &'static str,
+    pub subject: Subject,
+    /// The event metric families `export/metrics.rs` feeds from it (none: counted from the
+    /// kernel's counters, which arrive as another kind).
+    pub families: &'static [&'static str],
+    /// Its line in `kstall trace`, from the JSON the agent sends (the client renders).
+    pub text: fn(&Fields) -> String,
+}
+
+/// Whom an event is about, which decides how it is attributed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subject {
+    /// The task in its header (or, for a count, its cgroup): a hung task, an OOM victim.
+    Task,
+    /// Its network namespace: resets and RPCs run in softirq or kworker context, whose task is
+    /// whoever the CPU was running.
+    Netns,
+}
+
+/// What a trace's `--port` and `--server` filters match in an event.
+#[derive(Debug, Default, PartialEq)]
+pub struct FilterFields {
+    pub ports: Vec<u16>,
+    pub addrs: Vec<String>,
+}
+
+/// The data of one event kind (each payload type implements it; `Payload::data` dispatches).
+pub trait EventData {
+    fn kind(&self) -> &'static EventKind;
+
+    fn filter_fields(&self) -> FilterFields {
+        FilterFields::default()
+    }
+
+    /// For a count from the kernel's counters: the events it counted that were not sent in full.
+    fn suppressed(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// An event's JSON as its trace text reads it: missing fields read as empty (`s`) or `?` (`n`).
+pub struct Fields<'a>(pub &'a Value);
+
+impl Fields<'_> {
+    pub fn s(&self, key: &str) -> &str {
+        self.0[key].as_str().unwrap_or("")
+    }
+
+    pub fn n(&self, key: &str) -> String {
+        self.0[key].as_u64().map(|v| v.to_string()).unwrap_or_else(|| "?".into())
+    }
+
+    pub fn is_true(&self, key: &str) -> bool {
+        self.0[key] == true
+    }
+
+    pub fn get(&self, key: &str) -> &Value {
+        &self.0[key]
+    }
+
+    /// `tgid/pid comm` of the header's task.
+    pub fn task(&self) -> String {
+        format!("{}/{} {}", self.n("tgid"), self.n("pid"), self.s("comm"))
+    }
+
+    /// The first frame of `stack`.
+    pub fn top_frame(&self) -> &str {
+        self.0["stack"].as_array().and_then(|f| f.first()).and_then(Value::as_str).unwrap_or("")
+    }
+}
