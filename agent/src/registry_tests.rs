@@ -146,7 +146,7 @@ fn every_event_kind_feeds_the_metric_families_it_declares() {
                 .collect();
             for family in &changed {
                 assert!(
-                    kind.families.contains(&family.as_str()),
+                    kind.families.iter().any(|m| m.name == family),
                     "{}/{}: feeds {family}, which its kind does not declare",
                     probe.name(),
                     kind.name
@@ -157,10 +157,11 @@ fn every_event_kind_feeds_the_metric_families_it_declares() {
         for kind in probe.events() {
             for family in kind.families {
                 assert!(
-                    fed.get(kind.name).is_some_and(|f| f.contains(*family)),
-                    "{}/{}: declares {family}, which no sample fed",
+                    fed.get(kind.name).is_some_and(|f| f.contains(family.name)),
+                    "{}/{}: declares {}, which no sample fed",
                     probe.name(),
-                    kind.name
+                    kind.name,
+                    family.name
                 );
             }
         }

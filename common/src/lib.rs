@@ -9,6 +9,7 @@ pub mod capture;
 pub mod counter;
 pub mod header;
 pub mod hung_task;
+pub mod metrics;
 pub mod nfs;
 pub mod oom;
 pub mod stuck_task;

@@ -13,6 +13,7 @@
 use std::{collections::BTreeMap, path::Path};
 
 use anyhow::{Context as _, bail};
+use kstall_common::metrics::{self, Scope};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -52,51 +53,14 @@ pub fn generate(root: &Path) -> anyhow::Result<Vec<(String, String)>> {
 }
 
 /// Which of the dashboards' variables can filter a metric.
-#[derive(Clone, Copy)]
-enum Scope {
-    /// `node` only: the agent's own metrics and the node-wide gauges.
-    Node,
-    /// `node`, `namespace` and `pod`: the metrics about events.
-    Pod,
-    /// As `Pod`, and the node's own incidents (no pod: a node-wide stall, a system OOM) with any
-    /// pod selected: they are every pod's on the node.
-    Incident,
+/// The scope of a series the dashboards query: the agent's metric's, from the catalogue (a
+/// histogram's `_sum` and `_count` are its own), or Prometheus's `up` for the agent-down alert.
+fn scope_of(series: &str) -> Option<Scope> {
+    if series == "up" {
+        return Some(Scope::Node);
+    }
+    metrics::find(series).map(|m| m.scope)
 }
-
-/// Every metric the dashboards query, and its scope. A query naming a `kstall_` metric that is
-/// not here is an error, so a new panel cannot silently go unfiltered.
-const METRICS: &[(&str, Scope)] = &[
-    ("kstall_tcp_resets_total", Scope::Pod),
-    ("kstall_stuck_tasks", Scope::Pod),
-    ("kstall_stuck_tasks_total", Scope::Pod),
-    ("kstall_stuck_task_longest_blocked_seconds", Scope::Node),
-    ("kstall_stuck_task_sweep_kernel_seconds_sum", Scope::Node),
-    ("kstall_stuck_task_sweep_kernel_seconds_count", Scope::Node),
-    ("kstall_stuck_task_sweep_tasks", Scope::Node),
-    ("kstall_stuck_task_sweep_uninterruptible", Scope::Node),
-    ("kstall_oom_kills_total", Scope::Pod),
-    ("kstall_nfs_rpc_retransmits_total", Scope::Pod),
-    ("kstall_nfs_rpc_timeouts_total", Scope::Pod),
-    ("kstall_nfs_connect_errors_total", Scope::Pod),
-    ("kstall_nfs_server_responding", Scope::Pod),
-    ("kstall_nfs_state_manager_failures_total", Scope::Pod),
-    ("kstall_incident_active", Scope::Incident),
-    ("kstall_incidents_total", Scope::Node),
-    ("kstall_node_memory_limit_overcommit_ratio", Scope::Node),
-    ("kstall_pod_metadata_up", Scope::Node),
-    ("kstall_attribution_pods", Scope::Node),
-    ("kstall_node_pods", Scope::Node),
-    ("kstall_kubelet_check_up", Scope::Node),
-    ("kstall_events_unattributed_total", Scope::Node),
-    ("kstall_probe_up", Scope::Node),
-    ("kstall_events_total", Scope::Node),
-    ("kstall_events_lost_total", Scope::Node),
-    ("kstall_event_decode_errors_total", Scope::Node),
-    ("kstall_api_events_dropped_total", Scope::Node),
-    ("kstall_build_info", Scope::Node),
-    // Prometheus's own, for the agent-down alert.
-    ("up", Scope::Node),
-];
 
 fn matchers(scope: Scope) -> &'static str {
     match scope {
@@ -106,7 +70,7 @@ fn matchers(scope: Scope) -> &'static str {
     }
 }
 
-/// `expr` with the variables' matchers added to every selector of a metric in [`METRICS`].
+/// `expr` with the variables' matchers added to every selector of a metric in the catalogue.
 /// PromQL's lexical structure is enough here: names outside strings, braces, brackets and label
 /// lists that are known metrics are selectors (function names and keywords never are).
 fn filter(expr: &str) -> anyhow::Result<String> {
@@ -157,9 +121,9 @@ fn filter(expr: &str) -> anyhow::Result<String> {
             }
             continue;
         }
-        let Some(&(_, scope)) = METRICS.iter().find(|(m, _)| *m == name) else {
+        let Some(scope) = scope_of(&name) else {
             if name.starts_with("kstall_") {
-                bail!("{name} in `{expr}` is not in the dashboards' METRICS: add it with its scope");
+                bail!("{name} in `{expr}` is not in the metric catalogue (common/src/metrics.rs)");
             }
             continue;
         };
@@ -1148,21 +1112,6 @@ mod tests {
             if name.ends_with(".json") {
                 assert!(generated.iter().any(|(f, _)| *f == name), "{DIR}/{name} is not generated: {fix}");
             }
-        }
-    }
-
-    #[test]
-    fn every_metric_is_one_the_agent_exports() {
-        // The definitions, and the names of the event families (`series.rs`).
-        let source: String = ["metrics.rs", "series.rs"]
-            .iter()
-            .map(|f| std::fs::read_to_string(workspace_root().join("agent/src/export").join(f)).unwrap())
-            .collect();
-        let exported = |name: &str| source.contains(&format!("\"{name}\""));
-        for (metric, _) in METRICS.iter().filter(|(m, _)| m.starts_with("kstall_")) {
-            // A histogram's `_sum` and `_count` series are exported under its own name.
-            let histogram = ["_sum", "_count"].iter().filter_map(|s| metric.strip_suffix(s)).any(exported);
-            assert!(exported(metric) || histogram, "{metric} is not in agent/src/export/");
         }
     }
 

@@ -23,7 +23,9 @@ use crate::{
     stuck::StuckSet,
 };
 
-use super::series::{self, Admission, Family, FamilySeries, POD_LABELS, PodName, SeriesBook};
+use kstall_common::metrics::{self as catalogue, Metric, POD_LABELS};
+
+use super::series::{self, Admission, Family, FamilySeries, PodName, SeriesBook};
 
 pub struct Metrics {
     registry: Registry,
@@ -85,284 +87,97 @@ fn with_pod_labels<'a>(labels: &[&'a str], a: &'a Attribution) -> Vec<&'a str> {
     all
 }
 
-fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry.register(Box::new(c.clone())).expect("unique metric");
-    c
+/// Registers `collector`, made from `metric`'s entry.
+fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, collector: T) -> T {
+    registry.register(Box::new(collector.clone())).expect("unique metric");
+    collector
 }
 
-/// A counter about events: the family's labels plus the pod labels.
-fn event_counter(registry: &Registry, family: Family, help: &str) -> IntCounterVec {
-    counter(registry, family.name(), help, &[family.labels(), &POD_LABELS[..]].concat())
+/// Its labels as exported: its own, then the pod labels for a metric about events.
+fn labels_of(metric: &Metric) -> Vec<&'static str> {
+    let pod: &[&str] = if metric.has_pod_labels() { &POD_LABELS } else { &[] };
+    [metric.labels, pod].concat()
+}
+
+fn opts(metric: &Metric) -> Opts {
+    Opts::new(metric.name, metric.help)
+}
+
+fn counter_vec(registry: &Registry, metric: &Metric) -> IntCounterVec {
+    register(registry, IntCounterVec::new(opts(metric), &labels_of(metric)).expect("valid metric"))
+}
+
+fn gauge_vec(registry: &Registry, metric: &Metric) -> IntGaugeVec {
+    register(registry, IntGaugeVec::new(opts(metric), &labels_of(metric)).expect("valid metric"))
+}
+
+fn counter(registry: &Registry, metric: &Metric) -> prometheus::IntCounter {
+    register(registry, prometheus::IntCounter::with_opts(opts(metric)).expect("valid metric"))
+}
+
+fn gauge(registry: &Registry, metric: &Metric) -> IntGauge {
+    register(registry, IntGauge::with_opts(opts(metric)).expect("valid metric"))
+}
+
+fn histogram_opts(metric: &Metric, buckets: Vec<f64>) -> prometheus::HistogramOpts {
+    prometheus::HistogramOpts::new(metric.name, metric.help).buckets(buckets)
 }
 
 impl Metrics {
     pub fn new(counts: std::sync::Arc<Counts>, settings: series::Settings) -> Self {
         let registry = Registry::new();
-        let probe_up = IntGaugeVec::new(
-            Opts::new(
-                "kstall_probe_up",
-                "1 when the probe is loaded and attached, 0 when it is not (see `kstall status`).",
-            ),
-            &["probe"],
-        )
-        .expect("valid metric");
-        registry.register(Box::new(probe_up.clone())).expect("unique metric");
-        let build_info = IntGaugeVec::new(Opts::new("kstall_build_info", "kstall version."), &["version"])
-            .expect("valid metric");
-        registry.register(Box::new(build_info.clone())).expect("unique metric");
+        let build_info = gauge_vec(&registry, &catalogue::BUILD_INFO);
         build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
-        let stuck_tasks = IntGaugeVec::new(
-            Opts::new(
-                "kstall_stuck_tasks",
-                "Tasks stuck in uninterruptible sleep now, by wait class, kind (uninterruptible, or \
-                 killable: the sleeps the kernel's hung-task detector skips) and pod (a series exists \
-                 only while a task is stuck).",
-            ),
-            &[&["wait", "kind"], &POD_LABELS[..]].concat(),
-        )
-        .expect("valid metric");
-        registry.register(Box::new(stuck_tasks.clone())).expect("unique metric");
-        let stuck_task_longest_blocked = IntGauge::new(
-            "kstall_stuck_task_longest_blocked_seconds",
-            "Longest time any currently stuck task has been blocked.",
-        )
-        .expect("valid metric");
-        registry.register(Box::new(stuck_task_longest_blocked.clone())).expect("unique metric");
-        let stuck_task_blocked = prometheus::HistogramVec::new(
-            prometheus::HistogramOpts::new(
-                "kstall_stuck_task_blocked_seconds",
-                "How long stuck tasks were blocked, observed when they ran again or exited, by wait \
-                 class and kind.",
+        let blocked_buckets = [5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 4.0 * 3600.0];
+        let stuck_task_blocked = register(
+            &registry,
+            prometheus::HistogramVec::new(
+                histogram_opts(&catalogue::STUCK_TASK_BLOCKED, blocked_buckets.to_vec()),
+                &labels_of(&catalogue::STUCK_TASK_BLOCKED),
             )
-            .buckets(vec![
-                5.0,
-                15.0,
-                30.0,
-                60.0,
-                120.0,
-                300.0,
-                600.0,
-                1800.0,
-                3600.0,
-                4.0 * 3600.0,
-            ]),
-            &["wait", "kind"],
-        )
-        .expect("valid metric");
-        registry.register(Box::new(stuck_task_blocked.clone())).expect("unique metric");
-        let sweeps = Sweeps::new(&registry);
-        let stuck_untracked_total = prometheus::IntCounter::new(
-            "kstall_stuck_tasks_untracked_total",
-            "Reports of stuck tasks not kept because 10,000 tasks were stuck already (the node is \
-             on fire; the first 10,000 are reported).",
-        )
-        .expect("valid metric");
-        registry.register(Box::new(stuck_untracked_total.clone())).expect("unique metric");
-        let nfs_server_responding = IntGaugeVec::new(
-            Opts::new(
-                Family::NfsResponding.name(),
-                "0 after a major RPC timeout to the server (the kernel's \"server not responding\"), \
-                 1 again once a reply arrives (\"server OK\").",
-            ),
-            &[Family::NfsResponding.labels(), &POD_LABELS[..]].concat(),
-        )
-        .expect("valid metric");
-        registry.register(Box::new(nfs_server_responding.clone())).expect("unique metric");
-        let pod_metadata_up = IntGauge::new(
-            "kstall_pod_metadata_up",
-            "1 while the pod metadata source (Kubernetes API, pods file) is current, 0 while it is \
-             not (API unreachable, file unreadable): events then carry the names known before.",
-        )
-        .expect("valid metric");
-        registry.register(Box::new(pod_metadata_up.clone())).expect("unique metric");
-        let attribution_pods = IntGaugeVec::new(
-            Opts::new(
-                "kstall_attribution_pods",
-                "Pods whose names kstall knows: state=\"running\", or \"deleted\" (kept for the retention time).",
-            ),
-            &["state"],
-        )
-        .expect("valid metric");
-        registry.register(Box::new(attribution_pods.clone())).expect("unique metric");
-        let node_pods = IntGaugeVec::new(
-            Opts::new(
-                "kstall_node_pods",
-                "Pods the metadata source lists on this node, by phase and by the reason the first \
-                 waiting container waits (\"\" when none waits; \"other\" for a reason outside the \
-                 kubelet's): a pile of ImagePullBackOff or stuck ContainerCreating, per node.",
-            ),
-            &["phase", "waiting_reason"],
-        )
-        .expect("valid metric");
-        registry.register(Box::new(node_pods.clone())).expect("unique metric");
-        let kubelet_check_up = IntGaugeVec::new(
-            Opts::new(
-                "kstall_kubelet_check_up",
-                "1 when the last check of the node's kubelet passed: check=\"healthz\" (GET of its \
-                 healthz), \"tls\" (a TLS handshake with its server, :10250). Absent when the checks \
-                 are off (--kubelet-checks).",
-            ),
-            &["check"],
-        )
-        .expect("valid metric");
-        registry.register(Box::new(kubelet_check_up.clone())).expect("unique metric");
-        let incident_active = IntGaugeVec::new(
-            Opts::new("kstall_incident_active", "1 while an incident of this signature fires for this pod."),
-            &["signature", "severity", "node", "namespace", "pod"],
-        )
-        .expect("valid metric");
-        registry.register(Box::new(incident_active.clone())).expect("unique metric");
-        let overcommit = prometheus::Gauge::new(
-            "kstall_node_memory_limit_overcommit_ratio",
-            "Sum of the pods' memory limits (pod cgroups; pods without a limit add nothing) over the \
-             node's memory (MemTotal). Above 1, the limits cannot all be honoured: a system OOM is possible.",
-        )
-        .expect("valid metric");
-        registry.register(Box::new(overcommit.clone())).expect("unique metric");
+            .expect("valid metric"),
+        );
+        let overcommit = register(
+            &registry,
+            prometheus::Gauge::with_opts(opts(&catalogue::NODE_MEMORY_LIMIT_OVERCOMMIT))
+                .expect("valid metric"),
+        );
         let metrics = Self {
-            alertmanager_posts_total: counter(
-                &registry,
-                "kstall_alertmanager_posts_total",
-                "Pushes of incidents to an Alertmanager (--alertmanager-url), by result.",
-                &["url", "result"],
-            ),
-            state_writes_total: counter(
-                &registry,
-                "kstall_state_writes_total",
-                "Writes of the incident history to the state directory (--state-dir), by result: ok, \
-                 error (the agent's log says why; the history then does not survive a restart).",
-                &["result"],
-            ),
-            kubernetes_writes_total: counter(
-                &registry,
-                "kstall_kubernetes_writes_total",
-                "Writes to the Kubernetes API (kind=\"event\": Events on pods and nodes; \
-                 \"node_condition\": the Node's status), by result: \
-                 created, patched (a repeat counted), forbidden, conflict, not_found, server_error, \
-                 rejected, unreachable, dropped (the writer's queue was full).",
-                &["kind", "result"],
-            ),
-            overcommit,
-            incident_active,
-            incidents_total: counter(
-                &registry,
-                "kstall_incidents_total",
-                "Incidents that started firing, by signature and severity.",
-                &["signature", "severity"],
-            ),
-            incident_evictions_total: counter(
-                &registry,
-                "kstall_incident_state_evictions_total",
-                "Per-key incident state dropped because a signature's cap was reached.",
-                &["signature"],
-            ),
-            series: std::sync::Mutex::new(SeriesBook::new(settings)),
-            series_dropped_total: counter(
-                &registry,
-                "kstall_metric_series_dropped_total",
-                "New series not made because their metric family had --max-series-per-metric \
-                 series already, each counted once (until a forgotten pod frees room); their \
-                 counts went to the family's overflow series (its own labels \"overflow\").",
-                &["metric"],
-            ),
-            pod_metadata_up,
-            attribution_pods,
-            node_pods,
-            kubelet_check_up,
-            node_pod_states: std::sync::Mutex::default(),
-            nfs_server_responding,
-            nfs_retransmits_total: event_counter(
-                &registry,
-                Family::NfsRetransmits,
-                "RPC requests retransmitted to an NFS/RPC server.",
-            ),
-            nfs_timeouts_total: event_counter(
-                &registry,
-                Family::NfsTimeouts,
-                "Major RPC timeouts (\"server not responding\").",
-            ),
-            nfs_connect_errors_total: event_counter(
-                &registry,
-                Family::NfsConnectErrors,
-                "Failed connects, socket errors and connection resets of RPC transports, by errno.",
-            ),
-            nfs_state_manager_failures_total: event_counter(
-                &registry,
-                Family::NfsStateManager,
-                "NFSv4 state recovery failures (nfs4_state_mgr_failed), by section.",
-            ),
-            oom_kills_total: event_counter(
-                &registry,
-                Family::OomKills,
-                "OOM kills. scope: memcg (a cgroup limit), global (the node ran out) or unknown; \
-                 critical: the victim is node-critical (kubelet, container runtime, ...).",
-            ),
-            stuck_tasks,
-            stuck_task_longest_blocked,
+            probe_up: gauge_vec(&registry, &catalogue::PROBE_UP),
+            stuck_tasks: gauge_vec(&registry, &catalogue::STUCK_TASKS),
+            stuck_task_longest_blocked: gauge(&registry, &catalogue::STUCK_TASK_LONGEST_BLOCKED),
             stuck_task_blocked,
-            stuck_untracked_total,
-            sweeps,
-            attribution_queue_full_total: counter(
-                &registry,
-                "kstall_attribution_queue_full_total",
-                "Events that went out without waiting for the resolver because a queue was full: \
-                 misses (the resolver's queue of keys to look up), held (events waiting for it).",
-                &["queue"],
-            ),
-            stuck_tasks_total: event_counter(
-                &registry,
-                Family::StuckTasks,
-                "Tasks newly stuck (a task counts once however long it stays stuck), by wait class, \
-                 kind and the probe that found it first: stuck-task (the sampler) or hung-task (the \
-                 kernel's detector).",
-            ),
-            probe_up,
-            events_total: counter(
-                &registry,
-                "kstall_events_total",
-                "Events received from the kernel.",
-                &["probe"],
-            ),
-            events_lost_total: counter(
-                &registry,
-                "kstall_events_lost_total",
-                "Events the kernel could not queue because the ring buffer was full.",
-                &["probe"],
-            ),
-            events_suppressed_total: counter(
-                &registry,
-                "kstall_events_suppressed_total",
-                "Events counted in the kernel but not sent in full: beyond the first --sample-events \
-                 of their series per CPU per second, or counted without a key in a full counter map. \
-                 The event metrics count them; kstall trace and the incidents say how many.",
-                &["probe"],
-            ),
-            decode_errors_total: counter(
-                &registry,
-                "kstall_event_decode_errors_total",
-                "Ring buffer records that could not be decoded.",
-                &["error"],
-            ),
-            unattributed_total: counter(
-                &registry,
-                "kstall_events_unattributed_total",
-                "Events sent without knowing their pod or host: the resolver had no answer within \
-                 the hold time (a network namespace or cgroup of no pod, or one already gone).",
-                &["probe"],
-            ),
-            subscriber_drops_total: counter(
-                &registry,
-                "kstall_api_events_dropped_total",
-                "Events not delivered to an API client that fell behind.",
-                &["stream"],
-            ),
-            tcp_resets_total: event_counter(
-                &registry,
-                Family::TcpResets,
-                "TCP resets. port: the refusing local port (sent) or the remote port (received); \
-                 original_port: pre-NAT destination port of a redirected connection, empty otherwise.",
-            ),
+            sweeps: Sweeps::new(&registry),
+            stuck_untracked_total: counter(&registry, &catalogue::STUCK_TASKS_UNTRACKED),
+            nfs_server_responding: gauge_vec(&registry, Family::NfsResponding.metric()),
+            pod_metadata_up: gauge(&registry, &catalogue::POD_METADATA_UP),
+            attribution_pods: gauge_vec(&registry, &catalogue::ATTRIBUTION_PODS),
+            node_pods: gauge_vec(&registry, &catalogue::NODE_PODS),
+            kubelet_check_up: gauge_vec(&registry, &catalogue::KUBELET_CHECK_UP),
+            incident_active: gauge_vec(&registry, &catalogue::INCIDENT_ACTIVE),
+            overcommit,
+            alertmanager_posts_total: counter_vec(&registry, &catalogue::ALERTMANAGER_POSTS),
+            state_writes_total: counter_vec(&registry, &catalogue::STATE_WRITES),
+            kubernetes_writes_total: counter_vec(&registry, &catalogue::KUBERNETES_WRITES),
+            incidents_total: counter_vec(&registry, &catalogue::INCIDENTS),
+            incident_evictions_total: counter_vec(&registry, &catalogue::INCIDENT_STATE_EVICTIONS),
+            series: std::sync::Mutex::new(SeriesBook::new(settings)),
+            series_dropped_total: counter_vec(&registry, &catalogue::METRIC_SERIES_DROPPED),
+            node_pod_states: std::sync::Mutex::default(),
+            nfs_retransmits_total: counter_vec(&registry, Family::NfsRetransmits.metric()),
+            nfs_timeouts_total: counter_vec(&registry, Family::NfsTimeouts.metric()),
+            nfs_connect_errors_total: counter_vec(&registry, Family::NfsConnectErrors.metric()),
+            nfs_state_manager_failures_total: counter_vec(&registry, Family::NfsStateManager.metric()),
+            oom_kills_total: counter_vec(&registry, Family::OomKills.metric()),
+            attribution_queue_full_total: counter_vec(&registry, &catalogue::ATTRIBUTION_QUEUE_FULL),
+            stuck_tasks_total: counter_vec(&registry, Family::StuckTasks.metric()),
+            events_total: counter_vec(&registry, &catalogue::EVENTS),
+            events_lost_total: counter_vec(&registry, &catalogue::EVENTS_LOST),
+            events_suppressed_total: counter_vec(&registry, &catalogue::EVENTS_SUPPRESSED),
+            decode_errors_total: counter_vec(&registry, &catalogue::EVENT_DECODE_ERRORS),
+            unattributed_total: counter_vec(&registry, &catalogue::EVENTS_UNATTRIBUTED),
+            subscriber_drops_total: counter_vec(&registry, &catalogue::API_EVENTS_DROPPED),
+            tcp_resets_total: counter_vec(&registry, Family::TcpResets.metric()),
             registry,
             counts,
         };
@@ -719,45 +534,19 @@ struct Sweeps {
 
 impl Sweeps {
     fn new(registry: &Registry) -> Self {
-        fn reg<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, m: T) -> T {
-            registry.register(Box::new(m.clone())).expect("unique metric");
-            m
-        }
-        let counter = |name: &str, help: &str| {
-            reg(registry, prometheus::IntCounter::new(name, help).expect("valid metric"))
-        };
-        let gauge = |name: &str, help: &str| reg(registry, IntGauge::new(name, help).expect("valid metric"));
+        let kernel_buckets = vec![0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5];
+        let kernel_seconds = prometheus::Histogram::with_opts(histogram_opts(
+            &catalogue::STUCK_TASK_SWEEP_KERNEL_SECONDS,
+            kernel_buckets,
+        ))
+        .expect("valid metric");
         Self {
-            total: counter(
-                "kstall_stuck_task_sweeps_total",
-                "Sweeps of every task by the stuck-task sampler.",
-            ),
-            failures_total: counter(
-                "kstall_stuck_task_sweep_failures_total",
-                "Sweeps that could not run (the agent's log says why).",
-            ),
-            kernel_seconds: reg(
-                registry,
-                prometheus::Histogram::with_opts(
-                    prometheus::HistogramOpts::new(
-                        "kstall_stuck_task_sweep_kernel_seconds",
-                        "CPU time of each sweep, spent in the kernel walking the tasks.",
-                    )
-                    .buckets(vec![0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5]),
-                )
-                .expect("valid metric"),
-            ),
-            tasks: gauge("kstall_stuck_task_sweep_tasks", "Tasks the last sweep walked."),
-            uninterruptible: gauge(
-                "kstall_stuck_task_sweep_uninterruptible",
-                "Tasks the last sweep found asleep uninterruptibly, stuck or not (idle kernel threads \
-                 and frozen tasks not counted).",
-            ),
-            over_limit_total: counter(
-                "kstall_stuck_task_reports_over_limit_total",
-                "Stuck tasks a sweep did not report because it had reported --stuck-task-max-reports \
-                 already (a later sweep reports them).",
-            ),
+            total: counter(registry, &catalogue::STUCK_TASK_SWEEPS),
+            failures_total: counter(registry, &catalogue::STUCK_TASK_SWEEP_FAILURES),
+            kernel_seconds: register(registry, kernel_seconds),
+            tasks: gauge(registry, &catalogue::STUCK_TASK_SWEEP_TASKS),
+            uninterruptible: gauge(registry, &catalogue::STUCK_TASK_SWEEP_UNINTERRUPTIBLE),
+            over_limit_total: counter(registry, &catalogue::STUCK_TASK_REPORTS_OVER_LIMIT),
         }
     }
 }
@@ -791,6 +580,42 @@ mod tests {
 
     fn event(resets: u64) -> Attributed {
         count(resets, |_| {})
+    }
+
+    /// Every catalogue entry is registered (a second metric of its name is refused), and every
+    /// family `/metrics` shows is the catalogue's, with its help and type.
+    #[test]
+    fn the_exported_metrics_are_the_catalogues() {
+        let m = Metrics::new(Default::default(), Default::default());
+        for metric in catalogue::ALL {
+            let again = prometheus::IntGauge::new(metric.name, "again").unwrap();
+            assert!(
+                matches!(m.registry.register(Box::new(again)), Err(prometheus::Error::AlreadyReg)),
+                "{} is in the catalogue but not registered",
+                metric.name
+            );
+        }
+        let text = m.render();
+        let mut shown = 0;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').unwrap();
+                let metric =
+                    catalogue::find(name).unwrap_or_else(|| panic!("{name} is not in the catalogue"));
+                assert_eq!(help, metric.help, "{name}");
+                shown += 1;
+            }
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                let expected = match catalogue::find(name).unwrap().kind {
+                    catalogue::Type::Counter => "counter",
+                    catalogue::Type::Gauge => "gauge",
+                    catalogue::Type::Histogram => "histogram",
+                };
+                assert_eq!(kind, expected, "{name}");
+            }
+        }
+        assert!(shown > 10, "{text}");
     }
 
     #[test]

@@ -39,7 +39,8 @@ impl Default for Settings {
 
 /// The labels that say who an event is about. `host` is "true" for node processes and
 /// host-network events, "false" otherwise (an empty pod with host="false": not attributed).
-pub const POD_LABELS: [&str; 5] = ["namespace", "pod", "container", "workload", "host"];
+pub use kstall_common::metrics::POD_LABELS;
+use kstall_common::metrics::{self as catalogue, Metric};
 
 /// The metric families about events: each carries the pod labels after its own and is capped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -66,29 +67,27 @@ impl Family {
         Family::NfsResponding,
     ];
 
-    pub fn name(self) -> &'static str {
+    /// Its entry in the metric catalogue.
+    pub fn metric(self) -> &'static Metric {
         match self {
-            Family::TcpResets => "kstall_tcp_resets_total",
-            Family::StuckTasks => "kstall_stuck_tasks_total",
-            Family::OomKills => "kstall_oom_kills_total",
-            Family::NfsRetransmits => "kstall_nfs_rpc_retransmits_total",
-            Family::NfsTimeouts => "kstall_nfs_rpc_timeouts_total",
-            Family::NfsConnectErrors => "kstall_nfs_connect_errors_total",
-            Family::NfsStateManager => "kstall_nfs_state_manager_failures_total",
-            Family::NfsResponding => "kstall_nfs_server_responding",
+            Family::TcpResets => &catalogue::TCP_RESETS,
+            Family::StuckTasks => &catalogue::STUCK_TASKS_TOTAL,
+            Family::OomKills => &catalogue::OOM_KILLS,
+            Family::NfsRetransmits => &catalogue::NFS_RETRANSMITS,
+            Family::NfsTimeouts => &catalogue::NFS_TIMEOUTS,
+            Family::NfsConnectErrors => &catalogue::NFS_CONNECT_ERRORS,
+            Family::NfsStateManager => &catalogue::NFS_STATE_MANAGER_FAILURES,
+            Family::NfsResponding => &catalogue::NFS_SERVER_RESPONDING,
         }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.metric().name
     }
 
     /// Its own labels, before the pod labels.
     pub fn labels(self) -> &'static [&'static str] {
-        match self {
-            Family::TcpResets => &["direction", "port", "original_port", "reason"],
-            Family::StuckTasks => &["wait", "kind", "source"],
-            Family::OomKills => &["scope", "comm", "critical"],
-            Family::NfsRetransmits | Family::NfsTimeouts | Family::NfsResponding => &["server"],
-            Family::NfsConnectErrors => &["server", "error"],
-            Family::NfsStateManager => &["server", "section"],
-        }
+        self.metric().labels
     }
 
     /// The overflow series' label values: `overflow` for each of its own labels, the pod labels

@@ -6,7 +6,7 @@ use kstall_common::hung_task::{
     BLOCKER_TYPE_MASK, BLOCKER_TYPE_MUTEX, BLOCKER_TYPE_RWSEM_READER, BLOCKER_TYPE_RWSEM_WRITER,
     BLOCKER_TYPE_SEM, FLAG_BLOCKER_TRACKED, FLAG_EXITING, FLAG_NO_NSPROXY, HungTaskConfig, HungTaskEvent,
 };
-use kstall_common::kind;
+use kstall_common::{kind, metrics};
 use serde::Serialize;
 
 use super::{
@@ -150,7 +150,7 @@ impl Probe for HungTaskProbe {
 const HUNG: EventKind = EventKind {
     name: "hung_task",
     subject: Subject::Task,
-    families: &["kstall_stuck_tasks_total"],
+    families: &[&metrics::STUCK_TASKS_TOTAL],
     text: |e| format!("hung {}s in {} {} at {}", e.n("blocked_secs"), e.s("wait"), e.task(), e.top_frame()),
 };
 

@@ -12,7 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use aya::{Ebpf, maps::Array, programs::RawTracePoint};
 use kstall_common::{
     counter::Counter,
-    kind,
+    kind, metrics,
     nfs::{
         NAME_LEN, NfsConfig, NfsCountKey, NfsEvent, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING,
         WHAT_SOCKET_CONNECT, WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET, WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
@@ -478,7 +478,7 @@ impl Probe for NfsProbe {
 const RPC: EventKind = EventKind {
     name: "nfs",
     subject: Subject::Netns,
-    families: &["kstall_nfs_server_responding"],
+    families: &[&metrics::NFS_SERVER_RESPONDING],
     text: |e| {
         let mut text = format!("{} server {}:{}", e.s("what"), e.s("server_addr"), e.n("server_port"));
         if !e.s("procedure").is_empty() {
@@ -496,10 +496,10 @@ const RPC_COUNT: EventKind = EventKind {
     name: "nfs_count",
     subject: Subject::Netns,
     families: &[
-        "kstall_nfs_rpc_retransmits_total",
-        "kstall_nfs_rpc_timeouts_total",
-        "kstall_nfs_connect_errors_total",
-        "kstall_nfs_state_manager_failures_total",
+        &metrics::NFS_RETRANSMITS,
+        &metrics::NFS_TIMEOUTS,
+        &metrics::NFS_CONNECT_ERRORS,
+        &metrics::NFS_STATE_MANAGER_FAILURES,
     ],
     text: |e| {
         format!(

@@ -9,7 +9,7 @@
 
 use kstall_common::{
     counter::Counter,
-    kind,
+    kind, metrics,
     oom::{
         FLAG_FROM_OOM_CONTROL, FLAG_HAS_MEMCG_PATH, FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_MEMCG_OOM,
         FLAG_VICTIM_PID_ONLY, MEMCG_NAME_LEN, MEMCG_PATH_LEVELS, OomConfig, OomCountKey, OomKillEvent,
@@ -393,7 +393,7 @@ const KILL: EventKind = EventKind {
 const KILL_COUNT: EventKind = EventKind {
     name: "oom_kill_count",
     subject: Subject::Task,
-    families: &["kstall_oom_kills_total"],
+    families: &[&metrics::OOM_KILLS],
     text: |e| {
         format!(
             "{} more OOM kills ({}) of {} not shown ({} counted in 1 s)",

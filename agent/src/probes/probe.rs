@@ -4,6 +4,7 @@
 //! suppressed events, the registry's generated test) read them from there instead of naming
 //! probes.
 
+use kstall_common::metrics::Metric;
 use serde_json::Value;
 
 pub trait Probe: Sync {
@@ -26,9 +27,9 @@ pub trait Probe: Sync {
 pub struct EventKind {
     pub name: &'static str,
     pub subject: Subject,
-    /// The event metric families `export/metrics.rs` feeds from it (none: counted from the
-    /// kernel's counters, which arrive as another kind).
-    pub families: &'static [&'static str],
+    /// The metric families `export/metrics.rs` feeds from it, from the catalogue (none: counted
+    /// from the kernel's counters, which arrive as another kind).
+    pub families: &'static [&'static Metric],
     /// Its line in `kstall trace`, from the JSON the agent sends (the client renders).
     pub text: fn(&Fields) -> String,
 }

@@ -20,11 +20,11 @@ use aya::{
     maps::{Array, MapData},
     programs::Iter,
 };
-use kstall_common::kind;
 use kstall_common::stuck_task::{
     AsleepTask, FLAG_EXITING, FLAG_NO_NSPROXY, PF_FROZEN, StuckTaskConfig, StuckTaskEvent, SweepStats,
     TASK_WAKEKILL,
 };
+use kstall_common::{kind, metrics};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -344,7 +344,7 @@ impl Probe for StuckTaskProbe {
 const STUCK: EventKind = EventKind {
     name: "stuck_task",
     subject: Subject::Task,
-    families: &["kstall_stuck_tasks_total"],
+    families: &[&metrics::STUCK_TASKS_TOTAL],
     text: |e| {
         let exiting = if e.is_true("exiting") { " while exiting" } else { "" };
         format!(

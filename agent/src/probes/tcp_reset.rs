@@ -16,7 +16,7 @@ use std::{
 
 use kstall_common::{
     counter::Counter,
-    kind,
+    kind, metrics,
     tcp_reset::{
         self as raw, ConntrackOffsets, DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6,
         FLAG_HAS_CONNTRACK, FLAG_HAS_REASON, FLAG_HAS_SOCKET, KEY_ORIGINAL_EPHEMERAL, KEY_ORIGINAL_OTHER,
@@ -611,7 +611,7 @@ const RESET: EventKind = EventKind {
 const RESET_COUNT: EventKind = EventKind {
     name: "tcp_reset_count",
     subject: Subject::Netns,
-    families: &["kstall_tcp_resets_total"],
+    families: &[&metrics::TCP_RESETS],
     text: |e| {
         let arrow = if e.s("direction") == "sent" { "sent RSTs" } else { "got RSTs" };
         let mut text = format!(

@@ -3,6 +3,7 @@
 
 use std::sync::LazyLock;
 
+use kstall_common::metrics;
 use serde::Serialize;
 
 use super::probe::{EventData, EventKind, Subject};
@@ -207,7 +208,7 @@ pub struct HungTaskCleared {
 pub(super) const CLEARED: EventKind = EventKind {
     name: "hung_task_cleared",
     subject: Subject::Task,
-    families: &["kstall_stuck_task_blocked_seconds"],
+    families: &[&metrics::STUCK_TASK_BLOCKED],
     text: |e| format!("no longer hung ({}) {}", e.s("why"), e.task()),
 };
 
