@@ -7,7 +7,7 @@ use std::{hint::black_box, sync::Arc};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kstall::{
     events::Decoder,
-    probes::{Decoding, hung_task::Clock},
+    probes::{Clock, Decoding},
     symbols::{SymbolTable, Symbols},
 };
 use kstall_common::{

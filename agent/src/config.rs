@@ -955,7 +955,7 @@ fn validate_comms(list: Vec<String>) -> Result<Vec<String>, ConfigError> {
 }
 
 fn validate_probes(list: Vec<String>) -> Result<Vec<String>, ConfigError> {
-    probes::Settings::probe_names(list).map_err(|e| invalid("probes", e))
+    probes::probe_names(list).map_err(|e| invalid("probes", e))
 }
 
 /// `4096`, `256K`, `1M`, `1G` (binary units).

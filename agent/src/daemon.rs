@@ -88,8 +88,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     metrics.set_probe_statuses(&statuses);
     for s in statuses.iter().filter(|s| !s.up) {
         let reason = s.reason.as_deref().unwrap_or("");
-        // NFS waiting for its modules is how a node without NFS mounts looks, not a fault.
-        if s.name == probes::nfs::NAME && loaded.nfs.pending {
+        // Waiting for its modules (NFS) is how a node without NFS mounts looks, not a fault.
+        if loaded.waiting(&s.name) {
             tracing::info!(probe = %s.name, reason, "probe waiting");
         } else {
             tracing::warn!(probe = %s.name, reason, "probe unavailable");

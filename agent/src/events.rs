@@ -5,24 +5,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kstall_common::{
-    EventHeader, hung_task::HungTaskEvent, kind, nfs::NfsEvent, oom::OomKillEvent,
-    stuck_task::StuckTaskEvent, tcp_reset::TcpResetEvent,
-};
+use kstall_common::EventHeader;
 use serde::Serialize;
 
+pub use crate::probes::Payload;
 use crate::{
-    decode::{DecodeError, check_version, comm_string, read_record},
+    decode::{DecodeError, comm_string, read_record},
     kernel,
-    probes::{
-        self, Decoding, EventData, EventKind,
-        hung_task::{self, HungTask},
-        nfs::{self, Nfs, NfsCount},
-        oom::{self, OomKill, OomKillCount},
-        stuck_task::{self, StuckTaskSample},
-        tcp_reset::{self, ResetCount, TcpReset},
-        wait::HungTaskCleared,
-    },
+    probes::{self, Decoding},
 };
 
 /// Fields every event carries. `pid`/`tgid`/`comm`/`cgroup_id` are the task the kernel was running
@@ -36,49 +26,6 @@ pub struct Header {
     pub comm: String,
     pub cgroup_id: u64,
     pub netns: u32,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Payload {
-    TcpReset(TcpReset),
-    /// One interval's resets of one series, read from the kernel's counters (not the ring
-    /// buffer): exact, and how many were not sent in full.
-    TcpResetCount(ResetCount),
-    /// A task newly reported hung by the kernel's detector (reports of a task already known are
-    /// folded into it).
-    HungTask(HungTask),
-    /// A task newly found stuck by the sampler, killable sleeps included (likewise folded).
-    StuckTask(StuckTaskSample),
-    /// A stuck task, however found, that left D state or exited.
-    HungTaskCleared(HungTaskCleared),
-    OomKill(OomKill),
-    /// One interval's OOM kills of one series, from the kernel's counters, as `TcpResetCount`.
-    OomKillCount(OomKillCount),
-    Nfs(Nfs),
-    /// One interval's NFS events of one series, from the kernel's counters, as `TcpResetCount`.
-    NfsCount(NfsCount),
-}
-
-impl Payload {
-    /// Its kind's data, through which everything generic reads it (a new kind is one line here).
-    pub fn data(&self) -> &dyn EventData {
-        match self {
-            Payload::TcpReset(p) => p,
-            Payload::TcpResetCount(p) => p,
-            Payload::HungTask(p) => p,
-            Payload::StuckTask(p) => p,
-            Payload::HungTaskCleared(p) => p,
-            Payload::OomKill(p) => p,
-            Payload::OomKillCount(p) => p,
-            Payload::Nfs(p) => p,
-            Payload::NfsCount(p) => p,
-        }
-    }
-
-    pub fn kind(&self) -> &'static EventKind {
-        self.data().kind()
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -108,49 +55,23 @@ impl Decoder {
         Self { probes, boot_to_unix_ns: kernel::boot_to_unix_offset_ns() }
     }
 
-    /// What OOM kills are decoded with: also what their counts are.
-    pub fn oom_context(&self) -> &oom::Context {
-        &self.probes.oom
+    /// What loading learnt of this kernel and node: also what the kernel's counts are read with.
+    pub fn decoding(&self) -> &Decoding {
+        &self.probes
     }
 
     pub fn decode(&self, bytes: &[u8]) -> Result<Event, DecodeError> {
         let raw_header: EventHeader = read_record(bytes, "event header")?;
-        let (probe, payload) = match raw_header.kind {
-            kind::TCP_RESET => {
-                check_version(&raw_header, kstall_common::tcp_reset::VERSION)?;
-                let raw: TcpResetEvent = read_record(bytes, "tcp_reset event")?;
-                (tcp_reset::NAME, Payload::TcpReset(tcp_reset::decode(&raw, &self.probes.tcp_reset)?))
-            }
-            kind::HUNG_TASK => {
-                check_version(&raw_header, kstall_common::hung_task::VERSION)?;
-                let raw: HungTaskEvent = read_record(bytes, "hung_task event")?;
-                (
-                    hung_task::NAME,
-                    Payload::HungTask(hung_task::decode(&raw, &self.probes.symbols, self.probes.clock)?),
-                )
-            }
-            kind::OOM_KILL => {
-                check_version(&raw_header, kstall_common::oom::VERSION)?;
-                let raw: OomKillEvent = read_record(bytes, "oom_kill event")?;
-                (oom::NAME, Payload::OomKill(oom::decode(&raw, &self.probes.symbols, &self.probes.oom)?))
-            }
-            kind::STUCK_TASK => {
-                check_version(&raw_header, kstall_common::stuck_task::VERSION)?;
-                let raw: StuckTaskEvent = read_record(bytes, "stuck_task event")?;
-                (stuck_task::NAME, Payload::StuckTask(stuck_task::decode(&raw, &self.probes.symbols)?))
-            }
-            kind::NFS => {
-                check_version(&raw_header, kstall_common::nfs::VERSION)?;
-                let raw: NfsEvent = read_record(bytes, "nfs event")?;
-                (nfs::NAME, Payload::Nfs(nfs::decode(&raw, self.probes.clock)?))
-            }
-            other => return Err(DecodeError::UnknownKind(other)),
-        };
+        let probe = probes::ALL
+            .iter()
+            .find(|p| p.record_kind() == raw_header.kind)
+            .ok_or(DecodeError::UnknownKind(raw_header.kind))?;
+        let payload = probe.decode(&raw_header, bytes, &self.probes)?;
         let time_unix_ns =
             (i128::from(raw_header.timestamp_ns) + self.boot_to_unix_ns).clamp(0, u64::MAX.into()) as u64;
         Ok(Event {
             header: Header {
-                probe,
+                probe: probe.name(),
                 time_unix_ns,
                 tgid: raw_header.tgid,
                 pid: raw_header.pid,
@@ -271,7 +192,7 @@ mod tests {
                 })
                 .collect();
             if round % 2 == 0 && bytes.len() >= 8 {
-                bytes[..4].copy_from_slice(&kind::TCP_RESET.to_ne_bytes());
+                bytes[..4].copy_from_slice(&kstall_common::kind::TCP_RESET.to_ne_bytes());
                 bytes[4..8].copy_from_slice(&kstall_common::tcp_reset::VERSION.to_ne_bytes());
             }
             let _ = decoder.decode(&bytes);

@@ -284,7 +284,7 @@ impl Pipeline {
         self.oom_keys.forget_old(now);
         for counted in drained.oom_kills {
             let seen = self.oom_keys.seen(counted.cgroup_id, &counted.comm);
-            let count = counted.settle(seen.as_ref().map(|(scope, _)| *scope), self.decoder.oom_context());
+            let count = counted.settle(seen.as_ref().map(|(scope, _)| *scope), self.decoder.decoding());
             let event = Event {
                 header: header(probes::oom::NAME, counted.comm, counted.cgroup_id, 0),
                 payload: Payload::OomKillCount(count),

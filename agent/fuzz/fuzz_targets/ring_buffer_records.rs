@@ -9,7 +9,7 @@ use std::sync::{Arc, LazyLock};
 use kstall::{
     decode::read_record,
     events::Decoder,
-    probes::{Decoding, hung_task::Clock, nfs, oom, tcp_reset},
+    probes::{Clock, Decoding, nfs, oom, probe::EnumNames, tcp_reset},
     symbols::{SymbolTable, Symbols},
 };
 use kstall_common::{counter::Counter, nfs::NfsCountKey, oom::OomCountKey, tcp_reset::ResetCountKey};
@@ -67,14 +67,14 @@ fn key_and_counter<K: aya::Pod>(data: &[u8]) -> Option<(K, Counter)> {
 
 fn counts(data: &[u8]) {
     if let Some((key, counter)) = key_and_counter::<ResetCountKey>(data)
-        && let Ok(count) = tcp_reset::decode_count(&key, &counter, &tcp_reset::Names::default())
+        && let Ok(count) = tcp_reset::decode_count(&key, &counter, &EnumNames::default())
     {
         let _ = count.redirected_port();
         serde_json::to_vec(&count).expect("a reset count serializes");
     }
     if let Some((key, counter)) = key_and_counter::<OomCountKey>(data) {
         let kills = oom::decode_count(&key, &counter);
-        let ctx = DECODERS[1].oom_context();
+        let ctx = DECODERS[1].decoding();
         for seen in [None, Some(oom::Scope::Memcg), Some(oom::Scope::Global)] {
             serde_json::to_vec(&kills.settle(seen, ctx)).expect("an OOM kill count serializes");
         }

@@ -344,7 +344,7 @@ pub fn who(e: &Value) -> String {
 /// The event's own text, as its probe writes it.
 fn what(e: &Value) -> String {
     match e["kind"].as_str().and_then(probes::event_kind) {
-        Some(kind) => (kind.text)(&probes::probe::Fields(e)),
+        Some(kind) => (kind.text)(&probes::kind::Fields(e)),
         // From an agent newer than this kstall: its JSON (`--output json`) has it all.
         None => format!(
             "{} event (no text for it in this kstall version: --output json)",

@@ -9,6 +9,7 @@ use aya::{
 };
 use kstall_common::{counter::Counter, nfs::NfsCountKey, oom::OomCountKey, tcp_reset::ResetCountKey};
 
+use super::probe::EnumNames;
 use super::{
     nfs::{self, NfsCount},
     oom::{self, CountedKills},
@@ -24,7 +25,7 @@ pub struct Counters {
     generation: Array<MapData, u32>,
     /// The generation the programs count in now.
     current: u32,
-    tcp_reset: Option<(CounterMap<ResetCountKey>, tcp_reset::Names)>,
+    tcp_reset: Option<(CounterMap<ResetCountKey>, EnumNames)>,
     oom: Option<CounterMap<OomCountKey>>,
     /// Always there: the NFS programs load with the agent, to be attached when sunrpc appears.
     nfs: CounterMap<NfsCountKey>,
@@ -50,7 +51,7 @@ pub struct Drained {
 
 /// Which probes' counters the loaded object has.
 pub struct Wanted {
-    pub tcp_reset: Option<tcp_reset::Names>,
+    pub tcp_reset: Option<EnumNames>,
     pub oom: bool,
 }
 

@@ -1,11 +1,25 @@
-//! What one probe is to the agent: the [`Probe`] trait each probe's agent half implements, and the
-//! [`EventKind`] each of its events declares. The registry (`probes::ALL`) lists the probes; the
-//! agent's generic parts (`kstall trace`'s text, its filters, attribution's subject, the count's
-//! suppressed events, the registry's generated test) read them from there instead of naming
-//! probes.
+//! What one probe is to the agent: the [`Probe`] trait each probe's agent half implements — what
+//! it is and emits, how it plans its programs for the running kernel and decodes its records —
+//! and what every probe shares: the decoding context ([`Decoding`]: facts about this kernel and
+//! node, no probe's own) and the [`Completion`] of a probe whose work goes on after loading.
+//! The registry (`probes::ALL`) lists the probes; loading, decoding, `kstall trace`, the filters
+//! and attribution read them from there instead of naming probes.
 
-use kstall_common::metrics::Metric;
-use serde_json::Value;
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
+
+use aya::Ebpf;
+use kstall_common::EventHeader;
+
+use super::{
+    kind::EventKind,
+    payload::Payload,
+    plan::{Plan, ProbeStatus},
+    settings::Settings,
+};
+use crate::{decode::DecodeError, kernel_btf::KernelBtf, symbols::Symbols};
 
 pub trait Probe: Sync {
     /// Its name in `--probes`, `kstall status`, `kstall trace --probe` and the `probe` label.
@@ -18,80 +32,124 @@ pub trait Probe: Sync {
     /// Every kind of event it emits, records and the agent's own (counts, cleared tasks).
     fn events(&self) -> &'static [EventKind];
 
-    /// One event of each of its kinds, for the registry's generated test.
-    #[cfg(test)]
-    fn samples(&self) -> Vec<crate::events::Payload>;
-}
-
-/// One kind of event: the `kind` its JSON carries and all that generic code needs to know of it.
-pub struct EventKind {
-    pub name: &'static str,
-    pub subject: Subject,
-    /// The metric families `export/metrics.rs` feeds from it, from the catalogue (none: counted
-    /// from the kernel's counters, which arrive as another kind).
-    pub families: &'static [&'static Metric],
-    /// Its line in `kstall trace`, from the JSON the agent sends (the client renders).
-    pub text: fn(&Fields) -> String,
-}
-
-/// Whom an event is about, which decides how it is attributed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Subject {
-    /// The task in its header (or, for a count, its cgroup): a hung task, an OOM victim.
-    Task,
-    /// Its network namespace: resets and RPCs run in softirq or kworker context, whose task is
-    /// whoever the CPU was running.
-    Netns,
-}
-
-/// What a trace's `--port` and `--server` filters match in an event.
-#[derive(Debug, Default, PartialEq)]
-pub struct FilterFields {
-    pub ports: Vec<u16>,
-    pub addrs: Vec<String>,
-}
-
-/// The data of one event kind (each payload type implements it; `Payload::data` dispatches).
-pub trait EventData {
-    fn kind(&self) -> &'static EventKind;
-
-    fn filter_fields(&self) -> FilterFields {
-        FilterFields::default()
-    }
-
-    /// For a count from the kernel's counters: the events it counted that were not sent in full.
-    fn suppressed(&self) -> Option<u64> {
+    /// The field of its records that is in jiffies, if any: the tick rate is measured for it, and
+    /// its status says how (or that the field is unavailable).
+    fn jiffies_field(&self) -> Option<&'static str> {
         None
     }
+
+    /// Its programs for the running kernel, planned from BTF; what decoding will need (kernel
+    /// enum names) goes into `decoding`.
+    fn plan(
+        &self,
+        vmlinux: &KernelBtf,
+        settings: &Settings,
+        decoding: &mut Decoding,
+    ) -> Result<Planned, String>;
+
+    /// One of its ring-buffer records, whose header (already read) has its record kind.
+    fn decode(
+        &self,
+        header: &EventHeader,
+        record: &[u8],
+        decoding: &Decoding,
+    ) -> Result<Payload, DecodeError>;
+
+    /// One event of each of its kinds, for the registry's generated test.
+    #[cfg(test)]
+    fn samples(&self) -> Vec<Payload>;
 }
 
-/// An event's JSON as its trace text reads it: missing fields read as empty (`s`) or `?` (`n`).
-pub struct Fields<'a>(pub &'a Value);
+/// A probe planned for the running kernel.
+pub struct Planned {
+    /// Its programs, attached with the others; `None`: it attaches its own (in its completion).
+    pub programs: Option<Plan>,
+    /// What it does once the object is loaded, and later when a module it waits for loads.
+    pub completion: Option<Box<dyn Completion>>,
+}
 
-impl Fields<'_> {
-    pub fn s(&self, key: &str) -> &str {
-        self.0[key].as_str().unwrap_or("")
+impl From<Plan> for Planned {
+    fn from(plan: Plan) -> Self {
+        Self { programs: Some(plan), completion: None }
+    }
+}
+
+/// The part of a probe that goes on after loading: a map its programs read to fill, programs in
+/// kernel modules to attach when the modules load (sunrpc with the first NFS mount, nf_conntrack
+/// with the first NAT rule), without a restart.
+pub trait Completion: Send {
+    /// Right after loading and attaching; `status` is the probe's, up or not.
+    fn on_load(&mut self, ebpf: &mut Ebpf, status: &mut ProbeStatus);
+
+    /// Whether it still waits for a kernel module (the module watcher runs while one does).
+    fn waiting(&self) -> bool;
+
+    /// A look for the modules it waits for: whether it changed `status`.
+    fn on_modules(&mut self, ebpf: &mut Ebpf, status: &mut ProbeStatus) -> bool;
+
+    /// The programs it attached itself, to detach at shutdown.
+    fn attached(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+}
+
+/// What decoding records needs beyond the records: facts about this kernel and node, shared by
+/// every probe, built whole by `probes::load` (the symbols kept current by the agent).
+#[derive(Clone)]
+pub struct Decoding {
+    pub symbols: Arc<Symbols>,
+    pub clock: Clock,
+    /// Kernel enums' value names, read from BTF for the probes that report enum values.
+    pub enums: EnumNames,
+    /// Process names whose death takes the node down (kubelet, the container runtime, ...).
+    pub critical_comms: Arc<[String]>,
+    pub agent_pid: u32,
+    pub page_size: u64,
+}
+
+impl Default for Decoding {
+    fn default() -> Self {
+        Self {
+            symbols: Arc::default(),
+            clock: Clock::default(),
+            enums: EnumNames::default(),
+            critical_comms: super::settings::DEFAULT_CRITICAL_COMMS.iter().map(|s| s.to_string()).collect(),
+            agent_pid: std::process::id(),
+            // SAFETY: sysconf has no preconditions.
+            page_size: u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096),
+        }
+    }
+}
+
+/// Converts jiffies to seconds; the kernel's HZ is measured once at start (`kernel::tick_rate`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Clock {
+    pub hz: Option<u64>,
+}
+
+/// Kernel enums' value names (`SK_RST_REASON_NO_SOCKET` read as `NO_SOCKET`), by enum.
+#[derive(Debug, Clone, Default)]
+pub struct EnumNames(BTreeMap<&'static str, Arc<HashMap<u32, String>>>);
+
+impl EnumNames {
+    pub fn insert(&mut self, kernel_enum: &'static str, names: HashMap<u32, String>) {
+        self.0.insert(kernel_enum, Arc::new(names));
     }
 
-    pub fn n(&self, key: &str) -> String {
-        self.0[key].as_u64().map(|v| v.to_string()).unwrap_or_else(|| "?".into())
+    /// The name of `value` in `kernel_enum`, or the number when BTF did not name it.
+    pub fn name(&self, kernel_enum: &str, value: u32) -> String {
+        self.0
+            .get(kernel_enum)
+            .and_then(|names| names.get(&value))
+            .cloned()
+            .unwrap_or_else(|| value.to_string())
     }
 
-    pub fn is_true(&self, key: &str) -> bool {
-        self.0[key] == true
+    pub fn extend(&mut self, other: EnumNames) {
+        self.0.extend(other.0);
     }
 
-    pub fn get(&self, key: &str) -> &Value {
-        &self.0[key]
-    }
-
-    /// `tgid/pid comm` of the header's task.
-    pub fn task(&self) -> String {
-        format!("{}/{} {}", self.n("tgid"), self.n("pid"), self.s("comm"))
-    }
-
-    /// The first frame of `stack`.
-    pub fn top_frame(&self) -> &str {
-        self.0["stack"].as_array().and_then(|f| f.first()).and_then(Value::as_str).unwrap_or("")
+    pub fn has(&self, kernel_enum: &str) -> bool {
+        self.0.get(kernel_enum).is_some_and(|names| !names.is_empty())
     }
 }

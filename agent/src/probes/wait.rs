@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use kstall_common::metrics;
 use serde::Serialize;
 
-use super::probe::{EventData, EventKind, Subject};
+use super::kind::{EventData, EventKind, Subject};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -8,6 +8,10 @@
 //! or killable, whose switch count has not moved for `threshold`. Its records go through the ring
 //! buffer like every probe's; each read is a sweep whose kernel CPU time is measured here.
 
+pub mod event;
+
+pub use event::*;
+
 use std::{
     fs::File,
     io::Read,
@@ -24,19 +28,21 @@ use kstall_common::stuck_task::{
     AsleepTask, FLAG_EXITING, FLAG_NO_NSPROXY, PF_FROZEN, StuckTaskConfig, StuckTaskEvent, SweepStats,
     TASK_WAKEKILL,
 };
-use kstall_common::{kind, metrics};
-use serde::Serialize;
+use kstall_common::{EventHeader, kind};
 use tokio_util::sync::CancellationToken;
 
+pub use super::settings::StuckTask as Settings;
 use super::{
+    kind::EventKind,
+    payload::Payload,
     plan::{Plan, ProgramSpec},
-    probe::{EventData, EventKind, Probe, Subject},
-    wait::{WaitClass, WaitKind, classify},
+    probe::{Decoding, Planned, Probe},
+    wait::{WaitKind, classify},
 };
 use crate::{
-    decode::DecodeError,
+    decode::{DecodeError, check_version, read_record},
     kernel_btf::{BtfError, KernelBtf},
-    symbols::{Stack, Symbols},
+    symbols::Symbols,
 };
 
 pub const NAME: &str = "stuck-task";
@@ -44,48 +50,6 @@ const GLOBAL: &str = "STUCK_TASK_CONFIG";
 pub const PROGRAM: &str = "stuck_task_sweep";
 const PROG: ProgramSpec = ProgramSpec::task_iter(PROGRAM);
 const SWEEP_MAP: &str = "SWEEP";
-
-/// How the sampler sweeps (part of the agent's configuration, validated there).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Settings {
-    pub interval: Duration,
-    /// How long a task's switch count must stay still before it is reported.
-    pub threshold: Duration,
-    /// Reports per sweep at most; the rest are counted and come in later sweeps.
-    pub max_reports: u32,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self { interval: Duration::from_secs(5), threshold: Duration::from_secs(30), max_reports: 1000 }
-    }
-}
-
-impl Settings {
-    const MIN_INTERVAL: Duration = Duration::from_secs(1);
-    const MAX_INTERVAL: Duration = Duration::from_secs(3600);
-    /// More than the ring buffer could hold in one sweep at its smallest useful size is no limit.
-    const MAX_REPORTS: u32 = 100_000;
-
-    pub fn interval(d: Duration, text: &str) -> Result<Duration, String> {
-        if d < Self::MIN_INTERVAL || d > Self::MAX_INTERVAL {
-            return Err(format!("{text} is not between 1s and 1h"));
-        }
-        Ok(d)
-    }
-
-    pub fn threshold(d: Duration, text: &str) -> Result<Duration, String> {
-        if d.is_zero() {
-            return Err(format!("{text} is not a duration of at least 1s"));
-        }
-        Ok(d)
-    }
-
-    pub fn max_reports(n: Option<u32>, text: &str) -> Result<u32, String> {
-        n.filter(|n| (1..=Self::MAX_REPORTS).contains(n))
-            .ok_or_else(|| format!("{text:?} is not a whole number between 1 and {}", Self::MAX_REPORTS))
-    }
-}
 
 pub fn plan(vmlinux: &KernelBtf, settings: &Settings) -> Result<Plan, String> {
     let btf = |e: BtfError| e.to_string();
@@ -129,23 +93,6 @@ pub fn plan(vmlinux: &KernelBtf, settings: &Settings) -> Result<Plan, String> {
         unavailable: Vec::new(),
         fallback: None,
     })
-}
-
-/// A stuck task as one sweep found it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct StuckTaskSample {
-    /// Since the first sweep of this spell that saw it asleep: at least the threshold, short of
-    /// the true time by up to one interval (or by how long it slept before the agent started).
-    pub blocked_secs: u64,
-    /// Times it woke and slept again meanwhile: 0 when it has not run at all, a few in a retry
-    /// loop (at most one a second, or it would not be stuck).
-    pub wakeups: u64,
-    pub wait: WaitClass,
-    /// Named so, not `kind`: that key is the event's kind in JSON.
-    pub wait_kind: WaitKind,
-    /// Symbolized kernel stack, innermost frame first.
-    pub stack: Stack,
-    pub exiting: bool,
 }
 
 pub fn decode(ev: &StuckTaskEvent, symbols: &Symbols) -> Result<StuckTaskSample, DecodeError> {
@@ -328,10 +275,28 @@ impl Probe for StuckTaskProbe {
         &[STUCK, super::wait::CLEARED]
     }
 
-    #[cfg(test)]
-    fn samples(&self) -> Vec<crate::events::Payload> {
-        use crate::events::Payload;
+    fn plan(
+        &self,
+        vmlinux: &KernelBtf,
+        settings: &super::settings::Settings,
+        _: &mut Decoding,
+    ) -> Result<Planned, String> {
+        plan(vmlinux, &settings.stuck_task).map(Planned::from)
+    }
 
+    fn decode(
+        &self,
+        header: &EventHeader,
+        record: &[u8],
+        decoding: &Decoding,
+    ) -> Result<Payload, DecodeError> {
+        check_version(header, kstall_common::stuck_task::VERSION)?;
+        let raw: StuckTaskEvent = read_record(record, "stuck_task event")?;
+        Ok(Payload::StuckTask(decode(&raw, &decoding.symbols)?))
+    }
+
+    #[cfg(test)]
+    fn samples(&self) -> Vec<Payload> {
         let raw = tests::event(kstall_common::stuck_task::TASK_UNINTERRUPTIBLE | TASK_WAKEKILL, &[1]);
         vec![
             Payload::StuckTask(decode(&raw, &Symbols::default()).expect("sample")),
@@ -340,33 +305,9 @@ impl Probe for StuckTaskProbe {
     }
 }
 
-/// Found by the sampler: killable waits too, which the kernel's detector never reports.
-const STUCK: EventKind = EventKind {
-    name: "stuck_task",
-    subject: Subject::Task,
-    families: &[&metrics::STUCK_TASKS_TOTAL],
-    text: |e| {
-        let exiting = if e.is_true("exiting") { " while exiting" } else { "" };
-        format!(
-            "stuck {}s ({}, {} wakeups) in {} {} at {}{exiting}",
-            e.n("blocked_secs"),
-            e.s("wait_kind"),
-            e.n("wakeups"),
-            e.s("wait"),
-            e.task(),
-            e.top_frame()
-        )
-    },
-};
-
-impl EventData for StuckTaskSample {
-    fn kind(&self) -> &'static EventKind {
-        &STUCK
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use crate::probes::wait::WaitClass;
     use kstall_common::EventHeader;
 
     use kstall_common::stuck_task::TASK_UNINTERRUPTIBLE;

@@ -7,24 +7,32 @@
 //! `out_of_memory` without it only on the node-wide one; the OOMing cgroup is then unknown. With
 //! no usable stack the scope is `unknown`: it is never guessed.
 
+pub mod event;
+
+pub use super::settings::DEFAULT_CRITICAL_COMMS;
+pub use event::*;
+
 use kstall_common::{
+    EventHeader,
     counter::Counter,
-    kind, metrics,
+    kind,
     oom::{
         FLAG_FROM_OOM_CONTROL, FLAG_HAS_MEMCG_PATH, FLAG_HAS_RSS, FLAG_HAS_SCORE_ADJ, FLAG_MEMCG_OOM,
         FLAG_VICTIM_PID_ONLY, MEMCG_NAME_LEN, MEMCG_PATH_LEVELS, OomConfig, OomCountKey, OomKillEvent,
     },
 };
-use serde::Serialize;
 
 use super::{
+    kind::EventKind,
+    payload::Payload,
     plan::{Fallback, Plan, ProgramSpec, Unavailable},
-    probe::{EventData, EventKind, Probe, Subject},
+    probe::{Decoding, Planned, Probe},
+    settings::Settings,
 };
 use crate::{
-    decode::{DecodeError, comm_string},
+    decode::{DecodeError, check_version, comm_string, read_record},
     kernel_btf::{BtfError, KernelBtf},
-    symbols::{Stack, Symbols},
+    symbols::Symbols,
 };
 
 pub const NAME: &str = "oom";
@@ -32,10 +40,6 @@ const GLOBAL: &str = "OOM_CONFIG";
 const PROG_OOM_CONTROL: ProgramSpec = ProgramSpec::fentry("oom_kill_process", "oom_kill_process");
 const PROG_TASK: ProgramSpec = ProgramSpec::tp_btf("mark_victim", "mark_victim");
 const PROG_PID: ProgramSpec = ProgramSpec::tp_btf("mark_victim_pid", "mark_victim");
-
-/// Processes whose death takes the node down with it (incident 2), unless configured otherwise.
-pub const DEFAULT_CRITICAL_COMMS: &[&str] =
-    &["kubelet", "containerd", "crio", "dockerd", "systemd", "sshd", "node_exporter", "alloy", "kstall"];
 
 /// `enum { MM_FILEPAGES, MM_ANONPAGES, MM_SWAPENTS, MM_SHMEMPAGES }` (mm_types_task.h), unchanged
 /// since 4.5.
@@ -137,70 +141,6 @@ fn resolve_victim(btf: &KernelBtf, cfg: &mut OomConfig) -> Result<(), BtfError> 
     Ok(())
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Scope {
-    /// A memory cgroup hit its limit (a container or pod limit).
-    Memcg,
-    /// The node ran out of memory.
-    Global,
-    Unknown,
-}
-
-impl Scope {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scope::Memcg => "memcg",
-            Scope::Global => "global",
-            Scope::Unknown => "unknown",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Invoker {
-    pub pid: u32,
-    pub tgid: u32,
-    pub comm: String,
-    pub cgroup_id: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct OomKill {
-    pub scope: Scope,
-    /// The victim is a node-critical process (kubelet, the container runtime, ...).
-    pub critical: bool,
-    /// Only the victim's pid is known (kernels before 6.9 without the fuller tracepoint).
-    pub victim_pid_only: bool,
-    pub anon_rss_bytes: Option<u64>,
-    pub file_rss_bytes: Option<u64>,
-    pub shmem_rss_bytes: Option<u64>,
-    pub total_vm_bytes: Option<u64>,
-    pub oom_score_adj: Option<i32>,
-    /// The cgroup whose limit was hit (fentry hook only; `None` when unknown).
-    pub oom_cgroup_id: Option<u64>,
-    /// Memory the victim was weighed against, in bytes (fentry hook only).
-    pub totalpages_bytes: Option<u64>,
-    /// The innermost directories of the victim's memory cgroup path as the kernel had them at
-    /// the kill (`kubepods/burstable/pod<uid>/<id>`): who the victim was, also once its
-    /// container and cgroup are gone. `None` where the kernel gave no path.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub victim_memcg: Option<String>,
-    pub invoker: Invoker,
-    /// The invoking task's kernel stack, innermost first: the evidence for `scope`.
-    pub invoker_stack: Stack,
-}
-
-/// One interval's OOM kills of one series, read from the kernel's counters: exact, and how many
-/// were not sent in full. The victim's name is the event header's `comm`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct OomKillCount {
-    pub scope: Scope,
-    pub critical: bool,
-    pub kills: u64,
-    pub suppressed: u64,
-}
-
 /// A key read back from the kernel's counters, before its scope is settled.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CountedKills {
@@ -245,7 +185,7 @@ pub fn overflow_count(kills: u64) -> CountedKills {
 impl CountedKills {
     /// The count, its scope what the hook knew or else `seen` (what the key's events showed,
     /// `unknown` without them: never guessed), `critical` from the victim's name.
-    pub fn settle(&self, seen: Option<Scope>, ctx: &Context) -> OomKillCount {
+    pub fn settle(&self, seen: Option<Scope>, ctx: &Decoding) -> OomKillCount {
         OomKillCount {
             scope: self.scope.or(seen).unwrap_or(Scope::Unknown),
             critical: !self.comm.is_empty() && ctx.critical_comms.contains(&self.comm),
@@ -255,26 +195,7 @@ impl CountedKills {
     }
 }
 
-/// What decoding an OOM kill needs besides the record.
-#[derive(Debug, Clone)]
-pub struct Context {
-    pub critical_comms: Vec<String>,
-    pub agent_pid: u32,
-    pub page_size: u64,
-}
-
-impl Default for Context {
-    fn default() -> Self {
-        Self {
-            critical_comms: DEFAULT_CRITICAL_COMMS.iter().map(|s| s.to_string()).collect(),
-            agent_pid: std::process::id(),
-            // SAFETY: sysconf has no preconditions.
-            page_size: u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096),
-        }
-    }
-}
-
-pub fn decode(ev: &OomKillEvent, symbols: &Symbols, ctx: &Context) -> Result<OomKill, DecodeError> {
+pub fn decode(ev: &OomKillEvent, symbols: &Symbols, ctx: &Decoding) -> Result<OomKill, DecodeError> {
     let mut stack = symbols.kernel_stack(&ev.invoker_stack, ev.stack_bytes);
     // The innermost frames are kstall's own program and the tracepoint glue.
     stack.trim_innermost(|name, module| module == Some("bpf") || name.starts_with("bpf_trace_run"));
@@ -360,11 +281,24 @@ impl Probe for OomProbe {
         &[KILL, KILL_COUNT]
     }
 
-    #[cfg(test)]
-    fn samples(&self) -> Vec<crate::events::Payload> {
-        use crate::events::Payload;
+    fn plan(&self, vmlinux: &KernelBtf, _: &Settings, _: &mut Decoding) -> Result<Planned, String> {
+        plan(vmlinux).map(Planned::from)
+    }
 
-        let ctx = Context::default();
+    fn decode(
+        &self,
+        header: &EventHeader,
+        record: &[u8],
+        decoding: &Decoding,
+    ) -> Result<Payload, DecodeError> {
+        check_version(header, kstall_common::oom::VERSION)?;
+        let raw: OomKillEvent = read_record(record, "oom_kill event")?;
+        Ok(Payload::OomKill(decode(&raw, &decoding.symbols, decoding)?))
+    }
+
+    #[cfg(test)]
+    fn samples(&self) -> Vec<Payload> {
+        let ctx = Decoding::default();
         let kill = decode(&tests::victim_event(), &Symbols::default(), &ctx).expect("sample");
         let count = CountedKills {
             cgroup_id: 7,
@@ -374,50 +308,6 @@ impl Probe for OomProbe {
             suppressed: 2,
         };
         vec![Payload::OomKill(kill), Payload::OomKillCount(count.settle(None, &ctx))]
-    }
-}
-
-const KILL: EventKind = EventKind {
-    name: "oom_kill",
-    subject: Subject::Task,
-    families: &[],
-    text: |e| {
-        let rss =
-            e.get("anon_rss_bytes").as_u64().map(|b| format!(" rss {} MiB", b >> 20)).unwrap_or_default();
-        let critical = if e.is_true("critical") { " CRITICAL" } else { "" };
-        format!("OOM kill ({}) of {}{rss}{critical}", e.s("scope"), e.task())
-    },
-};
-
-/// A series' kills beyond those shown (sampling).
-const KILL_COUNT: EventKind = EventKind {
-    name: "oom_kill_count",
-    subject: Subject::Task,
-    families: &[&metrics::OOM_KILLS],
-    text: |e| {
-        format!(
-            "{} more OOM kills ({}) of {} not shown ({} counted in 1 s)",
-            e.n("suppressed"),
-            e.s("scope"),
-            if e.s("comm").is_empty() { "?" } else { e.s("comm") },
-            e.n("kills")
-        )
-    },
-};
-
-impl EventData for OomKill {
-    fn kind(&self) -> &'static EventKind {
-        &KILL
-    }
-}
-
-impl EventData for OomKillCount {
-    fn kind(&self) -> &'static EventKind {
-        &KILL_COUNT
-    }
-
-    fn suppressed(&self) -> Option<u64> {
-        Some(self.suppressed)
     }
 }
 
@@ -478,7 +368,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_count_takes_the_scope_the_hook_knew_or_its_events_showed() {
-        let ctx = Context::default();
+        let ctx = Decoding::default();
         let counted = |comm: &str, scope| CountedKills {
             cgroup_id: 7,
             comm: comm.into(),
@@ -535,7 +425,7 @@ pub(crate) mod tests {
         let symbols = Symbols::from_table(SymbolTable::parse(
             "ffffffff81597b20 T out_of_memory\nffffffff8168b530 t mem_cgroup_out_of_memory\n",
         ));
-        let ctx = Context { page_size: 4096, agent_pid: 1, ..Context::default() };
+        let ctx = Decoding { page_size: 4096, agent_pid: 1, ..Decoding::default() };
         let k = decode(&kill(b"python3", 42), &symbols, &ctx).unwrap();
         assert_eq!(k.scope, Scope::Memcg);
         assert_eq!(k.anon_rss_bytes, Some(4_096_000));
@@ -548,7 +438,7 @@ pub(crate) mod tests {
 
     #[test]
     fn the_oom_control_hook_gives_scope_cgroup_and_totalpages_first_hand() {
-        let ctx = Context { page_size: 4096, agent_pid: 1, ..Context::default() };
+        let ctx = Decoding { page_size: 4096, agent_pid: 1, ..Decoding::default() };
         let mut ev = kill(b"python3", 42);
         ev.stack_bytes = 0;
         ev.flags |= FLAG_FROM_OOM_CONTROL | FLAG_MEMCG_OOM;
@@ -576,7 +466,7 @@ pub(crate) mod tests {
 
     #[test]
     fn the_victims_memory_cgroup_path_is_read_outermost_first() {
-        let ctx = Context::default();
+        let ctx = Decoding::default();
         let id = "0123456789abcdef".repeat(4);
         let ev = with_memcg_path(
             kill(b"dd", 42),
@@ -608,7 +498,7 @@ pub(crate) mod tests {
 
     #[test]
     fn critical_victims() {
-        let ctx = Context { agent_pid: 4242, ..Context::default() };
+        let ctx = Decoding { agent_pid: 4242, ..Decoding::default() };
         let symbols = Symbols::default();
         assert!(decode(&kill(b"kubelet", 42), &symbols, &ctx).unwrap().critical);
         assert!(decode(&kill(b"whatever", 4242), &symbols, &ctx).unwrap().critical, "the agent itself");

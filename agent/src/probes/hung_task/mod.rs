@@ -2,22 +2,28 @@
 //!
 //! Decoding symbolizes the stack and derives the wait class (`wait.rs`).
 
+pub mod event;
+
+pub use event::*;
+
 use kstall_common::hung_task::{
     BLOCKER_TYPE_MASK, BLOCKER_TYPE_MUTEX, BLOCKER_TYPE_RWSEM_READER, BLOCKER_TYPE_RWSEM_WRITER,
     BLOCKER_TYPE_SEM, FLAG_BLOCKER_TRACKED, FLAG_EXITING, FLAG_NO_NSPROXY, HungTaskConfig, HungTaskEvent,
 };
-use kstall_common::{kind, metrics};
-use serde::Serialize;
+use kstall_common::{EventHeader, kind};
 
 use super::{
+    kind::EventKind,
+    payload::Payload,
     plan::{Plan, ProgramSpec, Unavailable},
-    probe::{EventData, EventKind, Probe, Subject},
-    wait::{WaitClass, classify},
+    probe::{Clock, Decoding, Planned, Probe},
+    settings::Settings,
+    wait::classify,
 };
 use crate::{
-    decode::DecodeError,
+    decode::{DecodeError, check_version, read_record},
     kernel_btf::KernelBtf,
-    symbols::{Stack, Symbols},
+    symbols::Symbols,
 };
 
 pub const NAME: &str = "hung-task";
@@ -70,34 +76,6 @@ pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, String> {
     })
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Blocker {
-    /// `mutex`, `semaphore`, `rwsem_reader` or `rwsem_writer`.
-    pub lock: &'static str,
-    pub owner_pid: Option<u32>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct HungTask {
-    /// Seconds since the detector last saw the task run; at least `hung_task_timeout_secs`.
-    /// `None` when the kernel's tick rate could not be determined.
-    pub blocked_secs: Option<u64>,
-    pub wait: WaitClass,
-    /// Symbolized kernel stack, innermost frame first.
-    pub stack: Stack,
-    /// What the task blocks on, on kernels that track it.
-    pub blocker: Option<Blocker>,
-    /// The task is exiting (`PF_EXITING`, or no namespaces left), as in incident 1's flush of the
-    /// files `do_exit` closes.
-    pub exiting: bool,
-}
-
-/// Converts jiffies to seconds; the kernel's HZ is measured once at start (`kernel::tick_rate`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Clock {
-    pub hz: Option<u64>,
-}
-
 pub fn decode(ev: &HungTaskEvent, symbols: &Symbols, clock: Clock) -> Result<HungTask, DecodeError> {
     let stack = symbols.kernel_stack(&ev.stack, ev.stack_bytes);
     let blocker = (ev.flags & FLAG_BLOCKER_TRACKED != 0 && ev.blocker != 0).then(|| Blocker {
@@ -137,31 +115,36 @@ impl Probe for HungTaskProbe {
         &[HUNG, super::wait::CLEARED]
     }
 
-    #[cfg(test)]
-    fn samples(&self) -> Vec<crate::events::Payload> {
-        use crate::events::Payload;
+    fn jiffies_field(&self) -> Option<&'static str> {
+        Some("blocked_secs")
+    }
 
+    fn plan(&self, vmlinux: &KernelBtf, _: &Settings, _: &mut Decoding) -> Result<Planned, String> {
+        plan(vmlinux).map(Planned::from)
+    }
+
+    fn decode(
+        &self,
+        header: &EventHeader,
+        record: &[u8],
+        decoding: &Decoding,
+    ) -> Result<Payload, DecodeError> {
+        check_version(header, kstall_common::hung_task::VERSION)?;
+        let raw: HungTaskEvent = read_record(record, "hung_task event")?;
+        Ok(Payload::HungTask(decode(&raw, &decoding.symbols, decoding.clock)?))
+    }
+
+    #[cfg(test)]
+    fn samples(&self) -> Vec<Payload> {
         let hung =
             decode(&tests::event(&[0xffff_ffff_8100_0000]), &Symbols::default(), Clock { hz: Some(250) });
         vec![Payload::HungTask(hung.expect("sample")), super::wait::tests::cleared()]
     }
 }
 
-const HUNG: EventKind = EventKind {
-    name: "hung_task",
-    subject: Subject::Task,
-    families: &[&metrics::STUCK_TASKS_TOTAL],
-    text: |e| format!("hung {}s in {} {} at {}", e.n("blocked_secs"), e.s("wait"), e.task(), e.top_frame()),
-};
-
-impl EventData for HungTask {
-    fn kind(&self) -> &'static EventKind {
-        &HUNG
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use crate::probes::wait::WaitClass;
     use kstall_common::EventHeader;
 
     use super::*;

@@ -7,27 +7,33 @@
 //! headers and build, so the same layout). While the links exist the module cannot be unloaded
 //! (the kernel holds a reference for them).
 
+pub mod event;
+
+pub use event::*;
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use aya::{Ebpf, maps::Array, programs::RawTracePoint};
 use kstall_common::{
+    EventHeader,
     counter::Counter,
-    kind, metrics,
+    kind,
     nfs::{
         NAME_LEN, NfsConfig, NfsCountKey, NfsEvent, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING,
         WHAT_SOCKET_CONNECT, WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET, WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
     },
 };
-use serde::Serialize;
 
 use super::{
+    kind::EventKind,
+    payload::Payload,
     plan::{ProbeStatus, Unavailable},
-    probe::{EventData, EventKind, FilterFields, Probe, Subject},
+    probe::{Clock, Completion, Decoding, Planned, Probe},
+    settings::Settings,
 };
 use crate::{
-    decode::DecodeError,
+    decode::{DecodeError, check_version, read_record},
     kernel_btf::{BtfError, KernelBtf},
-    probes::hung_task::Clock,
 };
 
 pub const NAME: &str = "nfs";
@@ -298,57 +304,6 @@ fn is_not_found(e: &aya::programs::ProgramError) -> bool {
     false
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum What {
-    Retransmit,
-    /// A major timeout: the kernel's "server ... not responding".
-    Timeout,
-    SocketConnect,
-    SocketError,
-    SocketReset,
-    /// A reply on a transport that had timed out: the kernel's "server ... OK".
-    ServerResponding,
-    StateManagerFailed,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Nfs {
-    pub what: What,
-    pub server_addr: Option<IpAddr>,
-    pub server_port: Option<u16>,
-    pub xid: Option<u32>,
-    pub ntrans: Option<u32>,
-    pub client_id: Option<u32>,
-    /// The task that owns the RPC (`current` is often a kworker).
-    pub owner_pid: Option<u32>,
-    pub timeout_ms: Option<u64>,
-    pub program: Option<String>,
-    /// The RPC procedure (`WRITE`, ...), or for a state-manager failure the failing section.
-    pub procedure: Option<String>,
-    /// Negative errno (or RPC status) as the kernel reported it.
-    pub error: Option<i32>,
-    /// Its name (`ECONNREFUSED`, ...), when known.
-    pub error_name: Option<&'static str>,
-}
-
-impl Nfs {
-    /// A connect that failed: every TCP connect starts with an "in progress" report, which is not.
-    pub fn connect_failed(&self) -> bool {
-        self.what == What::SocketConnect && self.error.is_some_and(|e| e != -libc::EINPROGRESS)
-    }
-}
-
-/// One interval's NFS events of one series, read from the kernel's counters: exact, and how many
-/// were not sent in full. `series` holds what the key has (kind, server, error, section).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct NfsCount {
-    #[serde(flatten)]
-    pub series: Nfs,
-    pub events: u64,
-    pub suppressed: u64,
-}
-
 pub fn decode_count(key: &NfsCountKey, counter: &Counter) -> Result<NfsCount, DecodeError> {
     let server_addr = server_addr(key.server_family, &key.server_addr);
     let section = name(&key.section);
@@ -457,10 +412,31 @@ impl Probe for NfsProbe {
         &[RPC, RPC_COUNT]
     }
 
-    #[cfg(test)]
-    fn samples(&self) -> Vec<crate::events::Payload> {
-        use crate::events::Payload;
+    fn jiffies_field(&self) -> Option<&'static str> {
+        Some("timeout_ms")
+    }
 
+    /// Its programs load with the object and attach when sunrpc is there: at once if it already
+    /// is (an agent restarted on a node with mounts), else when the module watcher sees it.
+    fn plan(&self, vmlinux: &KernelBtf, _: &Settings, _: &mut Decoding) -> Result<Planned, String> {
+        let completion =
+            ModuleAttachment { resolved: resolve_loaded(vmlinux), attachment: Attachment::default() };
+        Ok(Planned { programs: None, completion: Some(Box::new(completion)) })
+    }
+
+    fn decode(
+        &self,
+        header: &EventHeader,
+        record: &[u8],
+        decoding: &Decoding,
+    ) -> Result<Payload, DecodeError> {
+        check_version(header, kstall_common::nfs::VERSION)?;
+        let raw: NfsEvent = read_record(record, "nfs event")?;
+        Ok(Payload::Nfs(decode(&raw, decoding.clock)?))
+    }
+
+    #[cfg(test)]
+    fn samples(&self) -> Vec<Payload> {
         let timeout = tests::event(WHAT_TIMEOUT, 0);
         let mut samples = vec![Payload::Nfs(decode(&timeout, Clock { hz: Some(250) }).expect("sample"))];
         for (what, error) in [
@@ -475,69 +451,44 @@ impl Probe for NfsProbe {
     }
 }
 
-const RPC: EventKind = EventKind {
-    name: "nfs",
-    subject: Subject::Netns,
-    families: &[&metrics::NFS_SERVER_RESPONDING],
-    text: |e| {
-        let mut text = format!("{} server {}:{}", e.s("what"), e.s("server_addr"), e.n("server_port"));
-        if !e.s("procedure").is_empty() {
-            text.push_str(&format!(" {}", e.s("procedure")));
-        }
-        if let Some(error) = e.get("error_name").as_str() {
-            text.push_str(&format!(" {error}"));
-        }
-        text
-    },
-};
-
-/// A series' NFS events beyond those shown (sampling).
-const RPC_COUNT: EventKind = EventKind {
-    name: "nfs_count",
-    subject: Subject::Netns,
-    families: &[
-        &metrics::NFS_RETRANSMITS,
-        &metrics::NFS_TIMEOUTS,
-        &metrics::NFS_CONNECT_ERRORS,
-        &metrics::NFS_STATE_MANAGER_FAILURES,
-    ],
-    text: |e| {
-        format!(
-            "{} more {} not shown ({} counted in 1 s): server {}{}",
-            e.n("suppressed"),
-            e.s("what"),
-            e.n("events"),
-            e.s("server_addr"),
-            e.get("error_name").as_str().map(|e| format!(" {e}")).unwrap_or_default()
-        )
-    },
-};
-
-impl EventData for Nfs {
-    fn kind(&self) -> &'static EventKind {
-        &RPC
-    }
-
-    fn filter_fields(&self) -> FilterFields {
-        FilterFields {
-            ports: self.server_port.into_iter().collect(),
-            addrs: self.server_addr.iter().map(|a| a.to_string()).collect(),
-        }
-    }
+/// The programs, loaded with the object, attached as sunrpc and nfsv4 load.
+struct ModuleAttachment {
+    /// What the modules loaded at start gave, to attach with at once.
+    resolved: Option<Resolved>,
+    attachment: Attachment,
 }
 
-impl EventData for NfsCount {
-    fn kind(&self) -> &'static EventKind {
-        &RPC_COUNT
+impl Completion for ModuleAttachment {
+    fn on_load(&mut self, ebpf: &mut Ebpf, status: &mut ProbeStatus) {
+        *status = match load_programs(ebpf) {
+            Err(e) => ProbeStatus::down(NAME, e),
+            Ok(()) => self
+                .resolved
+                .take()
+                .and_then(|resolved| attach_resolved(ebpf, &mut self.attachment, resolved))
+                .unwrap_or_else(|| {
+                    self.attachment.pending = true;
+                    ProbeStatus::down(NAME, WAITING)
+                }),
+        };
     }
 
-    /// A count's series has no port: a port filter leaves it out.
-    fn filter_fields(&self) -> FilterFields {
-        FilterFields { ports: vec![], addrs: self.series.server_addr.iter().map(|a| a.to_string()).collect() }
+    fn waiting(&self) -> bool {
+        self.attachment.pending
     }
 
-    fn suppressed(&self) -> Option<u64> {
-        Some(self.suppressed)
+    fn on_modules(&mut self, ebpf: &mut Ebpf, status: &mut ProbeStatus) -> bool {
+        let Some(now) = attach_available(ebpf, &mut self.attachment) else { return false };
+        match &now.reason {
+            None => tracing::info!(hook = now.hook.as_deref().unwrap_or(""), "nfs probe attached"),
+            Some(reason) => tracing::warn!(reason, "sunrpc appeared but the nfs probe cannot attach"),
+        }
+        *status = now;
+        true
+    }
+
+    fn attached(&self) -> Vec<&'static str> {
+        self.attachment.programs.clone()
     }
 }
 

@@ -8,6 +8,10 @@
 //! no reason (5.10), by fentry on the function that sends them, `tcp_v{4,6}_send_reset` — those
 //! resets then have no reason, and the events and `kstall status` say so.
 
+pub mod event;
+
+pub use event::*;
+
 use std::{
     collections::HashMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -15,21 +19,30 @@ use std::{
 };
 
 use kstall_common::{
+    EventHeader,
     counter::Counter,
-    kind, metrics,
+    kind,
     tcp_reset::{
         self as raw, ConntrackOffsets, DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6,
         FLAG_HAS_CONNTRACK, FLAG_HAS_REASON, FLAG_HAS_SOCKET, KEY_ORIGINAL_EPHEMERAL, KEY_ORIGINAL_OTHER,
         KEY_PORT_EPHEMERAL, KEY_PORT_OTHER, KeptPorts, ResetCountKey, TcpResetConfig, TcpResetEvent,
     },
 };
-use serde::Serialize;
 
+use aya::{Ebpf, maps::Array};
+
+pub use super::settings::Hook;
 use super::{
-    plan::{Fallback, Plan, ProgramSpec, Unavailable},
-    probe::{EventData, EventKind, FilterFields, Probe, Subject},
+    kind::EventKind,
+    payload::Payload,
+    plan::{Fallback, Plan, ProbeStatus, ProgramSpec, Unavailable},
+    probe::{Completion, Decoding, EnumNames, Planned, Probe},
+    settings::Settings,
 };
-use crate::{decode::DecodeError, kernel_btf::KernelBtf};
+use crate::{
+    decode::{DecodeError, check_version, read_record},
+    kernel_btf::KernelBtf,
+};
 
 pub const NAME: &str = "tcp-reset";
 
@@ -46,12 +59,9 @@ const PROG_SEND_V6: ProgramSpec = ProgramSpec::fentry("tcp_v6_send_reset", "tcp_
 const NO_SOCKET_REASON: &str = "tcp_send_reset has no reason before 6.10 (resets with a socket)";
 const NO_REASON_AT_ALL: &str = "tcp_send_reset has no reason before 6.10 and kfree_skb no drop reason before 5.17 (no sent reset has one)";
 
-/// Kernel enum names for the reason values the programs report, read from BTF.
-#[derive(Debug, Default, Clone)]
-pub struct Names {
-    rst_reasons: HashMap<u32, String>,
-    drop_reasons: HashMap<u32, String>,
-}
+/// The kernel enums whose value names the reasons are (read from BTF into `Decoding::enums`).
+const RST_REASONS: &str = "sk_rst_reason";
+const DROP_REASONS: &str = "skb_drop_reason";
 
 /// Where the `nf_conn` offsets stand at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,17 +70,6 @@ pub enum Conntrack {
     /// nf_conntrack is a module not loaded yet: it comes with the first NAT rule.
     WaitingForModule,
     Unavailable,
-}
-
-/// Which hook sees resets without a socket: `Auto` picks `tcp_send_reset` where it carries a
-/// reason (6.10+), else `kfree_skb`'s NO_SOCKET drops where drops have reasons (5.17+), else fentry
-/// on `tcp_v{4,6}_send_reset`; the others force one (`--tcp-reset-hook`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hook {
-    Auto,
-    TcpSendReset,
-    KfreeSkb,
-    SendResetFunction,
 }
 
 /// Where the resets sent without a socket are seen.
@@ -82,7 +81,7 @@ enum NoSocket {
 }
 
 /// Resolves everything the kernel half needs from BTF and picks the hooks.
-pub fn plan(vmlinux: &KernelBtf, hook: Hook) -> Result<(Plan, Names, Conntrack), String> {
+pub fn plan(vmlinux: &KernelBtf, hook: Hook) -> Result<(Plan, EnumNames, Conntrack), String> {
     let send_has_reason = vmlinux.tracepoint_arg_count("tcp_send_reset").map_err(|e| e.to_string())? >= 3;
     vmlinux.tracepoint_arg_count("tcp_receive_reset").map_err(|e| e.to_string())?;
     let drop_no_socket = drop_reason_no_socket(vmlinux);
@@ -100,11 +99,11 @@ pub fn plan(vmlinux: &KernelBtf, hook: Hook) -> Result<(Plan, Names, Conntrack),
         Hook::SendResetFunction => NoSocket::SendResetFunction,
     };
 
-    let mut names = Names::default();
+    let mut names = EnumNames::default();
     let mut cfg = resolve_offsets(vmlinux).map_err(|e| e.to_string())?;
     cfg.send_reset_skips_no_socket = u32::from(no_socket != NoSocket::TcpSendReset);
     if send_has_reason {
-        names.rst_reasons = enum_names(vmlinux, "sk_rst_reason", "SK_RST_REASON_")?;
+        names.insert(RST_REASONS, enum_names(vmlinux, RST_REASONS, "SK_RST_REASON_")?);
     }
     let mut notes = Vec::new();
     let mut unavailable = Vec::new();
@@ -117,7 +116,7 @@ pub fn plan(vmlinux: &KernelBtf, hook: Hook) -> Result<(Plan, Names, Conntrack),
             }
             let (no_socket, drop_reasons) = drop_no_socket?;
             cfg.drop_reason_no_socket = no_socket;
-            names.drop_reasons = drop_reasons;
+            names.insert(DROP_REASONS, drop_reasons);
             programs.push(PROG_NO_SOCKET);
             let hook = "tp_btf/tcp_send_reset (socket resets) + tp_btf/kfree_skb reason=NO_SOCKET (no-socket \
                         resets) + tp_btf/tcp_receive_reset";
@@ -217,7 +216,7 @@ fn drop_reason_no_socket(vmlinux: &KernelBtf) -> Result<(u32, HashMap<u32, Strin
     if vmlinux.tracepoint_arg_count("kfree_skb").map_err(|e| e.to_string())? < 3 {
         return Err("kfree_skb has no drop reason (kernel < 5.17)".into());
     }
-    let drop_reasons = enum_names(vmlinux, "skb_drop_reason", "SKB_DROP_REASON_")?;
+    let drop_reasons = enum_names(vmlinux, DROP_REASONS, "SKB_DROP_REASON_")?;
     let no_socket = *drop_reasons
         .iter()
         .find(|(_, name)| name.as_str() == "NO_SOCKET")
@@ -278,48 +277,7 @@ fn conntrack_offsets(btf: &KernelBtf) -> Result<ConntrackOffsets, String> {
     Ok(offsets)
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Direction {
-    Sent,
-    Received,
-}
-
-impl Direction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Direction::Sent => "sent",
-            Direction::Received => "received",
-        }
-    }
-}
-
-/// A decoded reset. `local_*` is this host's end (for a sent reset: the port that refused, after
-/// NAT), `remote_*` the peer.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TcpReset {
-    pub direction: Direction,
-    pub hook: &'static str,
-    pub local_addr: IpAddr,
-    pub local_port: u16,
-    pub remote_addr: IpAddr,
-    pub remote_port: u16,
-    /// Pre-NAT destination when the packet's conntrack entry shows it was rewritten.
-    pub original_dst_addr: Option<IpAddr>,
-    pub original_dst_port: Option<u16>,
-    /// Where NAT sent the connection (conntrack reply source port), when rewritten.
-    pub redirect_port: Option<u16>,
-    /// Kernel reason name (`NO_SOCKET`, ...), when the hook carries one.
-    pub reason: Option<String>,
-    pub tcp_state: Option<&'static str>,
-    pub has_socket: bool,
-    /// Fields this kernel's hook cannot give (a sent reset's `reason` before 6.10): never a
-    /// silent empty value.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub unavailable: Vec<&'static str>,
-}
-
-pub fn decode(ev: &TcpResetEvent, names: &Names) -> Result<TcpReset, DecodeError> {
+pub fn decode(ev: &TcpResetEvent, names: &EnumNames) -> Result<TcpReset, DecodeError> {
     let direction = match ev.direction {
         DIRECTION_SENT => Direction::Sent,
         DIRECTION_RECEIVED => Direction::Received,
@@ -352,7 +310,7 @@ pub fn decode(ev: &TcpResetEvent, names: &Names) -> Result<TcpReset, DecodeError
             redirect_port = Some(ev.redirect_port);
         }
     }
-    let reason = (ev.flags & FLAG_HAS_REASON != 0).then(|| names.reason(ev.hook, ev.reason));
+    let reason = (ev.flags & FLAG_HAS_REASON != 0).then(|| reason(names, ev.hook, ev.reason));
     Ok(TcpReset {
         direction,
         hook,
@@ -423,69 +381,11 @@ pub fn kept_ports(extra: &[RangeInclusive<u16>]) -> KeptPorts {
     kept
 }
 
-/// A port as a reset counter counts it: by number, or a class. Serialized as its label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CountedPort {
-    Number(u16),
-    /// In the node's ephemeral range (`net.ipv4.ip_local_port_range`).
-    Ephemeral,
-    /// Neither kept by number nor ephemeral (a port scan's targets, a client's odd port).
-    Other,
-    /// The counters' map was full: the reset was counted without its key.
-    Overflow,
-}
-
-impl CountedPort {
-    /// The metric's label value.
-    pub fn label(self) -> String {
-        match self {
-            CountedPort::Number(port) => port.to_string(),
-            CountedPort::Ephemeral => "ephemeral".into(),
-            CountedPort::Other => "other".into(),
-            CountedPort::Overflow => "overflow".into(),
-        }
-    }
-}
-
-impl Serialize for CountedPort {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.label())
-    }
-}
-
-/// Resets of one counter key in one interval, read from the kernel's counters: the exact count,
-/// and how many of them were not sent in full (sampling).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ResetCount {
-    pub direction: Direction,
-    /// Sent: the refusing local port; received: the remote port.
-    pub port: CountedPort,
-    /// The pre-NAT destination port of a redirected connection.
-    pub original_port: Option<CountedPort>,
-    pub reason: Option<String>,
-    pub resets: u64,
-    pub suppressed: u64,
-}
-
-impl ResetCount {
-    /// The redirected NFS port of these resets, as [`TcpReset`] tells it for one.
-    pub fn redirected_port(&self) -> Option<u16> {
-        match (self.direction, self.original_port?) {
-            (Direction::Sent, CountedPort::Number(original))
-                if self.port != CountedPort::Number(original) =>
-            {
-                Some(original)
-            }
-            _ => None,
-        }
-    }
-}
-
 /// A counter key and its value, read back.
 pub fn decode_count(
     key: &ResetCountKey,
     counter: &Counter,
-    names: &Names,
+    names: &EnumNames,
 ) -> Result<ResetCount, DecodeError> {
     let direction = match key.direction {
         DIRECTION_SENT => Direction::Sent,
@@ -508,7 +408,7 @@ pub fn decode_count(
         port: port(key.port, KEY_PORT_EPHEMERAL, KEY_PORT_OTHER),
         original_port: (key.flags & FLAG_HAS_CONNTRACK != 0)
             .then(|| port(key.orig_dst_port, KEY_ORIGINAL_EPHEMERAL, KEY_ORIGINAL_OTHER)),
-        reason: (key.flags & FLAG_HAS_REASON != 0).then(|| names.reason(key.hook, key.reason)),
+        reason: (key.flags & FLAG_HAS_REASON != 0).then(|| reason(names, key.hook, key.reason)),
         resets: counter.events,
         suppressed: counter.suppressed(),
     })
@@ -526,12 +426,9 @@ pub fn overflow_count(direction: Direction, resets: u64) -> ResetCount {
     }
 }
 
-impl Names {
-    fn reason(&self, hook: u8, value: u32) -> String {
-        let table =
-            if hook == raw::HOOK_KFREE_SKB_NO_SOCKET { &self.drop_reasons } else { &self.rst_reasons };
-        table.get(&value).cloned().unwrap_or_else(|| value.to_string())
-    }
+/// A reason's name: a drop reason for the no-socket drops, else a reset reason.
+fn reason(names: &EnumNames, hook: u8, value: u32) -> String {
+    names.name(if hook == raw::HOOK_KFREE_SKB_NO_SOCKET { DROP_REASONS } else { RST_REASONS }, value)
 }
 
 /// Kernel `TCP_*` socket states (include/net/tcp_states.h; stable ABI, also in uapi).
@@ -569,11 +466,32 @@ impl Probe for TcpResetProbe {
         &[RESET, RESET_COUNT]
     }
 
-    #[cfg(test)]
-    fn samples(&self) -> Vec<crate::events::Payload> {
-        use crate::events::Payload;
+    fn plan(
+        &self,
+        vmlinux: &KernelBtf,
+        settings: &Settings,
+        decoding: &mut Decoding,
+    ) -> Result<Planned, String> {
+        let (plan, names, conntrack) = plan(vmlinux, settings.tcp_reset_hook)?;
+        decoding.enums.extend(names);
+        let completion = OriginalDestinations { conntrack, waiting: false };
+        Ok(Planned { programs: Some(plan), completion: Some(Box::new(completion)) })
+    }
 
-        let names = Names::default();
+    fn decode(
+        &self,
+        header: &EventHeader,
+        record: &[u8],
+        decoding: &Decoding,
+    ) -> Result<Payload, DecodeError> {
+        check_version(header, raw::VERSION)?;
+        let raw: TcpResetEvent = read_record(record, "tcp_reset event")?;
+        Ok(Payload::TcpReset(decode(&raw, &decoding.enums)?))
+    }
+
+    #[cfg(test)]
+    fn samples(&self) -> Vec<Payload> {
+        let names = EnumNames::default();
         vec![
             Payload::TcpReset(decode(&tests::redirected_syn_reset(), &names).expect("sample")),
             Payload::TcpResetCount(
@@ -584,99 +502,65 @@ impl Probe for TcpResetProbe {
     }
 }
 
-const RESET: EventKind = EventKind {
-    name: "tcp_reset",
-    subject: Subject::Netns,
-    families: &[],
-    text: |e| {
-        let arrow = if e.s("direction") == "sent" { "sent RST" } else { "got RST" };
-        let mut text = format!(
-            "{arrow} {}:{} -> {}:{}",
-            e.s("local_addr"),
-            e.n("local_port"),
-            e.s("remote_addr"),
-            e.n("remote_port")
-        );
-        if let Some(port) = e.get("original_dst_port").as_u64() {
-            text.push_str(&format!(" (dialled {}:{port}, redirected)", e.s("original_dst_addr")));
-        }
-        if !e.s("reason").is_empty() {
-            text.push_str(&format!(" {}", e.s("reason")));
-        }
-        text
-    },
-};
+/// Original destinations need `nf_conn`'s layout: from vmlinux at start, or from the nf_conntrack
+/// module's BTF once it loads (the first NAT rule loads it).
+struct OriginalDestinations {
+    conntrack: Conntrack,
+    waiting: bool,
+}
 
-/// A series' resets beyond those shown (sampling): counted, not each sent.
-const RESET_COUNT: EventKind = EventKind {
-    name: "tcp_reset_count",
-    subject: Subject::Netns,
-    families: &[&metrics::TCP_RESETS],
-    text: |e| {
-        let arrow = if e.s("direction") == "sent" { "sent RSTs" } else { "got RSTs" };
-        let mut text = format!(
-            "{} more {arrow} not shown ({} counted in 1 s): port {}",
-            e.n("suppressed"),
-            e.n("resets"),
-            e.s("port")
-        );
-        if !e.s("original_port").is_empty() {
-            text.push_str(&format!(" (dialled port {}, redirected)", e.s("original_port")));
+impl Completion for OriginalDestinations {
+    fn on_load(&mut self, ebpf: &mut Ebpf, status: &mut ProbeStatus) {
+        if !status.up {
+            return;
         }
-        if !e.s("reason").is_empty() {
-            text.push_str(&format!(" {}", e.s("reason")));
+        match self.conntrack {
+            Conntrack::Ready(offsets) => {
+                if let Err(e) = set_conntrack_offsets(ebpf, offsets) {
+                    status.notes.push(format!("original destination: {e}"));
+                }
+            }
+            Conntrack::WaitingForModule => self.waiting = true,
+            Conntrack::Unavailable => {}
         }
-        text
-    },
-};
-
-impl EventData for TcpReset {
-    fn kind(&self) -> &'static EventKind {
-        &RESET
     }
 
-    fn filter_fields(&self) -> FilterFields {
-        FilterFields {
-            ports: [Some(self.local_port), Some(self.remote_port), self.original_dst_port]
-                .into_iter()
-                .flatten()
-                .collect(),
-            addrs: [Some(self.remote_addr), self.original_dst_addr]
-                .into_iter()
-                .flatten()
-                .map(|a| a.to_string())
-                .collect(),
+    fn waiting(&self) -> bool {
+        self.waiting
+    }
+
+    fn on_modules(&mut self, ebpf: &mut Ebpf, status: &mut ProbeStatus) -> bool {
+        if !std::path::Path::new("/sys/kernel/btf/nf_conntrack").exists() {
+            return false;
         }
+        let result = match KernelBtf::vmlinux_from_sys_fs() {
+            Ok(vmlinux) => match conntrack_from_module(&vmlinux) {
+                Some(result) => result,
+                None => return false,
+            },
+            Err(e) => Err(e.to_string()),
+        };
+        self.waiting = false;
+        let note = match result.and_then(|offsets| set_conntrack_offsets(ebpf, offsets)) {
+            Ok(()) => format!("{CONNTRACK_NOTE} (nf_conntrack module BTF, loaded after start)"),
+            Err(e) => format!("original destination: unavailable ({e}); original_port stays empty"),
+        };
+        tracing::info!(note, "nf_conntrack appeared");
+        status.notes.retain(|n| !n.starts_with("original destination"));
+        status.notes.push(note);
+        true
     }
 }
 
-impl EventData for ResetCount {
-    fn kind(&self) -> &'static EventKind {
-        &RESET_COUNT
-    }
-
-    /// Only ports counted by number; a count has no address.
-    fn filter_fields(&self) -> FilterFields {
-        let ports = [Some(self.port), self.original_port]
-            .into_iter()
-            .flatten()
-            .filter_map(|p| match p {
-                CountedPort::Number(n) => Some(n),
-                _ => None,
-            })
-            .collect();
-        FilterFields { ports, addrs: vec![] }
-    }
-
-    fn suppressed(&self) -> Option<u64> {
-        Some(self.suppressed)
-    }
+fn set_conntrack_offsets(ebpf: &mut Ebpf, offsets: ConntrackOffsets) -> Result<(), String> {
+    let mut map: Array<_, ConntrackOffsets> =
+        Array::try_from(ebpf.map_mut("CONNTRACK").ok_or("map CONNTRACK missing from the eBPF object")?)
+            .map_err(|e| e.to_string())?;
+    map.set(0, offsets, 0).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use kstall_common::EventHeader;
-
     use super::*;
     use crate::kernel_btf::tests::{kernel, testdata};
 
@@ -768,7 +652,7 @@ pub(crate) mod tests {
         assert!(!kept_ports(&[]).contains(30000));
     }
 
-    fn names_6_18() -> Names {
+    fn names_6_18() -> EnumNames {
         plan(&kernel("6.18"), Hook::TcpSendReset).unwrap().1
     }
 
@@ -804,7 +688,7 @@ pub(crate) mod tests {
         ] {
             let mut ev = redirected_syn_reset();
             mutate(&mut ev);
-            match decode(&ev, &Names::default()) {
+            match decode(&ev, &EnumNames::default()) {
                 Err(DecodeError::BadField { field: f, .. }) => assert_eq!(f, field),
                 other => panic!("{field}: {other:?}"),
             }
@@ -818,7 +702,7 @@ pub(crate) mod tests {
         // 6.1's tcp_send_reset has no reason argument: the program must not touch one.
         assert!(plan_6_1.programs.iter().any(|p| p.program == "tcp_send_reset_sk_only"));
         assert!(!plan_6_1.programs.iter().any(|p| p.program == "tcp_send_reset"));
-        assert_eq!(names.drop_reasons.get(&2).map(String::as_str), Some("NO_SOCKET"));
+        assert_eq!(names.name(DROP_REASONS, 2), "NO_SOCKET");
         assert_eq!(plan_6_1.unavailable, [Unavailable::new("reason", NO_SOCKET_REASON)]);
         let (plan_6_12, ..) = plan(&kernel("6.12"), Hook::Auto).unwrap();
         assert!(!plan_6_12.programs.iter().any(|p| p.target == "kfree_skb"), "{:?}", plan_6_12.hook);
@@ -839,7 +723,7 @@ pub(crate) mod tests {
         );
         assert!(p.programs.iter().any(|p| p.program == "tcp_send_reset_sk_only"));
         assert_eq!(p.unavailable, [Unavailable::new("reason", NO_REASON_AT_ALL)]);
-        assert!(names.drop_reasons.is_empty());
+        assert!(!names.has(DROP_REASONS));
         let fallback = p.fallback.unwrap();
         let targets: Vec<&str> = fallback.programs.iter().map(|p| p.target).collect();
         assert_eq!(targets, ["tcp_send_reset", "tcp_receive_reset"]);
@@ -859,14 +743,14 @@ pub(crate) mod tests {
         let mut ev = redirected_syn_reset();
         ev.hook = raw::HOOK_SEND_RESET_FUNCTION;
         ev.flags &= !FLAG_HAS_REASON;
-        let reset = decode(&ev, &Names::default()).unwrap();
+        let reset = decode(&ev, &EnumNames::default()).unwrap();
         assert_eq!((reset.hook, reset.reason.as_deref()), ("tcp_v4_send_reset", None));
         assert_eq!(reset.unavailable, ["reason"]);
         let json = serde_json::to_value(&reset).unwrap();
         assert_eq!(json["unavailable"], serde_json::json!(["reason"]));
         ev.flags |= FLAG_HAS_REASON;
         ev.hook = raw::HOOK_TCP_SEND_RESET;
-        assert!(decode(&ev, &Names::default()).unwrap().unavailable.is_empty());
+        assert!(decode(&ev, &EnumNames::default()).unwrap().unavailable.is_empty());
     }
 
     #[test]

@@ -1,0 +1,125 @@
+//! What nfs says: an RPC transport's event, and a series' count of them.
+
+use std::net::IpAddr;
+
+use kstall_common::metrics;
+use serde::Serialize;
+
+use crate::probes::kind::{EventData, EventKind, FilterFields, Subject};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum What {
+    Retransmit,
+    /// A major timeout: the kernel's "server ... not responding".
+    Timeout,
+    SocketConnect,
+    SocketError,
+    SocketReset,
+    /// A reply on a transport that had timed out: the kernel's "server ... OK".
+    ServerResponding,
+    StateManagerFailed,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Nfs {
+    pub what: What,
+    pub server_addr: Option<IpAddr>,
+    pub server_port: Option<u16>,
+    pub xid: Option<u32>,
+    pub ntrans: Option<u32>,
+    pub client_id: Option<u32>,
+    /// The task that owns the RPC (`current` is often a kworker).
+    pub owner_pid: Option<u32>,
+    pub timeout_ms: Option<u64>,
+    pub program: Option<String>,
+    /// The RPC procedure (`WRITE`, ...), or for a state-manager failure the failing section.
+    pub procedure: Option<String>,
+    /// Negative errno (or RPC status) as the kernel reported it.
+    pub error: Option<i32>,
+    /// Its name (`ECONNREFUSED`, ...), when known.
+    pub error_name: Option<&'static str>,
+}
+
+impl Nfs {
+    /// A connect that failed: every TCP connect starts with an "in progress" report, which is not.
+    pub fn connect_failed(&self) -> bool {
+        self.what == What::SocketConnect && self.error.is_some_and(|e| e != -libc::EINPROGRESS)
+    }
+}
+
+/// One interval's NFS events of one series, read from the kernel's counters: exact, and how many
+/// were not sent in full. `series` holds what the key has (kind, server, error, section).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NfsCount {
+    #[serde(flatten)]
+    pub series: Nfs,
+    pub events: u64,
+    pub suppressed: u64,
+}
+
+pub(super) const RPC: EventKind = EventKind {
+    name: "nfs",
+    subject: Subject::Netns,
+    families: &[&metrics::NFS_SERVER_RESPONDING],
+    text: |e| {
+        let mut text = format!("{} server {}:{}", e.s("what"), e.s("server_addr"), e.n("server_port"));
+        if !e.s("procedure").is_empty() {
+            text.push_str(&format!(" {}", e.s("procedure")));
+        }
+        if let Some(error) = e.get("error_name").as_str() {
+            text.push_str(&format!(" {error}"));
+        }
+        text
+    },
+};
+
+/// A series' NFS events beyond those shown (sampling).
+pub(super) const RPC_COUNT: EventKind = EventKind {
+    name: "nfs_count",
+    subject: Subject::Netns,
+    families: &[
+        &metrics::NFS_RETRANSMITS,
+        &metrics::NFS_TIMEOUTS,
+        &metrics::NFS_CONNECT_ERRORS,
+        &metrics::NFS_STATE_MANAGER_FAILURES,
+    ],
+    text: |e| {
+        format!(
+            "{} more {} not shown ({} counted in 1 s): server {}{}",
+            e.n("suppressed"),
+            e.s("what"),
+            e.n("events"),
+            e.s("server_addr"),
+            e.get("error_name").as_str().map(|e| format!(" {e}")).unwrap_or_default()
+        )
+    },
+};
+
+impl EventData for Nfs {
+    fn kind(&self) -> &'static EventKind {
+        &RPC
+    }
+
+    fn filter_fields(&self) -> FilterFields {
+        FilterFields {
+            ports: self.server_port.into_iter().collect(),
+            addrs: self.server_addr.iter().map(|a| a.to_string()).collect(),
+        }
+    }
+}
+
+impl EventData for NfsCount {
+    fn kind(&self) -> &'static EventKind {
+        &RPC_COUNT
+    }
+
+    /// A count's series has no port: a port filter leaves it out.
+    fn filter_fields(&self) -> FilterFields {
+        FilterFields { ports: vec![], addrs: self.series.server_addr.iter().map(|a| a.to_string()).collect() }
+    }
+
+    fn suppressed(&self) -> Option<u64> {
+        Some(self.suppressed)
+    }
+}
