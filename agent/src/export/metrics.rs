@@ -12,13 +12,12 @@ use crate::{
         pods::{PodState, SourceHealth},
     },
     decode::DecodeError,
-    events::{Counts, Payload},
+    events::Counts,
     incidents::Incident,
     probes::{
-        nfs::{Nfs, What},
+        kind::{Change, Source, Update},
         plan::ProbeStatus,
         stuck_task::Sweep,
-        wait::WaitKind,
     },
     stuck::StuckSet,
 };
@@ -75,12 +74,6 @@ fn pod_label_values(a: &Attribution) -> [&str; 5] {
 }
 
 /// `labels` followed by the pod labels.
-/// The `server` label: transports without an IP address are local ones (rpcbind over a unix
-/// socket).
-fn nfs_server(nfs: &Nfs) -> String {
-    nfs.server_addr.map(|a| a.to_string()).unwrap_or_else(|| "local".into())
-}
-
 fn with_pod_labels<'a>(labels: &[&'a str], a: &'a Attribution) -> Vec<&'a str> {
     let mut all = labels.to_vec();
     all.extend(pod_label_values(a));
@@ -204,90 +197,31 @@ impl Metrics {
         }
     }
 
-    /// An event that is news (repeated hung-task reports are not).
+    /// An event that is news (repeated hung-task reports are not): what its kind says it does
+    /// to its families.
     pub fn observe(&self, attributed: &Attributed) {
         let (event, who) = (&attributed.event, &*attributed.who);
-        match &event.payload {
-            // Counted from the kernel's counters, exact whatever the ring buffer or the sampling
-            // left out; the events are their detail.
-            Payload::TcpReset(_) => {}
-            Payload::TcpResetCount(count) => {
-                let (port, original) = (count.port.label(), count.original_port.map(|p| p.label()));
-                let labels = [
-                    count.direction.as_str(),
-                    &port,
-                    original.as_deref().unwrap_or(""),
-                    count.reason.as_deref().unwrap_or(""),
-                ];
-                self.inc_by(Family::TcpResets, &with_pod_labels(&labels, who), who, count.resets);
-                self.counts.suppressed(event.header.probe, count.suppressed);
-            }
-            Payload::HungTask(hung) => {
-                let labels = [hung.wait.as_str(), WaitKind::Uninterruptible.as_str(), event.header.probe];
-                self.inc(Family::StuckTasks, &with_pod_labels(&labels, who), who)
-            }
-            Payload::StuckTask(stuck) => {
-                let labels = [stuck.wait.as_str(), stuck.wait_kind.as_str(), event.header.probe];
-                self.inc(Family::StuckTasks, &with_pod_labels(&labels, who), who)
-            }
-            Payload::HungTaskCleared(cleared) => {
-                if let Some(secs) = cleared.blocked_secs {
-                    self.stuck_task_blocked
-                        .with_label_values(&[cleared.wait.as_str(), cleared.wait_kind.as_str()])
-                        .observe(secs as f64);
-                }
-            }
-            // The counters from the kernel's counts, the server's state from the events.
-            Payload::Nfs(nfs) => self.nfs_responding(nfs, who),
-            Payload::NfsCount(count) => {
-                self.count_nfs(&count.series, who, count.events);
-                self.counts.suppressed(event.header.probe, count.suppressed);
-            }
-            Payload::OomKill(_) => {}
-            Payload::OomKillCount(count) => {
-                let critical = if count.critical { "true" } else { "false" };
-                let labels = [count.scope.as_str(), event.header.comm.as_str(), critical];
-                self.inc_by(Family::OomKills, &with_pod_labels(&labels, who), who, count.kills);
-                self.counts.suppressed(event.header.probe, count.suppressed);
-            }
+        let data = event.payload.data();
+        if let Some(n) = data.suppressed() {
+            self.counts.suppressed(event.header.probe, n);
+        }
+        let source = Source { probe: event.header.probe, comm: &event.header.comm };
+        for update in data.updates(&source) {
+            self.apply(&update, who);
         }
     }
 
-    fn nfs_responding(&self, nfs: &Nfs, who: &Attribution) {
-        let server = nfs_server(nfs);
-        let server = with_pod_labels(&[server.as_str()], who);
-        match nfs.what {
-            What::Timeout => self.set(Family::NfsResponding, &server, who, 0),
-            What::ServerResponding => self.set(Family::NfsResponding, &server, who, 1),
-            _ => {}
-        }
-    }
-
-    /// `n` events of the series `nfs` (a count's key).
-    fn count_nfs(&self, nfs: &Nfs, who: &Attribution, n: u64) {
-        let server = nfs_server(nfs);
-        let server = with_pod_labels(&[server.as_str()], who);
-        let error =
-            nfs.error_name.map(str::to_string).or(nfs.error.map(|e| e.to_string())).unwrap_or_default();
-        fn with<'a>(server: &[&'a str], extra: &'a str) -> Vec<&'a str> {
-            let mut labels = vec![server[0], extra];
-            labels.extend(&server[1..]);
-            labels
-        }
-        match nfs.what {
-            What::Retransmit => self.inc_by(Family::NfsRetransmits, &server, who, n),
-            What::Timeout => self.inc_by(Family::NfsTimeouts, &server, who, n),
-            What::ServerResponding => {}
-            What::SocketConnect if !nfs.connect_failed() => {}
-            What::SocketConnect | What::SocketError => {
-                self.inc_by(Family::NfsConnectErrors, &with(&server, &error), who, n)
+    fn apply(&self, update: &Update, who: &Attribution) {
+        let own: Vec<&str> = update.labels.iter().map(String::as_str).collect();
+        match (Family::of(update.metric), &update.change) {
+            (Some(family), Change::Add(n)) => self.inc_by(family, &with_pod_labels(&own, who), who, *n),
+            (Some(family), Change::Set(v)) => self.set(family, &with_pod_labels(&own, who), who, *v),
+            (None, Change::Observe(v)) if update.metric == &catalogue::STUCK_TASK_BLOCKED => {
+                self.stuck_task_blocked.with_label_values(&own).observe(*v)
             }
-            What::SocketReset => self.inc_by(Family::NfsConnectErrors, &with(&server, "reset"), who, n),
-            What::StateManagerFailed => self.inc_by(
-                Family::NfsStateManager,
-                &with(&server, nfs.procedure.as_deref().unwrap_or("")),
-                who,
-                n,
+            _ => tracing::warn!(
+                metric = update.metric.name,
+                "an event updates a metric the exporter does not update so"
             ),
         }
     }
@@ -326,10 +260,6 @@ impl Metrics {
     /// (the resolver's), `held` (events waiting for it).
     pub fn attribution_queue_full(&self, queue: &str) {
         self.attribution_queue_full_total.with_label_values(&[queue]).inc();
-    }
-
-    fn inc(&self, family: Family, labels: &[&str], who: &Attribution) {
-        self.inc_by(family, labels, who, 1);
     }
 
     fn inc_by(&self, family: Family, labels: &[&str], who: &Attribution, n: u64) {
@@ -560,7 +490,7 @@ mod tests {
     use super::*;
     use crate::{
         decode::bytes_of,
-        events::{Decoder, Event},
+        events::{Decoder, Event, Payload},
         probes::tcp_reset::{
             self,
             tests::{redirected_count_key, redirected_syn_reset},

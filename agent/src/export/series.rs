@@ -67,6 +67,11 @@ impl Family {
         Family::NfsResponding,
     ];
 
+    /// The family of the catalogue's `metric`, if it is one about events.
+    pub fn of(metric: &Metric) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.metric() == metric)
+    }
+
     /// Its entry in the metric catalogue.
     pub fn metric(self) -> &'static Metric {
         match self {

@@ -46,6 +46,44 @@ pub trait EventData {
     fn suppressed(&self) -> Option<u64> {
         None
     }
+
+    /// What it does to its metric families (a family about events gets the pod labels after the
+    /// label values given here; the exporter adds them and caps the family).
+    fn updates(&self, _: &Source) -> Vec<Update> {
+        Vec::new()
+    }
+}
+
+/// The header fields a payload's metric labels may take.
+pub struct Source<'a> {
+    /// The probe that sent it (a stuck task's `source`).
+    pub probe: &'static str,
+    /// The task's name (an OOM victim's `comm`).
+    pub comm: &'a str,
+}
+
+/// One change to one series of a family of the catalogue: its own label values, in its order.
+#[derive(Debug, PartialEq)]
+pub struct Update {
+    pub metric: &'static Metric,
+    pub labels: Vec<String>,
+    pub change: Change,
+}
+
+#[derive(Debug, PartialEq)]
+pub enum Change {
+    /// A counter counts this many more.
+    Add(u64),
+    /// A gauge is now this.
+    Set(i64),
+    /// A histogram observes this.
+    Observe(f64),
+}
+
+impl Update {
+    pub fn new(metric: &'static Metric, labels: &[&str], change: Change) -> Self {
+        Self { metric, labels: labels.iter().map(|l| l.to_string()).collect(), change }
+    }
 }
 
 /// An event's JSON as its trace text reads it: missing fields read as empty (`s`) or `?` (`n`).

@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use kstall_common::metrics;
 use serde::Serialize;
 
-use super::kind::{EventData, EventKind, Subject};
+use super::kind::{Change, EventData, EventKind, Source, Subject, Update};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -215,6 +215,12 @@ pub(super) const CLEARED: EventKind = EventKind {
 impl EventData for HungTaskCleared {
     fn kind(&self) -> &'static EventKind {
         &CLEARED
+    }
+
+    fn updates(&self, _: &Source) -> Vec<Update> {
+        let Some(secs) = self.blocked_secs else { return Vec::new() };
+        let labels = [self.wait.as_str(), self.wait_kind.as_str()];
+        vec![Update::new(&metrics::STUCK_TASK_BLOCKED, &labels, Change::Observe(secs as f64))]
     }
 }
 

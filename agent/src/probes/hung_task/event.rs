@@ -5,8 +5,8 @@ use serde::Serialize;
 
 use crate::{
     probes::{
-        kind::{EventData, EventKind, Subject},
-        wait::WaitClass,
+        kind::{Change, EventData, EventKind, Source, Subject, Update},
+        wait::{WaitClass, WaitKind},
     },
     symbols::Stack,
 };
@@ -43,5 +43,10 @@ pub(super) const HUNG: EventKind = EventKind {
 impl EventData for HungTask {
     fn kind(&self) -> &'static EventKind {
         &HUNG
+    }
+
+    fn updates(&self, source: &Source) -> Vec<Update> {
+        let labels = [self.wait.as_str(), WaitKind::Uninterruptible.as_str(), source.probe];
+        vec![Update::new(&metrics::STUCK_TASKS_TOTAL, &labels, Change::Add(1))]
     }
 }

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use kstall_common::metrics;
 use serde::Serialize;
 
-use crate::probes::kind::{EventData, EventKind, FilterFields, Subject};
+use crate::probes::kind::{Change, EventData, EventKind, FilterFields, Source, Subject, Update};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -42,6 +42,12 @@ pub struct Nfs {
 }
 
 impl Nfs {
+    /// Its `server` label: transports without an IP address are local ones (rpcbind over a
+    /// unix socket).
+    pub fn server_label(&self) -> String {
+        self.server_addr.map(|a| a.to_string()).unwrap_or_else(|| "local".into())
+    }
+
     /// A connect that failed: every TCP connect starts with an "in progress" report, which is not.
     pub fn connect_failed(&self) -> bool {
         self.what == What::SocketConnect && self.error.is_some_and(|e| e != -libc::EINPROGRESS)
@@ -101,6 +107,16 @@ impl EventData for Nfs {
         &RPC
     }
 
+    /// The counters come from the kernel's counts, the server's state from the events.
+    fn updates(&self, _: &Source) -> Vec<Update> {
+        let value = match self.what {
+            What::Timeout => 0,
+            What::ServerResponding => 1,
+            _ => return Vec::new(),
+        };
+        vec![Update::new(&metrics::NFS_SERVER_RESPONDING, &[&self.server_label()], Change::Set(value))]
+    }
+
     fn filter_fields(&self) -> FilterFields {
         FilterFields {
             ports: self.server_port.into_iter().collect(),
@@ -112,6 +128,28 @@ impl EventData for Nfs {
 impl EventData for NfsCount {
     fn kind(&self) -> &'static EventKind {
         &RPC_COUNT
+    }
+
+    fn updates(&self, _: &Source) -> Vec<Update> {
+        let nfs = &self.series;
+        let server = nfs.server_label();
+        let error =
+            nfs.error_name.map(str::to_string).or(nfs.error.map(|e| e.to_string())).unwrap_or_default();
+        let (metric, labels) = match nfs.what {
+            What::Retransmit => (&metrics::NFS_RETRANSMITS, vec![server.as_str()]),
+            What::Timeout => (&metrics::NFS_TIMEOUTS, vec![server.as_str()]),
+            What::ServerResponding => return Vec::new(),
+            What::SocketConnect if !nfs.connect_failed() => return Vec::new(),
+            What::SocketConnect | What::SocketError => {
+                (&metrics::NFS_CONNECT_ERRORS, vec![server.as_str(), &error])
+            }
+            What::SocketReset => (&metrics::NFS_CONNECT_ERRORS, vec![server.as_str(), "reset"]),
+            What::StateManagerFailed => (
+                &metrics::NFS_STATE_MANAGER_FAILURES,
+                vec![server.as_str(), nfs.procedure.as_deref().unwrap_or("")],
+            ),
+        };
+        vec![Update::new(metric, &labels, Change::Add(self.events))]
     }
 
     /// A count's series has no port: a port filter leaves it out.

@@ -4,7 +4,7 @@ use kstall_common::metrics;
 use serde::Serialize;
 
 use crate::{
-    probes::kind::{EventData, EventKind, Subject},
+    probes::kind::{Change, EventData, EventKind, Source, Subject, Update},
     symbols::Stack,
 };
 
@@ -109,6 +109,11 @@ impl EventData for OomKill {
 impl EventData for OomKillCount {
     fn kind(&self) -> &'static EventKind {
         &KILL_COUNT
+    }
+
+    fn updates(&self, source: &Source) -> Vec<Update> {
+        let labels = [self.scope.as_str(), source.comm, if self.critical { "true" } else { "false" }];
+        vec![Update::new(&metrics::OOM_KILLS, &labels, Change::Add(self.kills))]
     }
 
     fn suppressed(&self) -> Option<u64> {

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::{
     probes::{
-        kind::{EventData, EventKind, Subject},
+        kind::{Change, EventData, EventKind, Source, Subject, Update},
         wait::{WaitClass, WaitKind},
     },
     symbols::Stack,
@@ -50,5 +50,10 @@ pub(super) const STUCK: EventKind = EventKind {
 impl EventData for StuckTaskSample {
     fn kind(&self) -> &'static EventKind {
         &STUCK
+    }
+
+    fn updates(&self, source: &Source) -> Vec<Update> {
+        let labels = [self.wait.as_str(), self.wait_kind.as_str(), source.probe];
+        vec![Update::new(&metrics::STUCK_TASKS_TOTAL, &labels, Change::Add(1))]
     }
 }

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use kstall_common::metrics;
 use serde::Serialize;
 
-use crate::probes::kind::{EventData, EventKind, FilterFields, Subject};
+use crate::probes::kind::{Change, EventData, EventKind, FilterFields, Source, Subject, Update};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -192,5 +192,18 @@ impl EventData for ResetCount {
 
     fn suppressed(&self) -> Option<u64> {
         Some(self.suppressed)
+    }
+
+    /// Counted from the kernel's counters, exact whatever the ring buffer or the sampling left
+    /// out; the resets sent in full are their detail and count nothing.
+    fn updates(&self, _: &Source) -> Vec<Update> {
+        let (port, original) = (self.port.label(), self.original_port.map(|p| p.label()));
+        let labels = [
+            self.direction.as_str(),
+            &port,
+            original.as_deref().unwrap_or(""),
+            self.reason.as_deref().unwrap_or(""),
+        ];
+        vec![Update::new(&metrics::TCP_RESETS, &labels, Change::Add(self.resets))]
     }
 }
