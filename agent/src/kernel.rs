@@ -139,22 +139,9 @@ fn kernel_version(release: &str) -> Option<(u32, u32)> {
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
-/// What to add to an `Operation not permitted` from bpf(): the capability that is missing, or,
-/// when none is, that something else (a seccomp profile, an LSM) refused the call.
-pub fn bpf_permission_hint(error: &str) -> String {
-    if !error.contains("Operation not permitted") {
-        return String::new();
-    }
-    let missing: Vec<&str> = missing_capabilities()
-        .iter()
-        .filter(|c| matches!(c.bit, CAP_BPF | CAP_PERFMON))
-        .map(|c| c.name)
-        .collect();
-    if missing.is_empty() {
-        " (CAP_BPF and CAP_PERFMON are present: a seccomp profile or LSM refused bpf(); older runtime default profiles allow it only with CAP_SYS_ADMIN, see deploy/README.md)".into()
-    } else {
-        format!(" (missing {})", missing.join(" and "))
-    }
+/// The capabilities bpf() needs (CAP_BPF, CAP_PERFMON) that the agent lacks.
+pub fn missing_bpf_capabilities() -> Vec<&'static str> {
+    missing_capabilities().iter().filter(|c| matches!(c.bit, CAP_BPF | CAP_PERFMON)).map(|c| c.name).collect()
 }
 
 const HUNG_TASK_TIMEOUT: &str = "/proc/sys/kernel/hung_task_timeout_secs";

@@ -3,6 +3,7 @@
 //! rejection) is reported down with its reason and the others run on.
 
 pub mod counters;
+pub mod error;
 pub mod hung_task;
 pub mod kind;
 pub mod nfs;
@@ -24,14 +25,17 @@ use aya::{
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use self::plan::{Attach, Plan, ProbeStatus, ProgramSpec, Unavailable, error_chain, summarize};
+use self::{
+    error::ProbeError,
+    plan::{Attach, Plan, ProbeStatus, ProgramSpec, Unavailable},
+};
 pub use self::{
     kind::{EventData, EventKind, FilterFields, Subject},
     payload::Payload,
     probe::{Clock, Completion, Decoding, Probe},
     settings::Settings,
 };
-use crate::{kernel, kernel_btf::KernelBtf};
+use crate::kernel_btf::KernelBtf;
 
 /// The kernel programs, built by build.rs (empty when built with `AYA_BUILD_SKIP=1`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/kstall"));
@@ -153,7 +157,7 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
                 plans.extend(planned.programs.map(|plan| (idx, plan)));
                 completions.extend(planned.completion.map(|c| (idx, c)));
             }
-            Err(e) => statuses[idx].reason = Some(e),
+            Err(e) => statuses[idx].reason = Some(e.to_string()),
         }
     }
     // Offsets are resolved; the parsed BTF is large, don't hold it through the load.
@@ -184,9 +188,7 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
     let mut ebpf = match loader.load(OBJECT) {
         Ok(ebpf) => ebpf,
         Err(e) => {
-            let full = error_chain(&e);
-            let reason =
-                format!("loading the eBPF object failed: {full}{}", kernel::bpf_permission_hint(&full));
+            let reason = ProbeError::bpf("loading the eBPF object failed", &e, true).to_string();
             // Those attaching their own too: their programs are in the same object.
             mark_enabled_down(&mut statuses, &reason);
             return nothing(decoding, statuses);
@@ -221,7 +223,7 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
                 };
             }
             Err(e) => {
-                statuses[idx].reason = Some(e);
+                statuses[idx].reason = Some(e.to_string());
                 statuses[idx].notes = notes;
             }
         }
@@ -285,7 +287,7 @@ fn index_of(name: &str) -> usize {
 
 /// Loads and attaches every program of `plan`; on failure unloads the ones already loaded, so a
 /// probe is either fully on or fully off.
-fn attach(ebpf: &mut Ebpf, programs: &[ProgramSpec], btf: &Btf) -> Result<(), String> {
+fn attach(ebpf: &mut Ebpf, programs: &[ProgramSpec], btf: &Btf) -> Result<(), ProbeError> {
     for (i, spec) in programs.iter().enumerate() {
         if let Err(e) = attach_one(ebpf, spec, btf) {
             // The failed one too: it may be loaded and only the attach refused.
@@ -298,32 +300,31 @@ fn attach(ebpf: &mut Ebpf, programs: &[ProgramSpec], btf: &Btf) -> Result<(), St
     Ok(())
 }
 
-fn attach_one(ebpf: &mut Ebpf, spec: &ProgramSpec, btf: &Btf) -> Result<(), String> {
-    let context = |what: &str, e: &dyn std::error::Error| {
-        let full = error_chain(e);
-        tracing::debug!(program = spec.program, error = %full, "{what} failed");
-        let hint =
-            if spec.attach == Attach::FEntry { String::new() } else { kernel::bpf_permission_hint(&full) };
-        format!("{} ({}): {what}: {}{hint}", spec.target, spec.program, summarize(&full))
+fn attach_one(ebpf: &mut Ebpf, spec: &ProgramSpec, btf: &Btf) -> Result<(), ProbeError> {
+    let refused = |what: &str, e: &(dyn std::error::Error + 'static)| {
+        tracing::debug!(program = spec.program, error = %error::error_chain(e), "{what} failed");
+        // An fentry's EPERM is the kernel refusing the trampoline, not a privilege missing.
+        let what = format!("{} ({}): {what}", spec.target, spec.program);
+        ProbeError::bpf(what, e, spec.attach != Attach::FEntry)
     };
-    let program = ebpf
-        .program_mut(spec.program)
-        .ok_or_else(|| format!("program {} missing from the eBPF object", spec.program))?;
+    let program = ebpf.program_mut(spec.program).ok_or_else(|| {
+        ProbeError::Missing(format!("program {} missing from the eBPF object", spec.program))
+    })?;
     match spec.attach {
         Attach::FEntry => {
-            let program: &mut FEntry = program.try_into().map_err(|e| context("program type", &e))?;
-            program.load(spec.target, btf).map_err(|e| context("load", &e))?;
-            program.attach().map_err(|e| context("attach", &e))?;
+            let program: &mut FEntry = program.try_into().map_err(|e| refused("program type", &e))?;
+            program.load(spec.target, btf).map_err(|e| refused("load", &e))?;
+            program.attach().map_err(|e| refused("attach", &e))?;
         }
         Attach::TpBtf => {
-            let program: &mut BtfTracePoint = program.try_into().map_err(|e| context("program type", &e))?;
-            program.load(spec.target, btf).map_err(|e| context("load", &e))?;
-            program.attach().map_err(|e| context("attach", &e))?;
+            let program: &mut BtfTracePoint = program.try_into().map_err(|e| refused("program type", &e))?;
+            program.load(spec.target, btf).map_err(|e| refused("load", &e))?;
+            program.attach().map_err(|e| refused("attach", &e))?;
         }
         // Linked by its probe once loaded (`stuck_task::Sampler`).
         Attach::TaskIter => {
-            let program: &mut Iter = program.try_into().map_err(|e| context("program type", &e))?;
-            program.load("task", btf).map_err(|e| context("load", &e))?;
+            let program: &mut Iter = program.try_into().map_err(|e| refused("program type", &e))?;
+            program.load("task", btf).map_err(|e| refused("load", &e))?;
         }
     }
     Ok(())
@@ -335,10 +336,7 @@ fn measure_tick_rate(ebpf: &mut Ebpf) -> Result<u64, String> {
     let measured = match ebpf.program_mut("kstall_jiffies") {
         Some(Program::RawTracePoint(program)) => program
             .load()
-            .map_err(|e| {
-                let full = error_chain(&e);
-                format!("loading kstall_jiffies: {}{}", summarize(&full), kernel::bpf_permission_hint(&full))
-            })
+            .map_err(|e| ProbeError::bpf("loading kstall_jiffies", &e, true).to_string())
             .and_then(|()| crate::kernel::tick_rate(program)),
         _ => Err("program kstall_jiffies missing from the eBPF object".into()),
     };

@@ -95,24 +95,3 @@ impl ProbeStatus {
         }
     }
 }
-
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    s
-}
-
-/// A verifier log is hundreds of lines; status shows the first line and the verifier's verdict.
-pub fn summarize(full: &str) -> String {
-    let mut lines = full.lines().filter(|l| !l.trim().is_empty());
-    let first = lines.next().unwrap_or_default().to_string();
-    match lines.next_back() {
-        Some(last) => format!("{first} … {}", last.trim()),
-        None => first,
-    }
-}

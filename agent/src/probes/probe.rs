@@ -14,6 +14,7 @@ use aya::Ebpf;
 use kstall_common::EventHeader;
 
 use super::{
+    error::ProbeError,
     kind::EventKind,
     payload::Payload,
     plan::{Plan, ProbeStatus},
@@ -45,7 +46,7 @@ pub trait Probe: Sync {
         vmlinux: &KernelBtf,
         settings: &Settings,
         decoding: &mut Decoding,
-    ) -> Result<Planned, String>;
+    ) -> Result<Planned, ProbeError>;
 
     /// One of its ring-buffer records, whose header (already read) has its record kind.
     fn decode(

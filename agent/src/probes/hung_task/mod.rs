@@ -13,6 +13,7 @@ use kstall_common::hung_task::{
 use kstall_common::{EventHeader, kind};
 
 use super::{
+    error::ProbeError,
     kind::EventKind,
     payload::Payload,
     plan::{Plan, ProgramSpec, Unavailable},
@@ -30,14 +31,12 @@ pub const NAME: &str = "hung-task";
 const GLOBAL: &str = "HUNG_TASK_CONFIG";
 const PROG: ProgramSpec = ProgramSpec::tp_btf("sched_process_hang", "sched_process_hang");
 
-pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, String> {
-    vmlinux.tracepoint_arg_count("sched_process_hang").map_err(|e| e.to_string())?;
+pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, ProbeError> {
+    vmlinux.tracepoint_arg_count("sched_process_hang")?;
     let mut cfg = HungTaskConfig {
-        task: super::task::resolve(vmlinux).map_err(|e| e.to_string())?,
-        task_last_switch_time: vmlinux
-            .offset_of("task_struct", "last_switch_time")
-            .map_err(|e| e.to_string())?,
-        task_flags: vmlinux.offset_of("task_struct", "flags").map_err(|e| e.to_string())?,
+        task: super::task::resolve(vmlinux)?,
+        task_last_switch_time: vmlinux.offset_of("task_struct", "last_switch_time")?,
+        task_flags: vmlinux.offset_of("task_struct", "flags")?,
         ..HungTaskConfig::default()
     };
     // CONFIG_DETECT_HUNG_TASK_BLOCKER (6.15+): probed, never assumed.
@@ -119,7 +118,7 @@ impl Probe for HungTaskProbe {
         Some("blocked_secs")
     }
 
-    fn plan(&self, vmlinux: &KernelBtf, _: &Settings, _: &mut Decoding) -> Result<Planned, String> {
+    fn plan(&self, vmlinux: &KernelBtf, _: &Settings, _: &mut Decoding) -> Result<Planned, ProbeError> {
         plan(vmlinux).map(Planned::from)
     }
 

@@ -25,6 +25,7 @@ use kstall_common::{
 };
 
 use super::{
+    error::ProbeError,
     kind::EventKind,
     payload::Payload,
     plan::{ProbeStatus, Unavailable},
@@ -64,14 +65,7 @@ pub fn load_programs(ebpf: &mut Ebpf) -> Result<(), String> {
             .ok_or_else(|| format!("program {program} missing from the eBPF object"))?
             .try_into()
             .map_err(|e| format!("{program}: {e}"))?;
-        p.load().map_err(|e| {
-            let full = super::plan::error_chain(&e);
-            format!(
-                "{program}: load: {}{}",
-                super::plan::summarize(&full),
-                crate::kernel::bpf_permission_hint(&full)
-            )
-        })?;
+        p.load().map_err(|e| ProbeError::bpf(format!("{program}: load"), &e, true).to_string())?;
     }
     Ok(())
 }
@@ -285,7 +279,7 @@ fn attach_if_present(
     match p.attach(tracepoint) {
         Ok(_) => Ok(true),
         Err(e) if is_not_found(&e) => Ok(false),
-        Err(e) => Err(format!("{tracepoint}: attach: {}", super::plan::error_chain(&e))),
+        Err(e) => Err(format!("{tracepoint}: attach: {}", super::error::error_chain(&e))),
     }
 }
 
@@ -418,7 +412,7 @@ impl Probe for NfsProbe {
 
     /// Its programs load with the object and attach when sunrpc is there: at once if it already
     /// is (an agent restarted on a node with mounts), else when the module watcher sees it.
-    fn plan(&self, vmlinux: &KernelBtf, _: &Settings, _: &mut Decoding) -> Result<Planned, String> {
+    fn plan(&self, vmlinux: &KernelBtf, _: &Settings, _: &mut Decoding) -> Result<Planned, ProbeError> {
         let completion =
             ModuleAttachment { resolved: resolve_loaded(vmlinux), attachment: Attachment::default() };
         Ok(Planned { programs: None, completion: Some(Box::new(completion)) })

@@ -23,6 +23,7 @@ use kstall_common::{
 };
 
 use super::{
+    error::ProbeError,
     kind::EventKind,
     payload::Payload,
     plan::{Fallback, Plan, ProgramSpec, Unavailable},
@@ -47,10 +48,9 @@ const MM_FILEPAGES: usize = 0;
 const MM_ANONPAGES: usize = 1;
 const MM_SHMEMPAGES: usize = 3;
 
-pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, String> {
-    let args = vmlinux.tracepoint_arg_count("mark_victim").map_err(|e| e.to_string())?;
-    let mut cfg =
-        OomConfig { task: super::task::resolve(vmlinux).map_err(|e| e.to_string())?, ..Default::default() };
+pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, ProbeError> {
+    let args = vmlinux.tracepoint_arg_count("mark_victim")?;
+    let mut cfg = OomConfig { task: super::task::resolve(vmlinux)?, ..Default::default() };
     let victim_from_task = resolve_victim(vmlinux, &mut cfg);
     let mut notes = Vec::new();
     if let Err(e) = resolve_memcg_path(vmlinux, &mut cfg) {
@@ -281,7 +281,7 @@ impl Probe for OomProbe {
         &[KILL, KILL_COUNT]
     }
 
-    fn plan(&self, vmlinux: &KernelBtf, _: &Settings, _: &mut Decoding) -> Result<Planned, String> {
+    fn plan(&self, vmlinux: &KernelBtf, _: &Settings, _: &mut Decoding) -> Result<Planned, ProbeError> {
         plan(vmlinux).map(Planned::from)
     }
 

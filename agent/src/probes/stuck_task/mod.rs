@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use super::settings::StuckTask as Settings;
 use super::{
+    error::ProbeError,
     kind::EventKind,
     payload::Payload,
     plan::{Plan, ProgramSpec},
@@ -41,7 +42,7 @@ use super::{
 };
 use crate::{
     decode::{DecodeError, check_version, read_record},
-    kernel_btf::{BtfError, KernelBtf},
+    kernel_btf::KernelBtf,
     symbols::Symbols,
 };
 
@@ -51,8 +52,7 @@ pub const PROGRAM: &str = "stuck_task_sweep";
 const PROG: ProgramSpec = ProgramSpec::task_iter(PROGRAM);
 const SWEEP_MAP: &str = "SWEEP";
 
-pub fn plan(vmlinux: &KernelBtf, settings: &Settings) -> Result<Plan, String> {
-    let btf = |e: BtfError| e.to_string();
+pub fn plan(vmlinux: &KernelBtf, settings: &Settings) -> Result<Plan, ProbeError> {
     if !vmlinux.has_field("bpf_iter__task", "task") {
         return Err(
             "this kernel has no task iterator (struct bpf_iter__task missing from its BTF; needs 5.8+)"
@@ -64,17 +64,17 @@ pub fn plan(vmlinux: &KernelBtf, settings: &Settings) -> Result<Plan, String> {
     // (suspend, the v1 freezer) would be reported; kubelet freezes nothing.
     let (task_state, pf_frozen) = match vmlinux.offset_of("task_struct", "__state") {
         Ok(off) => (off, 0),
-        Err(_) => (vmlinux.offset_of("task_struct", "state").map_err(btf)?, PF_FROZEN),
+        Err(_) => (vmlinux.offset_of("task_struct", "state")?, PF_FROZEN),
     };
     let cfg = StuckTaskConfig {
         valid: 1,
         pf_frozen,
-        task: super::task::resolve(vmlinux).map_err(btf)?,
+        task: super::task::resolve(vmlinux)?,
         task_state,
-        task_flags: vmlinux.offset_of("task_struct", "flags").map_err(btf)?,
-        task_nvcsw: vmlinux.offset_of("task_struct", "nvcsw").map_err(btf)?,
-        task_nivcsw: vmlinux.offset_of("task_struct", "nivcsw").map_err(btf)?,
-        task_start_time: vmlinux.offset_of("task_struct", "start_time").map_err(btf)?,
+        task_flags: vmlinux.offset_of("task_struct", "flags")?,
+        task_nvcsw: vmlinux.offset_of("task_struct", "nvcsw")?,
+        task_nivcsw: vmlinux.offset_of("task_struct", "nivcsw")?,
+        task_start_time: vmlinux.offset_of("task_struct", "start_time")?,
         max_reports: settings.max_reports,
         threshold_ns: u64::try_from(settings.threshold.as_nanos()).unwrap_or(u64::MAX),
     };
@@ -280,7 +280,7 @@ impl Probe for StuckTaskProbe {
         vmlinux: &KernelBtf,
         settings: &super::settings::Settings,
         _: &mut Decoding,
-    ) -> Result<Planned, String> {
+    ) -> Result<Planned, ProbeError> {
         plan(vmlinux, &settings.stuck_task).map(Planned::from)
     }
 

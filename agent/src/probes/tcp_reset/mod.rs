@@ -33,6 +33,7 @@ use aya::{Ebpf, maps::Array};
 
 pub use super::settings::Hook;
 use super::{
+    error::ProbeError,
     kind::EventKind,
     payload::Payload,
     plan::{Fallback, Plan, ProbeStatus, ProgramSpec, Unavailable},
@@ -81,9 +82,9 @@ enum NoSocket {
 }
 
 /// Resolves everything the kernel half needs from BTF and picks the hooks.
-pub fn plan(vmlinux: &KernelBtf, hook: Hook) -> Result<(Plan, EnumNames, Conntrack), String> {
-    let send_has_reason = vmlinux.tracepoint_arg_count("tcp_send_reset").map_err(|e| e.to_string())? >= 3;
-    vmlinux.tracepoint_arg_count("tcp_receive_reset").map_err(|e| e.to_string())?;
+pub fn plan(vmlinux: &KernelBtf, hook: Hook) -> Result<(Plan, EnumNames, Conntrack), ProbeError> {
+    let send_has_reason = vmlinux.tracepoint_arg_count("tcp_send_reset")? >= 3;
+    vmlinux.tracepoint_arg_count("tcp_receive_reset")?;
     let drop_no_socket = drop_reason_no_socket(vmlinux);
     let no_socket = match hook {
         Hook::Auto if send_has_reason => NoSocket::TcpSendReset,
@@ -100,7 +101,7 @@ pub fn plan(vmlinux: &KernelBtf, hook: Hook) -> Result<(Plan, EnumNames, Conntra
     };
 
     let mut names = EnumNames::default();
-    let mut cfg = resolve_offsets(vmlinux).map_err(|e| e.to_string())?;
+    let mut cfg = resolve_offsets(vmlinux)?;
     cfg.send_reset_skips_no_socket = u32::from(no_socket != NoSocket::TcpSendReset);
     if send_has_reason {
         names.insert(RST_REASONS, enum_names(vmlinux, RST_REASONS, "SK_RST_REASON_")?);
@@ -471,7 +472,7 @@ impl Probe for TcpResetProbe {
         vmlinux: &KernelBtf,
         settings: &Settings,
         decoding: &mut Decoding,
-    ) -> Result<Planned, String> {
+    ) -> Result<Planned, ProbeError> {
         let (plan, names, conntrack) = plan(vmlinux, settings.tcp_reset_hook)?;
         decoding.enums.extend(names);
         let completion = OriginalDestinations { conntrack, waiting: false };
@@ -730,7 +731,7 @@ pub(crate) mod tests {
         assert!(fallback.hook.contains("not seen"), "{}", fallback.hook);
         // 5.10's vmlinux describes nf_conn: original destinations need no module BTF.
         assert!(matches!(conntrack, Conntrack::Ready(_)), "{conntrack:?}");
-        assert!(plan(&kernel("5.10"), Hook::KfreeSkb).err().is_some_and(|e| e.contains("5.17")));
+        assert!(plan(&kernel("5.10"), Hook::KfreeSkb).err().is_some_and(|e| e.to_string().contains("5.17")));
         // Forced on a newer kernel (how the matrix tests the fallback on every kernel).
         let (forced, ..) = plan(&kernel("6.12"), Hook::SendResetFunction).unwrap();
         assert!(forced.programs.iter().any(|p| p.target == "tcp_v4_send_reset"));
