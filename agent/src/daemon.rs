@@ -30,10 +30,12 @@ use crate::{
     export::{alertmanager, kubernetes, metrics::Metrics},
     incidents::{
         engine::Engine,
+        evaluator::{self, Subscriber},
+        history,
         saved::{self, Loaded},
     },
     kernel, kubelet,
-    pipeline::{self, IncidentOutputs, Pipeline},
+    pipeline::{self, Pipeline},
     probes::{self, hung_task},
     state::AgentState,
     stuck::{self, StuckSet},
@@ -42,8 +44,6 @@ use crate::{
 
 /// Events buffered per API subscriber before a slow one starts losing them.
 const SUBSCRIBER_BUFFER: usize = 4096;
-/// Incident snapshots waiting for the Alertmanager pusher; it only needs the latest.
-const ALERT_SNAPSHOTS: usize = 4;
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // First of all: a SIGTERM that arrives while starting must still end in a clean shutdown
@@ -132,67 +132,60 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let http_task = tokio::spawn(api::http::serve(http_listener, state.clone(), web, shutdown.clone()));
     let api_task =
         tokio::spawn(api::server::serve(api_listener, config.api_socket.clone(), state, shutdown.clone()));
-    let (alerts_tx, alerts_rx) = mpsc::channel(ALERT_SNAPSHOTS);
-    let pusher = (!config.alertmanager.urls.is_empty()).then(|| {
-        let settings = config.alertmanager.clone();
-        tokio::spawn(alertmanager::run(settings, alerts_rx, metrics.clone(), shutdown.clone()))
-    });
-    let mut outputs = IncidentOutputs { alerts: pusher.is_some().then_some(alerts_tx), ..Default::default() };
+    // Who takes what the evaluator finds, each on its own: a new output is one more here.
+    let mut subscribers: Vec<Box<dyn Subscriber>> = vec![Box::new(metrics.clone())];
     let mut writers = Vec::new();
+    if !config.alertmanager.urls.is_empty() {
+        let (pusher, feed) =
+            alertmanager::pusher(config.alertmanager.clone(), metrics.clone(), shutdown.clone());
+        writers.push(tokio::spawn(pusher));
+        subscribers.push(Box::new(feed));
+    }
     if let Some(dir) = state_dir {
-        let (saved_tx, saved) = watch::channel(None);
-        outputs.saved = Some(saved_tx);
-        writers.push(tokio::spawn(saved::keep_written(
-            dir.to_path_buf(),
-            saved,
-            history_written(dir.to_path_buf(), metrics.clone()),
-            shutdown.clone(),
-        )));
+        let written = history_written(dir.to_path_buf(), metrics.clone());
+        let (writer, feed) = history::writer(dir.to_path_buf(), written, shutdown.clone());
+        writers.push(tokio::spawn(writer));
+        subscribers.push(Box::new(feed));
     }
     if let Some(client) = &attribution.client {
         let node = config.node_name.clone();
         if config.kubernetes_events {
-            let (queue, fired) = mpsc::channel(kubernetes::events::QUEUE);
-            outputs.kubernetes_events = Some(queue);
             let settings = kubernetes::events::Settings::default();
-            let run = kubernetes::events::run(
+            let (writer, feed) = kubernetes::events::writer(
                 client.clone(),
                 node.clone(),
                 settings,
-                fired,
                 metrics.clone(),
                 shutdown.clone(),
             );
-            writers.push(tokio::spawn(run));
+            writers.push(tokio::spawn(writer));
+            subscribers.push(Box::new(feed));
         }
         if !config.node_conditions.is_empty() {
-            let enabled = config.node_conditions.clone();
-            let (wanted_tx, wanted) =
-                watch::channel(kubernetes::conditions::wanted(&enabled, std::iter::empty()));
-            outputs.node_conditions = Some((enabled, wanted_tx));
-            let settings = kubernetes::conditions::Settings::default();
-            let run = kubernetes::conditions::run(
+            let (enabled, settings) =
+                (config.node_conditions.clone(), kubernetes::conditions::Settings::default());
+            let (writer, feed) = kubernetes::conditions::writer(
                 client.clone(),
                 node,
                 settings,
-                wanted,
+                enabled,
                 metrics.clone(),
                 shutdown.clone(),
             );
-            writers.push(tokio::spawn(run));
+            writers.push(tokio::spawn(writer));
+            subscribers.push(Box::new(feed));
         }
     }
     let kubelet_checks = config
         .kubelet
         .clone()
         .map(|settings| tokio::spawn(kubelet::watch(settings, kubelet_tx, stop_intake.clone())));
-    let evaluator = tokio::spawn(pipeline::evaluate_incidents(
+    let evaluator = tokio::spawn(evaluator::run(
         incidents.clone(),
         stuck.clone(),
         attribution.index.clone(),
         kubelet_health,
-        metrics.clone(),
-        outputs,
+        subscribers,
         stop_intake.clone(),
     ));
     symbols::refresh(loaded.decoding.symbols.clone()).await;
@@ -276,7 +269,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     drop(hung_task_timeout);
     shutdown.cancel();
     let _ = tokio::join!(http_task, api_task);
-    for task in pusher.into_iter().chain(writers) {
+    for task in writers {
         let _ = task.await;
     }
     drop(loaded);

@@ -22,13 +22,9 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     attribution::{Attributed, Attribution, Index, Key, Resolution},
     events::{Counts, Decoder, Event, Payload},
-    export::{
-        alertmanager,
-        kubernetes::{self, conditions},
-        metrics::Metrics,
-    },
-    incidents::{Incident, NodeView, engine::Engine, saved::Saved},
-    kernel, kubelet,
+    export::metrics::Metrics,
+    incidents::engine::Engine,
+    kernel,
     probes::{
         self,
         counters::{self, Counters, Drained},
@@ -45,9 +41,6 @@ const MAX_HELD: usize = 10_000;
 /// `ebpf/src/maps.rs`); below that, events wait at most this long.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
 const LOSS_POLL_INTERVAL: Duration = Duration::from_secs(1);
-/// How often the incident signatures are evaluated.
-const INCIDENT_EVALUATION_INTERVAL: Duration = Duration::from_secs(1);
-
 /// What the pipeline reads and writes; each is owned elsewhere and shared.
 pub struct Pipeline {
     pub decoder: Decoder,
@@ -436,92 +429,6 @@ pub async fn poll_losses(lost: PerCpuArray<MapData, u64>, counts: Arc<Counts>, s
         }
         if stopping {
             break;
-        }
-    }
-}
-
-/// Where the evaluator hands what it found, each optional: none waits for the evaluator.
-#[derive(Default)]
-pub struct IncidentOutputs {
-    /// The snapshot of firing and resolved incidents, for the Alertmanager pusher.
-    pub alerts: Option<mpsc::Sender<alertmanager::Snapshot>>,
-    /// What fired, for the Kubernetes Event writer.
-    pub kubernetes_events: Option<mpsc::Sender<Vec<Incident>>>,
-    /// What the enabled node conditions should say, for their writer.
-    pub node_conditions: Option<(Vec<conditions::Condition>, watch::Sender<conditions::Wanted>)>,
-    /// The history to write to the state directory, for its writer.
-    pub saved: Option<watch::Sender<Option<Arc<Saved>>>>,
-}
-
-/// While incidents fire, their last-seen times and evidence reach the state directory this often
-/// (what fires or resolves is written at once).
-const SAVE_FIRING_EVERY: Duration = Duration::from_secs(30);
-
-/// Asks the signatures what fires, once a second, with the node as it is now (stuck tasks,
-/// memory, the kubelet's pods and health); logs what started and what ended, updates the incident
-/// metrics and hands the results to the outputs.
-pub async fn evaluate_incidents(
-    engine: Arc<Mutex<Engine>>,
-    stuck: Arc<Mutex<StuckSet>>,
-    index: watch::Receiver<Arc<Index>>,
-    kubelet: watch::Receiver<kubelet::Health>,
-    metrics: Arc<Metrics>,
-    outputs: IncidentOutputs,
-    stop: CancellationToken,
-) {
-    let mut tick = tokio::time::interval(INCIDENT_EVALUATION_INTERVAL);
-    let mut last_saved = Instant::now();
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => {
-                if let Some(saved) = &outputs.saved {
-                    saved.send_replace(Some(Arc::new(lock(&engine).saved(kernel::unix_now_ns()))));
-                }
-                return;
-            }
-            _ = tick.tick() => {}
-        }
-        let now = kernel::unix_now_ns();
-        let index = index.borrow().clone();
-        let kubelet = kubelet.borrow().clone();
-        metrics.set_kubelet(&kubelet);
-        let stuck = lock(&stuck);
-        let mut engine = lock(&engine);
-        let node = NodeView {
-            stuck: &stuck,
-            memory: index.memory,
-            kubelet_load: &index.kubelet_load,
-            kubelet: &kubelet,
-        };
-        let changes = engine.evaluate(now, &node);
-        drop(stuck);
-        for i in &changes.fired {
-            tracing::warn!(id = %i.id, severity = i.severity.as_str(), namespace = %i.namespace, pod = %i.pod, summary = %i.summary, "incident firing");
-        }
-        for i in &changes.resolved {
-            tracing::info!(id = %i.id, "incident resolved");
-        }
-        let (firing, evictions): (Vec<_>, Vec<_>) = (engine.firing().cloned().collect(), engine.evictions());
-        // Under the engine's lock: the API and /metrics never disagree on what fires.
-        metrics.set_incidents(firing.iter(), &changes.fired, &evictions);
-        if let Some(saved) = &outputs.saved {
-            let changed = !changes.fired.is_empty() || !changes.resolved.is_empty();
-            if changed || (!firing.is_empty() && last_saved.elapsed() >= SAVE_FIRING_EVERY) {
-                saved.send_replace(Some(Arc::new(engine.saved(now))));
-                last_saved = Instant::now();
-            }
-        }
-        drop(engine);
-        if let Some(queue) = &outputs.kubernetes_events {
-            kubernetes::events::offer(queue, &changes.fired, &metrics);
-        }
-        if let Some((enabled, wanted)) = &outputs.node_conditions {
-            let now_wanted = conditions::wanted(enabled, firing.iter());
-            wanted.send_if_modified(|w| std::mem::replace(w, now_wanted.clone()) != now_wanted);
-        }
-        if let Some(alerts) = &outputs.alerts {
-            // A pusher still busy with the last one skips this one: the next carries the same.
-            let _ = alerts.try_send(alertmanager::Snapshot { firing, resolved: changes.resolved });
         }
     }
 }

@@ -29,7 +29,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::Metrics;
-use crate::incidents::Incident;
+use crate::incidents::{
+    Incident,
+    evaluator::{Evaluation, Subscriber},
+};
 
 pub const RESEND_INTERVAL: Duration = Duration::from_secs(60);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -107,6 +110,31 @@ pub fn alert(incident: &Incident, now_unix_ns: u64) -> PostableAlert {
 pub struct Snapshot {
     pub firing: Vec<Incident>,
     pub resolved: Vec<Incident>,
+}
+
+/// Snapshots waiting for the pusher; it only needs the latest.
+const SNAPSHOTS: usize = 4;
+
+/// The evaluator's side of the pusher: each evaluation's snapshot, skipped while the pusher is
+/// still busy with earlier ones (the next carries the same).
+pub struct Feed(mpsc::Sender<Snapshot>);
+
+impl Subscriber for Feed {
+    fn publish(&mut self, evaluation: &Evaluation) {
+        let snapshot =
+            Snapshot { firing: evaluation.firing.to_vec(), resolved: evaluation.resolved.to_vec() };
+        let _ = self.0.try_send(snapshot);
+    }
+}
+
+/// The pusher and the subscriber that feeds it.
+pub fn pusher(
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) -> (impl Future<Output = ()>, Feed) {
+    let (feed, snapshots) = mpsc::channel(SNAPSHOTS);
+    (run(settings, snapshots, metrics, stop), Feed(feed))
 }
 
 /// One Alertmanager and what it still has to be told.

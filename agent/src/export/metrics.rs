@@ -13,7 +13,10 @@ use crate::{
     },
     decode::DecodeError,
     events::Counts,
-    incidents::Incident,
+    incidents::{
+        Incident,
+        evaluator::{Evaluation, Subscriber},
+    },
     probes::{
         kind::{Change, Source, Update},
         plan::ProbeStatus,
@@ -449,6 +452,15 @@ impl Metrics {
         let mut out = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding");
         String::from_utf8(out).expect("prometheus text is UTF-8")
+    }
+}
+
+/// What fires, for `kstall_incident_active` and the counters of incidents; the kubelet's checks
+/// as the evaluation saw them.
+impl Subscriber for std::sync::Arc<Metrics> {
+    fn publish(&mut self, evaluation: &Evaluation) {
+        self.set_kubelet(evaluation.kubelet);
+        self.set_incidents(evaluation.firing.iter(), evaluation.fired, evaluation.evictions);
     }
 }
 

@@ -6,6 +6,8 @@
 //! incidents with stable ids, states (`firing` -> `resolved`) and links between them.
 
 pub mod engine;
+pub mod evaluator;
+pub mod history;
 pub mod keyed;
 pub mod saved;
 pub mod signatures;

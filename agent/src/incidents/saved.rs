@@ -116,45 +116,6 @@ fn bounded(saved: &Saved) -> Vec<u8> {
     text
 }
 
-/// How long a write at shutdown may take: a stuck disk must not keep the agent from exiting.
-const LAST_WRITE_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Writes each history the evaluator publishes, on the blocking pool and one at a time: a slow
-/// disk delays the file, never the agent, and histories published meanwhile are coalesced (the
-/// newest wins). When stopped, writes what is still pending, within [`LAST_WRITE_WITHIN`].
-pub async fn keep_written(
-    dir: PathBuf,
-    mut latest: tokio::sync::watch::Receiver<Option<std::sync::Arc<Saved>>>,
-    written: impl Fn(&io::Result<usize>) + Send + 'static,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    loop {
-        let stopping = tokio::select! {
-            changed = latest.changed() => changed.is_err(),
-            _ = stop.cancelled() => true,
-        };
-        let pending = !stopping || latest.has_changed().unwrap_or(false);
-        let saved = latest.borrow_and_update().clone();
-        if let (true, Some(saved)) = (pending, saved) {
-            let dir = dir.clone();
-            let write = tokio::task::spawn_blocking(move || save(&dir, &saved));
-            let result = match stopping {
-                false => write.await.unwrap_or_else(|e| Err(io::Error::other(e))),
-                true => match tokio::time::timeout(LAST_WRITE_WITHIN, write).await {
-                    Ok(done) => done.unwrap_or_else(|e| Err(io::Error::other(e))),
-                    Err(_) => {
-                        Err(io::Error::new(io::ErrorKind::TimedOut, "the last write did not finish in 5 s"))
-                    }
-                },
-            };
-            written(&result);
-        }
-        if stopping {
-            return;
-        }
-    }
-}
-
 /// Creates the state directory (0700: incidents name pods and carry their evidence).
 pub fn create_dir(dir: &Path) -> io::Result<()> {
     use std::os::unix::fs::DirBuilderExt as _;

@@ -32,6 +32,7 @@ use crate::{
     export::metrics::Metrics,
     incidents::{
         Incident,
+        evaluator::{Evaluation, Subscriber},
         signatures::{kubelet_degraded, nfs_node_wide_stall, system_oom},
     },
 };
@@ -99,6 +100,33 @@ pub struct Wanted(pub BTreeMap<Condition, Option<Cause>>);
 
 /// The enabled conditions as the firing incidents set them: each by the most severe (then
 /// oldest) incident of its signature.
+/// The evaluator's side of the writer: what the enabled conditions should say now, handed over
+/// when it changes.
+pub struct Feed {
+    enabled: Vec<Condition>,
+    wanted: watch::Sender<Wanted>,
+}
+
+impl Subscriber for Feed {
+    fn publish(&mut self, evaluation: &Evaluation) {
+        let now = wanted(&self.enabled, evaluation.firing.iter());
+        self.wanted.send_if_modified(|w| std::mem::replace(w, now.clone()) != now);
+    }
+}
+
+/// The conditions' writer and the subscriber that feeds it.
+pub fn writer(
+    client: Client,
+    node: String,
+    settings: Settings,
+    enabled: Vec<Condition>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) -> (impl Future<Output = ()>, Feed) {
+    let (feed, wanted_rx) = watch::channel(wanted(&enabled, std::iter::empty()));
+    (run(client, node, settings, wanted_rx, metrics, stop), Feed { enabled, wanted: feed })
+}
+
 pub fn wanted<'a>(enabled: &[Condition], firing: impl Iterator<Item = &'a Incident>) -> Wanted {
     let mut by_signature: BTreeMap<&str, &Incident> = BTreeMap::new();
     for incident in firing {

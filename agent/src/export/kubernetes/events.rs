@@ -33,7 +33,13 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{CONTROLLER, Outcomes, REQUEST_TIMEOUT, reason, truncate};
-use crate::{export::metrics::Metrics, incidents::Incident};
+use crate::{
+    export::metrics::Metrics,
+    incidents::{
+        Incident,
+        evaluator::{Evaluation, Subscriber},
+    },
+};
 
 /// Incidents that fired, batches waiting for the writer.
 pub const QUEUE: usize = 64;
@@ -106,6 +112,30 @@ fn notice(incident: &Incident, node: &str) -> Option<Notice> {
 }
 
 /// Queues what fired for the writer; a full queue drops it, counted.
+/// The evaluator's side of the writer: what fired, queued (a full queue drops and counts it).
+pub struct Feed {
+    queue: mpsc::Sender<Vec<Incident>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Subscriber for Feed {
+    fn publish(&mut self, evaluation: &Evaluation) {
+        offer(&self.queue, evaluation.fired, &self.metrics);
+    }
+}
+
+/// The Event writer and the subscriber that feeds it.
+pub fn writer(
+    client: Client,
+    node: String,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) -> (impl Future<Output = ()>, Feed) {
+    let (queue, fired) = mpsc::channel(QUEUE);
+    (run(client, node, settings, fired, metrics.clone(), stop), Feed { queue, metrics })
+}
+
 pub fn offer(queue: &mpsc::Sender<Vec<Incident>>, fired: &[Incident], metrics: &Metrics) {
     if fired.is_empty() {
         return;
