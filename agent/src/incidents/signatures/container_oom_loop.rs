@@ -4,9 +4,9 @@
 
 use std::{collections::VecDeque, sync::Arc};
 
-use serde_json::json;
+use serde::Serialize;
 
-use super::pod_name;
+use super::{evidence, pod_name};
 use crate::{
     attribution::{Attributed, Attribution},
     events::Payload,
@@ -71,10 +71,10 @@ impl Signature for ContainerOomLoop {
                 c.kills.pop_front();
             }
             if c.kills.len() >= count {
-                let kills: Vec<_> = c
+                let kills = c
                     .kills
                     .iter()
-                    .map(|(t, pid, rss)| json!({"time_unix_ns": t, "pid": pid, "anon_rss_bytes": rss}))
+                    .map(|&(time_unix_ns, pid, anon_rss_bytes)| Kill { time_unix_ns, pid, anon_rss_bytes })
                     .collect();
                 findings.push(Finding {
                     key: format!("{uid}/{name}"),
@@ -89,7 +89,7 @@ impl Signature for ContainerOomLoop {
                         c.kills.len(),
                         window / 60_000_000_000
                     ),
-                    evidence: json!({ "kills": kills }),
+                    evidence: evidence(&Evidence { kills }),
                     remediation: Remediation {
                         permanent: vec![
                             "Raise the container's memory limit to its observed peak \
@@ -112,6 +112,18 @@ impl Signature for ContainerOomLoop {
     fn evicted(&self) -> u64 {
         self.by_container.evicted()
     }
+}
+
+#[derive(Serialize)]
+struct Evidence {
+    kills: Vec<Kill>,
+}
+
+#[derive(Serialize)]
+struct Kill {
+    time_unix_ns: u64,
+    pid: u32,
+    anon_rss_bytes: Option<u64>,
 }
 
 #[cfg(test)]

@@ -10,9 +10,9 @@
 //! `kubelet_termination_overdue` past their deadline. Critical unless the pile alone fired it:
 //! a pile is what comes before, a kubelet that cannot terminate pods is the incident.
 
-use serde_json::json;
+use serde::Serialize;
 
-use super::human_secs;
+use super::{evidence, human_secs};
 use crate::{
     attribution::{Attribution, pods::Terminating},
     incidents::{Finding, NodeView, Remediation, Settings, Severity, Signature, Step, ns},
@@ -160,15 +160,36 @@ impl Signature for KubeletDegraded {
             first_seen_unix_ns: first_seen,
             last_seen_unix_ns: now,
             summary,
-            evidence: json!({
-                "image_pull_pods": pulling,
-                "image_pull_owners": owners.iter().take(EVIDENCE_PODS).map(|((ns, owner), n)| json!({"namespace": ns, "owner": owner, "pods": n})).collect::<Vec<_>>(),
-                "terminating_pods": load.terminating_total,
-                "overdue_pods": overdue.iter().take(EVIDENCE_PODS).map(|t| json!({"pod": t.pod, "uid": t.uid, "overdue_secs": now_secs - t.deadline_unix_secs})).collect::<Vec<_>>(),
-                "overdue_pods_total": overdue.len(),
-                "healthz": node.kubelet.healthz,
-                "tls": node.kubelet.tls,
-                "stuck_tasks": stuck.iter().map(|t| json!({"pid": t.pid, "comm": t.comm, "wait": t.wait.as_str(), "blocked_secs": t.blocked_secs, "stack": t.stack})).collect::<Vec<_>>(),
+            evidence: evidence(&Evidence {
+                image_pull_pods: pulling,
+                image_pull_owners: owners
+                    .iter()
+                    .take(EVIDENCE_PODS)
+                    .map(|&((namespace, owner), &pods)| OwnerPods { namespace, owner, pods })
+                    .collect(),
+                terminating_pods: load.terminating_total,
+                overdue_pods: overdue
+                    .iter()
+                    .take(EVIDENCE_PODS)
+                    .map(|t| Overdue {
+                        pod: &t.pod,
+                        uid: &t.uid,
+                        overdue_secs: now_secs - t.deadline_unix_secs,
+                    })
+                    .collect(),
+                overdue_pods_total: overdue.len(),
+                healthz: &node.kubelet.healthz,
+                tls: &node.kubelet.tls,
+                stuck_tasks: stuck
+                    .iter()
+                    .map(|t| Stuck {
+                        pid: t.pid,
+                        comm: &t.comm,
+                        wait: t.wait.as_str(),
+                        blocked_secs: t.blocked_secs,
+                        stack: &t.stack,
+                    })
+                    .collect(),
             }),
             remediation: remediation(owners.first().filter(|_| pile).map(|(k, _)| *k), &overdue),
         }]
@@ -177,6 +198,41 @@ impl Signature for KubeletDegraded {
     fn evicted(&self) -> u64 {
         0
     }
+}
+
+#[derive(Serialize)]
+struct Evidence<'a> {
+    image_pull_pods: u32,
+    image_pull_owners: Vec<OwnerPods<'a>>,
+    terminating_pods: usize,
+    overdue_pods: Vec<Overdue<'a>>,
+    overdue_pods_total: usize,
+    healthz: &'a Option<Check>,
+    tls: &'a Option<Check>,
+    stuck_tasks: Vec<Stuck<'a>>,
+}
+
+#[derive(Serialize)]
+struct OwnerPods<'a> {
+    namespace: &'a str,
+    owner: &'a str,
+    pods: u32,
+}
+
+#[derive(Serialize)]
+struct Overdue<'a> {
+    pod: &'a str,
+    uid: &'a str,
+    overdue_secs: i64,
+}
+
+#[derive(Serialize)]
+struct Stuck<'a> {
+    pid: u32,
+    comm: &'a str,
+    wait: &'static str,
+    blocked_secs: u64,
+    stack: &'a [String],
 }
 
 /// (`batch`, `CronJob/report`) -> `CronJob batch/report`.
@@ -260,6 +316,8 @@ fn remediation(owner: Option<&(String, String)>, overdue: &[&Terminating]) -> Re
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use std::sync::Arc;
 
     use super::*;

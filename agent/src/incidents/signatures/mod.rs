@@ -12,6 +12,13 @@ pub mod system_oom;
 use crate::attribution::Attribution;
 
 /// `namespace/pod`, or what is known instead.
+/// A signature's evidence as incidents carry it: each signature's own typed struct, serialized
+/// here, where it leaves the signature.
+pub fn evidence(typed: &impl serde::Serialize) -> serde_json::Value {
+    // Plain structs of numbers, strings, lists and maps: serializing them cannot fail.
+    serde_json::to_value(typed).expect("evidence serializes")
+}
+
 pub fn pod_name(who: &Attribution) -> String {
     match (who.pod.is_empty(), &who.pod_uid) {
         (false, _) => format!("{}/{}", who.namespace, who.pod),

@@ -20,9 +20,8 @@ use std::{
 };
 
 use serde::Serialize;
-use serde_json::json;
 
-use super::{human_secs, pod_name};
+use super::{evidence, human_secs, pod_name};
 use crate::{
     attribution::Attributed,
     events::Payload,
@@ -137,13 +136,13 @@ impl Signature for NfsNodeWideStall {
                 pods.join(", "),
                 human_secs(longest),
             ),
-            evidence: json!({
-                "server": server,
-                "pods": pods,
-                "stuck_tasks": tasks,
-                "recovery": recovery,
-                "waiting_on_recovery": waiting_on_recovery,
-                "servers_with_errors": self.failing,
+            evidence: evidence(&Evidence {
+                server,
+                pods,
+                stuck_tasks: tasks,
+                recovery,
+                waiting_on_recovery,
+                servers_with_errors: &self.failing,
             }),
             remediation: Remediation {
                 permanent: vec![
@@ -169,6 +168,16 @@ impl Signature for NfsNodeWideStall {
     fn evicted(&self) -> u64 {
         0
     }
+}
+
+#[derive(Serialize)]
+struct Evidence<'a> {
+    server: Option<String>,
+    pods: Vec<String>,
+    stuck_tasks: Vec<&'a StuckTask>,
+    recovery: Option<Recovery>,
+    waiting_on_recovery: Vec<u32>,
+    servers_with_errors: &'a BTreeSet<String>,
 }
 
 /// The NFSv4 state manager of one server, stuck.
@@ -245,6 +254,8 @@ fn managed_server(comm: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use serde_json::Value;
 
     use super::*;

@@ -9,9 +9,9 @@ use std::{
     net::IpAddr,
 };
 
-use serde_json::json;
+use serde::Serialize;
 
-use super::{nfs_sidecar_redirect::redirected_nfs_port, pod_name};
+use super::{evidence, nfs_sidecar_redirect::redirected_nfs_port, pod_name};
 use crate::{
     attribution::Attributed,
     events::Payload,
@@ -158,11 +158,11 @@ impl Server {
                 self.connect_errors,
                 pods.join(", ")
             ),
-            evidence: json!({
-                "server": addr,
-                "nfs_timeouts": self.timeouts,
-                "nfs_connect_errors": self.connect_errors,
-                "errors_by_pod": self.by_pod,
+            evidence: evidence(&Evidence {
+                server: addr,
+                nfs_timeouts: self.timeouts,
+                nfs_connect_errors: self.connect_errors,
+                errors_by_pod: &self.by_pod,
             }),
             remediation: Remediation {
                 permanent: vec![
@@ -183,6 +183,15 @@ impl Server {
             },
         }
     }
+}
+
+#[derive(Serialize)]
+struct Evidence<'a> {
+    server: IpAddr,
+    nfs_timeouts: u64,
+    nfs_connect_errors: u64,
+    /// Errors per pod (or "host network").
+    errors_by_pod: &'a BTreeMap<String, u64>,
 }
 
 #[cfg(test)]

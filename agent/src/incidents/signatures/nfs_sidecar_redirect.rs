@@ -14,9 +14,9 @@ use std::{
     sync::Arc,
 };
 
-use serde_json::json;
+use serde::Serialize;
 
-use super::{human_secs, pod_name};
+use super::{evidence, human_secs, pod_name};
 use crate::{
     attribution::{Attributed, Attribution},
     events::Payload,
@@ -256,18 +256,18 @@ impl Namespace {
             first_seen_unix_ns: self.firing_since.unwrap_or(self.first_reset),
             last_seen_unix_ns: self.last_reset,
             summary,
-            evidence: json!({
-                "netns": self.netns,
-                "server": self.server,
-                "nfs_port": self.nfs_port,
-                "redirect_ports": self.redirect_ports,
-                "resets_in_window": self.resets.len(),
-                "resets_total": self.total,
-                "nfs_retransmits": self.retransmits,
-                "nfs_timeouts": self.timeouts,
-                "nfs_connect_errors": self.connect_errors,
-                "server_responding_since_last_reset": self.last_responding > self.last_reset,
-                "stuck_tasks": tasks,
+            evidence: evidence(&Evidence {
+                netns: self.netns,
+                server: self.server,
+                nfs_port: self.nfs_port,
+                redirect_ports: &self.redirect_ports,
+                resets_in_window: self.resets.len(),
+                resets_total: self.total,
+                nfs_retransmits: self.retransmits,
+                nfs_timeouts: self.timeouts,
+                nfs_connect_errors: self.connect_errors,
+                server_responding_since_last_reset: self.last_responding > self.last_reset,
+                stuck_tasks: tasks,
             }),
             remediation: self.remediation(tasks.first()),
         }
@@ -338,8 +338,25 @@ impl Namespace {
     }
 }
 
+#[derive(Serialize)]
+struct Evidence<'a> {
+    netns: u32,
+    server: Option<IpAddr>,
+    nfs_port: u16,
+    redirect_ports: &'a BTreeSet<u16>,
+    resets_in_window: usize,
+    resets_total: u64,
+    nfs_retransmits: u64,
+    nfs_timeouts: u64,
+    nfs_connect_errors: u64,
+    server_responding_since_last_reset: bool,
+    stuck_tasks: &'a [StuckTask],
+}
+
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::{
         incidents::signatures::tests::*,

@@ -3,9 +3,9 @@
 //! reap a task the kernel will not wake. The evidence is each task's wait class and stack; the
 //! engine links the incident to an NFS incident of the same pod or node that explains it.
 
-use serde_json::json;
+use serde::Serialize;
 
-use super::{human_secs, pod_name};
+use super::{evidence, human_secs, pod_name};
 use crate::{
     incidents::{Finding, NodeView, Remediation, Settings, Severity, Signature, Step},
     probes::wait::WaitClass,
@@ -64,7 +64,7 @@ impl Signature for PodTerminationBlocked {
                     first_seen_unix_ns: now.saturating_sub(longest.blocked_secs * 1_000_000_000),
                     last_seen_unix_ns: now,
                     summary,
-                    evidence: json!({ "stuck_tasks": tasks }),
+                    evidence: evidence(&Evidence { stuck_tasks: &tasks }),
                     remediation: remediation(longest.wait, longest.pid, longest.tid),
                     who,
                 }
@@ -99,6 +99,11 @@ fn remediation(wait: WaitClass, pid: u32, tid: u32) -> Remediation {
         Step::new("Unblock what it waits for; rebooting the node is the last resort.", None),
     ];
     Remediation { permanent, break_glass }
+}
+
+#[derive(Serialize)]
+struct Evidence<'a> {
+    stuck_tasks: &'a [StuckTask],
 }
 
 #[cfg(test)]

@@ -6,9 +6,8 @@
 use std::collections::VecDeque;
 
 use serde::Serialize;
-use serde_json::json;
 
-use super::pod_name;
+use super::{evidence, pod_name};
 use crate::{
     attribution::{Attributed, Attribution},
     events::Payload,
@@ -117,10 +116,10 @@ impl Signature for SystemOom {
             first_seen_unix_ns: first.time_unix_ns,
             last_seen_unix_ns: last.time_unix_ns,
             summary,
-            evidence: json!({
-                "victims": recent,
-                "system_ooms_24h": self.kills.len(),
-                "memory_limit_overcommit_ratio": last.memory_limit_overcommit_ratio,
+            evidence: evidence(&Evidence {
+                victims: &recent,
+                system_ooms_24h: self.kills.len(),
+                memory_limit_overcommit_ratio: last.memory_limit_overcommit_ratio,
             }),
             remediation: Remediation {
                 permanent: vec![
@@ -143,6 +142,13 @@ impl Signature for SystemOom {
     fn evicted(&self) -> u64 {
         0
     }
+}
+
+#[derive(Serialize)]
+struct Evidence<'a> {
+    victims: &'a [&'a Kill],
+    system_ooms_24h: usize,
+    memory_limit_overcommit_ratio: Option<f64>,
 }
 
 #[cfg(test)]
