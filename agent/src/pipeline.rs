@@ -27,7 +27,8 @@ use crate::{
     kernel,
     probes::{
         self,
-        counters::{self, Counters, Drained},
+        counters::{self, Counters},
+        probe::Drained,
     },
     state::lock,
     stuck::{StuckSet, TaskStates},
@@ -99,6 +100,16 @@ impl OomKeys {
     /// Forgets the keys whose last event is older than [`OOM_KEY_MEMORY`] at `now`.
     fn forget_old(&mut self, now: Instant) {
         self.by_key.retain(|_, key| now.saturating_duration_since(key.seen) < OOM_KEY_MEMORY);
+    }
+
+    /// An OOM count whose hook did not know the scope takes what its key's last kill showed.
+    fn settle(&self, event: &mut Event) {
+        if let Payload::OomKillCount(count) = &mut event.payload
+            && count.scope_from_events
+            && let Some((scope, _)) = self.seen(event.header.cgroup_id, &event.header.comm)
+        {
+            count.scope = scope;
+        }
     }
 
     /// The key's last event's scope and attribution.
@@ -248,40 +259,29 @@ impl Pipeline {
         self.count(drained, Instant::now());
     }
 
-    /// One interval's counts from the kernel's counters, at `now`: attributed as events are
-    /// (resets by their network namespace, OOM kills by the victim's cgroup) and emitted like
-    /// them.
+    /// One interval's counts from the kernel's counters, at `now`: attributed as events are (by
+    /// the subject of their kind) and emitted like them.
     pub fn count(&mut self, drained: Drained, now: Instant) {
         for error in drained.errors {
             tracing::debug!(error = %error, "undecodable counter key");
             self.metrics.decode_error(error.label());
         }
-        let header = |probe, comm, cgroup_id, netns| crate::events::Header {
-            probe,
-            time_unix_ns: kernel::unix_now_ns(),
-            tgid: 0,
-            pid: 0,
-            comm,
-            cgroup_id,
-            netns,
-        };
-        for (netns, count) in drained.resets {
-            let header = header(probes::tcp_reset::NAME, String::new(), 0, netns);
-            self.attribute(Event { header, payload: Payload::TcpResetCount(count) }, now);
+        for (probe, n) in drained.uncounted {
+            self.counts.suppressed(probe, n);
         }
-        for (netns, count) in drained.nfs {
-            let header = header(probes::nfs::NAME, String::new(), 0, netns);
-            self.attribute(Event { header, payload: Payload::NfsCount(count) }, now);
-        }
-        self.counts.suppressed(probes::nfs::NAME, drained.nfs_overflow);
         self.oom_keys.forget_old(now);
-        for counted in drained.oom_kills {
-            let seen = self.oom_keys.seen(counted.cgroup_id, &counted.comm);
-            let count = counted.settle(seen.as_ref().map(|(scope, _)| *scope), self.decoder.decoding());
-            let event = Event {
-                header: header(probes::oom::NAME, counted.comm, counted.cgroup_id, 0),
-                payload: Payload::OomKillCount(count),
+        for counted in drained.counts {
+            let header = crate::events::Header {
+                probe: counted.probe,
+                time_unix_ns: kernel::unix_now_ns(),
+                tgid: 0,
+                pid: 0,
+                comm: counted.comm,
+                cgroup_id: counted.cgroup_id,
+                netns: counted.netns,
             };
+            let mut event = Event { header, payload: counted.payload };
+            self.oom_keys.settle(&mut event);
             self.attribute(event, now);
         }
     }
@@ -363,7 +363,7 @@ pub async fn run(
             _ = counter_tick.tick(), if counters.is_some() => {
                 // The events first: a count settles its scope from its key's events.
                 read_ring(fd.get_mut(), &mut pipeline);
-                let drained = counters.as_mut().map(Counters::drain);
+                let drained = counters.as_mut().map(|c| c.drain(pipeline.decoder.decoding()));
                 if let Some(drained) = drained {
                     pipeline.take_counts(drained);
                 }
@@ -390,7 +390,8 @@ pub async fn run(
     let drained = read_ring(fd.get_mut(), &mut pipeline);
     // The programs are detached: both generations are complete.
     if let Some(counters) = &mut counters {
-        pipeline.take_counts(counters.drain_all());
+        let drained = counters.drain_all(pipeline.decoder.decoding());
+        pipeline.take_counts(drained);
     }
     pipeline.release_held(Instant::now());
     pipeline.flush_held();
@@ -615,7 +616,7 @@ mod tests {
         let mut key = OomCountKey { cgroup_id: 31337, ..Default::default() };
         key.comm[..2].copy_from_slice(b"dd");
         let counted = crate::probes::oom::decode_count(&key, &Counter { events: kills, emitted: kills });
-        Drained { oom_kills: vec![counted], ..Default::default() }
+        Drained { counts: vec![counted.counted(&Default::default())], ..Default::default() }
     }
 
     #[test]
@@ -690,10 +691,12 @@ mod tests {
             key.comm[..comm.len()].copy_from_slice(comm);
             key
         };
+        let decoding = Default::default();
         let drained = Drained {
-            oom_kills: vec![
-                decode_count(&key(CGROUP, b"python3"), &Counter { events: 40, emitted: 32 }),
-                decode_count(&key(CGROUP, b"java"), &Counter { events: 1, emitted: 1 }),
+            counts: vec![
+                decode_count(&key(CGROUP, b"python3"), &Counter { events: 40, emitted: 32 })
+                    .counted(&decoding),
+                decode_count(&key(CGROUP, b"java"), &Counter { events: 1, emitted: 1 }).counted(&decoding),
             ],
             ..Default::default()
         };

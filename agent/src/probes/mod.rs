@@ -259,14 +259,15 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
             }
         }
     }
-    let wanted = counters::Wanted {
-        tcp_reset: statuses[index_of(tcp_reset::NAME)].up.then(|| decoding.enums.clone()),
-        oom: statuses[index_of(oom::NAME)].up,
-    };
     let counters = if settings.sample_events == u32::MAX {
         None
     } else {
-        match counters::Counters::take(&mut ebpf, wanted) {
+        let counting: Result<Vec<_>, String> = ALL
+            .iter()
+            .filter(|p| enabled(p.name()))
+            .filter_map(|p| p.counting(&mut ebpf).transpose())
+            .collect();
+        match counting.and_then(|counting| counters::Counters::take(&mut ebpf, counting)) {
             Ok(counters) => Some(counters),
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the kernel's counters: event metrics stay at 0");

@@ -48,6 +48,12 @@ pub trait Probe: Sync {
         decoding: &mut Decoding,
     ) -> Result<Planned, ProbeError>;
 
+    /// Its counters in the kernel (exact counts of the series its events are a sample of), taken
+    /// from the loaded object; `None` when its kernel half counts nothing.
+    fn counting(&self, _ebpf: &mut Ebpf) -> Result<Option<Box<dyn Counting>>, String> {
+        Ok(None)
+    }
+
     /// One of its ring-buffer records, whose header (already read) has its record kind.
     fn decode(
         &self,
@@ -92,6 +98,38 @@ pub trait Completion: Send {
     fn attached(&self) -> Vec<&'static str> {
         Vec::new()
     }
+}
+
+/// A probe's counters in the kernel, read back once per interval (`probes::counters` flips the
+/// generation they count in).
+pub trait Counting: Send {
+    /// Reads and deletes its keys of `generation` into `drained`, with what its overflow
+    /// counters gained since the last drain; stops at a failure, leaving the rest for the next.
+    fn drain(&mut self, generation: u8, decoding: &Decoding, drained: &mut Drained) -> Result<(), String>;
+}
+
+/// One interval's counts of every probe.
+#[derive(Debug, Default)]
+pub struct Drained {
+    pub counts: Vec<Counted>,
+    /// Events counted without a key (their map was full) that no count can carry, by probe:
+    /// only counted as suppressed.
+    pub uncounted: Vec<(&'static str, u64)>,
+    /// Keys that could not be read back (a garbage key is counted, never a panic).
+    pub errors: Vec<DecodeError>,
+    /// A map operation that failed: what it left in the map is read the next time.
+    pub failure: Option<String>,
+}
+
+/// One series' count, emitted as an event of its probe: attributed by its network namespace,
+/// or by its cgroup and process name (then `netns` is 0), as its kind's subject says.
+#[derive(Debug)]
+pub struct Counted {
+    pub probe: &'static str,
+    pub netns: u32,
+    pub cgroup_id: u64,
+    pub comm: String,
+    pub payload: Payload,
 }
 
 /// What decoding records needs beyond the records: facts about this kernel and node, shared by

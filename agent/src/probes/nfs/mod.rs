@@ -25,11 +25,12 @@ use kstall_common::{
 };
 
 use super::{
+    counters::CounterMap,
     error::ProbeError,
     kind::EventKind,
     payload::Payload,
     plan::{ProbeStatus, Unavailable},
-    probe::{Clock, Completion, Decoding, Planned, Probe},
+    probe::{Clock, Completion, Counted, Counting, Decoding, Drained, Planned, Probe},
     settings::Settings,
 };
 use crate::{
@@ -418,6 +419,11 @@ impl Probe for NfsProbe {
         Ok(Planned { programs: None, completion: Some(Box::new(completion)) })
     }
 
+    /// Taken whether or not sunrpc is loaded yet: the programs count once they attach.
+    fn counting(&self, ebpf: &mut Ebpf) -> Result<Option<Box<dyn Counting>>, String> {
+        Ok(Some(Box::new(RpcCounts(CounterMap::take(ebpf, "NFS_COUNTS", "NFS_OVERFLOW", 1)?))))
+    }
+
     fn decode(
         &self,
         header: &EventHeader,
@@ -442,6 +448,32 @@ impl Probe for NfsProbe {
             samples.push(Payload::NfsCount(tests::count_of(&tests::event(what, error), 2)));
         }
         samples
+    }
+}
+
+/// The RPC events counted in the kernel, by series; those counted without a key carry no kind,
+/// so they are only counted as suppressed.
+struct RpcCounts(CounterMap<NfsCountKey>);
+
+impl Counting for RpcCounts {
+    fn drain(&mut self, generation: u8, _: &Decoding, drained: &mut Drained) -> Result<(), String> {
+        let mut counted = Vec::new();
+        let result = self.0.drain(generation, &mut counted);
+        for (key, counter) in counted {
+            match decode_count(&key, &counter) {
+                Ok(count) => drained.counts.push(Counted {
+                    probe: NAME,
+                    netns: key.netns_ino,
+                    cgroup_id: 0,
+                    comm: String::new(),
+                    payload: Payload::NfsCount(count),
+                }),
+                Err(e) => drained.errors.push(e),
+            }
+        }
+        let overflow = result?.iter().fold(0u64, |sum, n| sum.saturating_add(*n));
+        drained.uncounted.push((NAME, overflow));
+        Ok(())
     }
 }
 

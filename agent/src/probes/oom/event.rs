@@ -67,6 +67,10 @@ pub struct OomKill {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OomKillCount {
     pub scope: Scope,
+    /// The hook that counted it did not know the scope (`mark_victim`): the kills of its key,
+    /// sent in full, tell it (the pipeline settles it).
+    #[serde(skip)]
+    pub scope_from_events: bool,
     pub critical: bool,
     pub kills: u64,
     pub suppressed: u64,

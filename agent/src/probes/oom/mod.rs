@@ -22,12 +22,15 @@ use kstall_common::{
     },
 };
 
+use aya::Ebpf;
+
 use super::{
+    counters::CounterMap,
     error::ProbeError,
     kind::EventKind,
     payload::Payload,
     plan::{Fallback, Plan, ProgramSpec, Unavailable},
-    probe::{Decoding, Planned, Probe},
+    probe::{Counted, Counting, Decoding, Drained, Planned, Probe},
     settings::Settings,
 };
 use crate::{
@@ -188,10 +191,39 @@ impl CountedKills {
     pub fn settle(&self, seen: Option<Scope>, ctx: &Decoding) -> OomKillCount {
         OomKillCount {
             scope: self.scope.or(seen).unwrap_or(Scope::Unknown),
+            scope_from_events: self.scope.is_none(),
             critical: !self.comm.is_empty() && ctx.critical_comms.contains(&self.comm),
             kills: self.kills,
             suppressed: self.suppressed,
         }
+    }
+
+    /// As the pipeline takes it: attributed by the victim's cgroup, its scope still to settle
+    /// from its key's events where the hook did not know it.
+    pub fn counted(&self, ctx: &Decoding) -> Counted {
+        Counted {
+            probe: NAME,
+            netns: 0,
+            cgroup_id: self.cgroup_id,
+            comm: self.comm.clone(),
+            payload: Payload::OomKillCount(self.settle(None, ctx)),
+        }
+    }
+}
+
+/// The kills counted in the kernel, by victim.
+struct KillCounts(CounterMap<OomCountKey>);
+
+impl Counting for KillCounts {
+    fn drain(&mut self, generation: u8, decoding: &Decoding, drained: &mut Drained) -> Result<(), String> {
+        let mut counted = Vec::new();
+        let result = self.0.drain(generation, &mut counted);
+        drained
+            .counts
+            .extend(counted.iter().map(|(key, counter)| decode_count(key, counter).counted(decoding)));
+        let overflow = result?.into_iter().filter(|&n| n > 0);
+        drained.counts.extend(overflow.map(|n| overflow_count(n).counted(decoding)));
+        Ok(())
     }
 }
 
@@ -283,6 +315,10 @@ impl Probe for OomProbe {
 
     fn plan(&self, vmlinux: &KernelBtf, _: &Settings, _: &mut Decoding) -> Result<Planned, ProbeError> {
         plan(vmlinux).map(Planned::from)
+    }
+
+    fn counting(&self, ebpf: &mut Ebpf) -> Result<Option<Box<dyn Counting>>, String> {
+        Ok(Some(Box::new(KillCounts(CounterMap::take(ebpf, "OOM_KILL_COUNTS", "OOM_KILL_OVERFLOW", 1)?))))
     }
 
     fn decode(

@@ -33,11 +33,12 @@ use aya::{Ebpf, maps::Array};
 
 pub use super::settings::Hook;
 use super::{
+    counters::CounterMap,
     error::ProbeError,
     kind::EventKind,
     payload::Payload,
     plan::{Fallback, Plan, ProbeStatus, ProgramSpec, Unavailable},
-    probe::{Completion, Decoding, EnumNames, Planned, Probe},
+    probe::{Completion, Counted, Counting, Decoding, Drained, EnumNames, Planned, Probe},
     settings::Settings,
 };
 use crate::{
@@ -479,6 +480,11 @@ impl Probe for TcpResetProbe {
         Ok(Planned { programs: Some(plan), completion: Some(Box::new(completion)) })
     }
 
+    fn counting(&self, ebpf: &mut Ebpf) -> Result<Option<Box<dyn Counting>>, String> {
+        let counts = CounterMap::take(ebpf, "TCP_RESET_COUNTS", "TCP_RESET_OVERFLOW", 2)?;
+        Ok(Some(Box::new(ResetCounts(counts))))
+    }
+
     fn decode(
         &self,
         header: &EventHeader,
@@ -501,6 +507,32 @@ impl Probe for TcpResetProbe {
             ),
         ]
     }
+}
+
+/// The resets counted in the kernel, by series; the overflow slots are by direction.
+struct ResetCounts(CounterMap<ResetCountKey>);
+
+impl Counting for ResetCounts {
+    fn drain(&mut self, generation: u8, decoding: &Decoding, drained: &mut Drained) -> Result<(), String> {
+        let mut counted = Vec::new();
+        let result = self.0.drain(generation, &mut counted);
+        for (key, counter) in counted {
+            match decode_count(&key, &counter, &decoding.enums) {
+                Ok(count) => drained.counts.push(by_netns(key.netns_ino, count)),
+                Err(e) => drained.errors.push(e),
+            }
+        }
+        for (new, direction) in result?.into_iter().zip([Direction::Sent, Direction::Received]) {
+            if new > 0 {
+                drained.counts.push(by_netns(0, overflow_count(direction, new)));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn by_netns(netns: u32, count: ResetCount) -> Counted {
+    Counted { probe: NAME, netns, cgroup_id: 0, comm: String::new(), payload: Payload::TcpResetCount(count) }
 }
 
 /// Original destinations need `nf_conn`'s layout: from vmlinux at start, or from the nf_conntrack
