@@ -39,6 +39,17 @@ pub fn check_version(header: &EventHeader, supported: u32) -> Result<(), DecodeE
     }
 }
 
+/// A probe's record: its version checked against the one this agent reads, then copied whole.
+pub fn read_versioned<T: aya::Pod>(
+    header: &EventHeader,
+    bytes: &[u8],
+    version: u32,
+    what: &'static str,
+) -> Result<T, DecodeError> {
+    check_version(header, version)?;
+    read_record(bytes, what)
+}
+
 /// Copies a kernel record out of `bytes`. `T: aya::Pod` is plain integers, valid for any bits.
 pub fn read_record<T: aya::Pod>(bytes: &[u8], what: &'static str) -> Result<T, DecodeError> {
     if bytes.len() < size_of::<T>() {

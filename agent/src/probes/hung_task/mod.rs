@@ -22,7 +22,7 @@ use super::{
     wait::classify,
 };
 use crate::{
-    decode::{DecodeError, check_version, read_record},
+    decode::{DecodeError, read_versioned},
     kernel_btf::KernelBtf,
     symbols::Symbols,
 };
@@ -128,8 +128,8 @@ impl Probe for HungTaskProbe {
         record: &[u8],
         decoding: &Decoding,
     ) -> Result<Payload, DecodeError> {
-        check_version(header, kstall_common::hung_task::VERSION)?;
-        let raw: HungTaskEvent = read_record(record, "hung_task event")?;
+        let raw: HungTaskEvent =
+            read_versioned(header, record, kstall_common::hung_task::VERSION, "hung_task event")?;
         Ok(Payload::HungTask(decode(&raw, &decoding.symbols, decoding.clock)?))
     }
 

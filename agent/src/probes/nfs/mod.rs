@@ -34,7 +34,7 @@ use super::{
     settings::Settings,
 };
 use crate::{
-    decode::{DecodeError, check_version, read_record},
+    decode::{DecodeError, read_versioned},
     kernel_btf::{BtfError, KernelBtf},
 };
 
@@ -430,8 +430,7 @@ impl Probe for NfsProbe {
         record: &[u8],
         decoding: &Decoding,
     ) -> Result<Payload, DecodeError> {
-        check_version(header, kstall_common::nfs::VERSION)?;
-        let raw: NfsEvent = read_record(record, "nfs event")?;
+        let raw: NfsEvent = read_versioned(header, record, kstall_common::nfs::VERSION, "nfs event")?;
         Ok(Payload::Nfs(decode(&raw, decoding.clock)?))
     }
 

@@ -34,7 +34,7 @@ use super::{
     settings::Settings,
 };
 use crate::{
-    decode::{DecodeError, check_version, comm_string, read_record},
+    decode::{DecodeError, comm_string, read_versioned},
     kernel_btf::{BtfError, KernelBtf},
     symbols::Symbols,
 };
@@ -327,8 +327,8 @@ impl Probe for OomProbe {
         record: &[u8],
         decoding: &Decoding,
     ) -> Result<Payload, DecodeError> {
-        check_version(header, kstall_common::oom::VERSION)?;
-        let raw: OomKillEvent = read_record(record, "oom_kill event")?;
+        let raw: OomKillEvent =
+            read_versioned(header, record, kstall_common::oom::VERSION, "oom_kill event")?;
         Ok(Payload::OomKill(decode(&raw, &decoding.symbols, decoding)?))
     }
 

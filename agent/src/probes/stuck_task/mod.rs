@@ -41,7 +41,7 @@ use super::{
     wait::{WaitKind, classify},
 };
 use crate::{
-    decode::{DecodeError, check_version, read_record},
+    decode::{DecodeError, read_versioned},
     kernel_btf::KernelBtf,
     symbols::Symbols,
 };
@@ -290,8 +290,8 @@ impl Probe for StuckTaskProbe {
         record: &[u8],
         decoding: &Decoding,
     ) -> Result<Payload, DecodeError> {
-        check_version(header, kstall_common::stuck_task::VERSION)?;
-        let raw: StuckTaskEvent = read_record(record, "stuck_task event")?;
+        let raw: StuckTaskEvent =
+            read_versioned(header, record, kstall_common::stuck_task::VERSION, "stuck_task event")?;
         Ok(Payload::StuckTask(decode(&raw, &decoding.symbols)?))
     }
 

@@ -42,7 +42,7 @@ use super::{
     settings::Settings,
 };
 use crate::{
-    decode::{DecodeError, check_version, read_record},
+    decode::{DecodeError, read_versioned},
     kernel_btf::KernelBtf,
 };
 
@@ -491,8 +491,7 @@ impl Probe for TcpResetProbe {
         record: &[u8],
         decoding: &Decoding,
     ) -> Result<Payload, DecodeError> {
-        check_version(header, raw::VERSION)?;
-        let raw: TcpResetEvent = read_record(record, "tcp_reset event")?;
+        let raw: TcpResetEvent = read_versioned(header, record, raw::VERSION, "tcp_reset event")?;
         Ok(Payload::TcpReset(decode(&raw, &decoding.enums)?))
     }
 
