@@ -2,15 +2,16 @@
 //! the agent counted, lost and suppressed, what it cost in CPU, memory and eBPF run time, and how
 //! that compares. Real kernel, real agent (root). Prints one table; with `KSTALL_BENCH_RESULTS`
 //! set (by `cargo xtask bench`), writes it there with the machine it ran on.
-//! `KSTALL_BENCH_SECS` sets the reset storm's length, `KSTALL_BENCH_STORMS` picks storms.
+//! `KSTALL_BENCH_SECS` sets the reset storm's length, `KSTALL_BENCH_STORMS` picks storms, and the
+//! idle row (an agent left alone) lasts `KSTALL_BENCH_IDLE_SECS` (60).
 
 use kstall_tests::{
     bpftrace::Tracefs,
     host::{Sysctl, run},
     kernel_tests_can_run,
     storms::{
-        Detail, RESETS_BY_PORTS_ONE_LINER, RESETS_ONE_LINER, Row, distinct_ports, hung_tasks, oom_storm,
-        reset_storm, table,
+        Detail, RESETS_BY_PORTS_ONE_LINER, RESETS_ONE_LINER, Row, distinct_ports, hung_tasks, idle,
+        oom_storm, reset_storm, table,
     },
 };
 
@@ -22,10 +23,14 @@ fn main() {
     // Per-program run time in the kernel; restored when the guard drops.
     let _stats = Sysctl::set("kernel.bpf_stats_enabled", "1");
     let _tracefs = Tracefs::mount();
-    // `KSTALL_BENCH_STORMS=resets,ports,hung,oom`: only these (all by default), to iterate on one.
+    // `KSTALL_BENCH_STORMS=idle,resets,ports,hung,oom`: only these (all by default), to iterate on one.
     let only = std::env::var("KSTALL_BENCH_STORMS").ok();
     let wanted = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|w| w.trim() == name));
     let mut rows: Vec<Row> = Vec::new();
+    if wanted("idle") {
+        let secs = std::env::var("KSTALL_BENCH_IDLE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+        rows.push(idle(secs));
+    }
     if wanted("resets") {
         rows.push(reset_storm(secs, Detail::Sampled, Some(RESETS_ONE_LINER)));
         rows.push(reset_storm(secs, Detail::Sampled, Some(RESETS_BY_PORTS_ONE_LINER)));
@@ -75,7 +80,9 @@ fn machine() -> String {
          eBPF run time is the kernel's own (`kernel.bpf_stats_enabled`), per run of each program that \
          ran during the storm; bpftrace counts the same storm on the same hooks with one-liners \
          (`count()`; distinct pids for hung tasks). The ratio compares run time per run on the hooks \
-         both attach to. Agent CPU is utime + stime from `/proc/<pid>/stat` over the storm.\n",
+         both attach to. Agent CPU is utime + stime from `/proc/<pid>/stat` over the storm. The idle row \
+         is an agent started as for the storms and left alone once started (no events, no scrape); \
+         its wakeups are its threads' voluntary context switches (`/proc/<pid>/task/*/status`).\n",
         run("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).trim(),
         std::env::var("KSTALL_BENCH_REVISION").unwrap_or_else(|_| "unknown revision".into()),
         std::thread::available_parallelism().map_or(0, |n| n.get()),

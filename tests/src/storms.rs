@@ -5,6 +5,7 @@
 //! from its first instruction, as the kubelet holds it.
 
 use std::{
+    collections::BTreeMap,
     net::{SocketAddr, TcpStream},
     path::Path,
     sync::atomic::{AtomicU64, Ordering},
@@ -13,6 +14,7 @@ use std::{
 };
 
 use crate::{
+    START_WITHIN,
     agent::{Agent, COUNTED_WITHIN, LimitedAgent, pod_json, write_pods_file},
     bpf::{ProgramRuns, program_runs_of},
     bpftrace::{Bpftrace, Counted},
@@ -57,6 +59,9 @@ pub struct Row {
     pub one_event_each: bool,
     /// What else the storm measured, one sentence each.
     pub notes: Vec<String>,
+    /// How often the agent's threads went to sleep and were woken again, per second (their
+    /// voluntary context switches): measured for the idle row.
+    pub wakeups_per_sec: Option<f64>,
 }
 
 /// bpftrace counting the same storm on the same hooks.
@@ -254,7 +259,90 @@ fn measure(
         bpftrace,
         one_event_each: counter.one_event_each,
         notes: Vec::new(),
+        wakeups_per_sec: None,
     }
+}
+
+/// The agent of a node where nothing happens: started as for the storms, settled (start-up done:
+/// kernel symbols loaded, the first stuck-task sweep), then left alone for `secs` — no traffic,
+/// no scrape. Its CPU (utime + stime) and its threads' wakeups over that time are the row; events
+/// the host itself caused meanwhile are counted in its notes.
+pub fn idle(secs: u64) -> Row {
+    let agent = LimitedAgent::start("idle-agent", &[]);
+    let settled = agent.log_once_it_has("loaded kernel symbols", START_WITHIN).is_some()
+        && wait_for(START_WITHIN, || (agent.metric("kstall_stuck_task_sweeps_total")? >= 1.0).then_some(()))
+            .is_some();
+    assert!(settled, "idle: the agent did not finish starting:\n{}", agent.log());
+    let events = |agent: &Agent| {
+        ["kstall_events_total", "kstall_events_lost_total", "kstall_events_suppressed_total"]
+            .iter()
+            .map(|name| agent.metric_sum(name, &[]))
+            .sum::<f64>()
+    };
+    let events_before = events(&agent);
+    let programs_before = program_runs_of(agent.pid());
+    let (cpu_before, switches_before) = (cpu_ticks(agent.pid()), voluntary_switches(agent.pid()));
+    let start = Instant::now();
+    // The measurement itself: nothing to await, the agent is left alone.
+    thread::sleep(Duration::from_secs(secs));
+    let (cpu_after, switches_after) = (cpu_ticks(agent.pid()), voluntary_switches(agent.pid()));
+    let window = start.elapsed();
+    let arrived = events(&agent) - events_before;
+    let kstall = program_runs_of(agent.pid())
+        .iter()
+        .map(|p| p.since(&programs_before))
+        .filter(|p| p.runs > 0)
+        .collect();
+    let (rss_kib, peak_kib) = memory_kib(agent.pid());
+    // Threads that started meanwhile count from 0.
+    let wakeups: u64 = switches_after
+        .iter()
+        .map(|(tid, n)| n - switches_before.get(tid).copied().unwrap_or(0).min(*n))
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let scenario = format!("idle (no events, {secs} s after start-up)");
+    let mut notes = Vec::new();
+    if arrived > 0.0 {
+        notes.push(format!("{scenario}: {arrived} events from the host itself arrived meanwhile"));
+    }
+    Row {
+        scenario,
+        unit: "events",
+        driven: 0,
+        elapsed: window,
+        window,
+        counted: 0.0,
+        received: arrived,
+        lost: 0.0,
+        suppressed: 0.0,
+        agent_cpu_secs: (cpu_after - cpu_before) / ticks_per_sec,
+        rss_kib,
+        peak_kib,
+        limit_bytes: agent.limit_bytes(),
+        agent_oom_kills: agent.oom_kills(),
+        series: 0,
+        kstall,
+        bpftrace: None,
+        one_event_each: false,
+        notes,
+        wakeups_per_sec: Some(wakeups as f64 / window.as_secs_f64()),
+    }
+}
+
+/// Each thread of `pid` (by tid) and how often it has gone to sleep voluntarily: one wakeup each.
+fn voluntary_switches(pid: u32) -> BTreeMap<u32, u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the agent's threads");
+    tasks
+        .filter_map(|task| {
+            let task = task.ok()?;
+            let tid = task.file_name().to_str()?.parse().ok()?;
+            // A thread that ended between the listing and the read is not counted.
+            let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+            let switches = status.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?;
+            Some((tid, switches.trim().parse().ok()?))
+        })
+        .collect()
 }
 
 /// A bpftrace one-liner counting a storm on kstall's hooks, and how to read its count.
@@ -491,12 +579,21 @@ pub fn table(rows: &[Row]) -> String {
          |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
-        let cpu = format!(
-            "{:.1}% of a core, {:.2} µs per {}",
-            100.0 * r.agent_cpu_secs / r.window.as_secs_f64(),
-            1e6 * r.agent_cpu_secs / r.driven.max(1) as f64,
-            r.unit.trim_end_matches('s')
-        );
+        let share = 100.0 * r.agent_cpu_secs / r.window.as_secs_f64();
+        let (driven, cpu) = match r.wakeups_per_sec {
+            Some(wakeups) => (
+                format!("none for {:.0} s", r.window.as_secs_f64()),
+                format!("{share:.2}% of a core, {wakeups:.1} wakeups/s"),
+            ),
+            None => (
+                format!("{} {} at {}/s", grouped(r.driven), r.unit, grouped(r.rate() as u64)),
+                format!(
+                    "{share:.1}% of a core, {:.2} µs per {}",
+                    1e6 * r.agent_cpu_secs / r.driven.max(1) as f64,
+                    r.unit.trim_end_matches('s')
+                ),
+            ),
+        };
         let programs = |ps: &[ProgramRuns]| {
             ps.iter().map(|p| format!("{} {:.0}", p.name, p.ns_per_run())).collect::<Vec<_>>().join(", ")
         };
@@ -508,11 +605,8 @@ pub fn table(rows: &[Row]) -> String {
             (None, _) => ("-".into(), "-".into()),
         };
         out.push_str(&format!(
-            "| {} | {} {} at {}/s | {} | {} / {} / {} | {cpu} | {:.1} MiB (peak {:.1} of {}) | {} | {} | {theirs} | {ratio} |\n",
+            "| {} | {driven} | {} | {} / {} / {} | {cpu} | {:.1} MiB (peak {:.1} of {}) | {} | {} | {theirs} | {ratio} |\n",
             r.scenario,
-            grouped(r.driven),
-            r.unit,
-            grouped(r.rate() as u64),
             grouped(r.counted as u64),
             grouped(r.received as u64),
             grouped(r.lost as u64),
@@ -594,6 +688,7 @@ mod tests {
             }),
             one_event_each: true,
             notes: vec!["a note".into()],
+            wakeups_per_sec: None,
         };
         assert_eq!(row.ratio(), Some((500.0, 100.0, 5.0)));
         assert!(row.exact() && row.accounted() && row.held_to_limit());
@@ -602,6 +697,35 @@ mod tests {
         assert!(table.contains("tcp_send_reset 600, tcp_receive_res 400, kfree_skb_no_so 100 |"), "{table}");
         assert!(table.contains("| tcp_send_reset 100, tcp_receive_reset 100 (100) | 5.0× |"), "{table}");
         assert!(table.ends_with("\n- a note\n"), "{table}");
+    }
+
+    #[test]
+    fn the_idle_row_shows_its_cpu_to_a_hundredth_and_its_wakeups() {
+        let row = Row {
+            scenario: "idle".into(),
+            unit: "events",
+            driven: 0,
+            elapsed: Duration::from_secs(60),
+            window: Duration::from_secs(60),
+            counted: 0.0,
+            received: 0.0,
+            lost: 0.0,
+            suppressed: 0.0,
+            agent_cpu_secs: 0.09,
+            rss_kib: 2048,
+            peak_kib: 4096,
+            limit_bytes: 160 << 20,
+            agent_oom_kills: 0,
+            series: 0,
+            kstall: vec![runs(3, "stuck_task_sweep", 1_200_000, 12)],
+            bpftrace: None,
+            one_event_each: false,
+            notes: Vec::new(),
+            wakeups_per_sec: Some(4.25),
+        };
+        assert!(row.exact() && row.accounted() && row.held_to_limit());
+        let table = table(&[row]);
+        assert!(table.contains("| idle | none for 60 s | 0 | 0 / 0 / 0 | 0.15% of a core, 4.2 wakeups/s | 2.0 MiB (peak 4.0 of 160) | 0 | stuck_task_sweep 100000 | - | - |"), "{table}");
     }
 
     #[test]

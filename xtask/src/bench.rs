@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: benchmarks that print their figures: the agent's per-event cost
-//! (criterion, any machine), the stuck-task sampler's sweep, and the storms through the real
-//! kernel beside bpftrace (root), whose table goes to `bench/results.md`.
+//! (criterion, any machine), the stuck-task sampler's sweep, and the idle agent and the storms
+//! through the real kernel beside bpftrace (root), whose table goes to `bench/results.md`;
+//! `--storm <row>` runs only those rows of that table, to iterate on one.
 
 use std::process::Command;
 
@@ -8,7 +9,8 @@ use anyhow::{Context as _, bail};
 
 use crate::{bootstrap, build};
 
-pub fn run() -> anyhow::Result<()> {
+/// Every benchmark, or only the storm table's rows named in `storms` (printed, not written).
+pub fn run(storms: &[String]) -> anyhow::Result<()> {
     let env = bootstrap::run()?;
     // The yardstick the storms are measured against, on the same hooks in the same run.
     bootstrap::apt_install(&["bpftrace"])?;
@@ -22,10 +24,14 @@ pub fn run() -> anyhow::Result<()> {
     let revision =
         revision.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
     let mut cmd = Command::new("cargo");
-    cmd.args(["bench", "--package", "kstall", "--package", "kstall-tests"])
-        .env("KSTALL_BIN", build::release_binary())
-        .env("KSTALL_BENCH_RESULTS", &results)
-        .env("KSTALL_BENCH_REVISION", revision);
+    cmd.env("KSTALL_BIN", build::release_binary()).env("KSTALL_BENCH_REVISION", revision);
+    if storms.is_empty() {
+        cmd.args(["bench", "--package", "kstall", "--package", "kstall-tests"])
+            .env("KSTALL_BENCH_RESULTS", &results);
+    } else {
+        cmd.args(["bench", "--package", "kstall-tests", "--bench", "storms"])
+            .env("KSTALL_BENCH_STORMS", storms.join(","));
+    }
     env.apply(&mut cmd);
     if !cmd.status().context("cannot run cargo bench")?.success() {
         bail!("benchmarks failed");

@@ -60,9 +60,14 @@ enum Command {
     Deploy,
     /// The agent's module graph from its source: its layers, or the import circles and why.
     Imports,
-    /// Bootstrap, build, then the benchmarks (root): the storms through a real agent beside
-    /// bpftrace, into bench/results.md.
-    Bench,
+    /// Bootstrap, build, then the benchmarks (root): the idle agent and the storms through a real
+    /// agent beside bpftrace, into bench/results.md.
+    Bench {
+        /// Only these rows of the storm table, printed and not written (a partial table would
+        /// replace bench/results.md); the other benchmarks are left out [default: everything].
+        #[arg(long = "storm", value_name = "ROW", value_parser = ["idle", "resets", "ports", "hung", "oom"])]
+        storms: Vec<String>,
+    },
     /// Write the Grafana dashboards, deploy/grafana/*.json, from their generator.
     Dashboards,
     /// The libFuzzer targets (agent/fuzz, cargo-fuzz on the eBPF nightly), each for a while; a line
@@ -116,7 +121,7 @@ fn main() -> ExitCode {
         Command::Image => image::run(),
         Command::Deploy => deploy::run(),
         Command::Imports => imports::run(),
-        Command::Bench => bench::run(),
+        Command::Bench { storms } => bench::run(&storms),
         Command::Dashboards => dashboards::run(),
         Command::Fuzz { secs, targets } => fuzz::run(secs, &targets),
         Command::Soak { pods, secs } => soak::run(pods, secs),
