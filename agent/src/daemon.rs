@@ -229,7 +229,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             oom_keys: Default::default(),
         };
         let counters = loaded.counters.take();
-        tokio::spawn(pipeline::run(ring, counters, pipeline, states_rx, stop_intake.clone()))
+        let wakeup =
+            loaded.wakeup.take().map(|map| pipeline::Wakeup::new(map, config.probes.ring_buffer_bytes));
+        tokio::spawn(pipeline::run(ring, wakeup, counters, pipeline, states_rx, stop_intake.clone()))
     });
     let loss =
         loaded.lost.take().map(|lost| tokio::spawn(pipeline::poll_losses(lost, counts, stop_intake.clone())));

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
 use tokio::{
     io::unix::AsyncFd,
     sync::{broadcast, mpsc, watch},
@@ -38,9 +38,14 @@ use crate::{
 const HOLD_CHECK_INTERVAL: Duration = Duration::from_millis(20);
 /// Events held at once at most; beyond it they go out with what is known at once.
 const MAX_HELD: usize = 10_000;
-/// The kernel only wakes the reader once a quarter of the ring buffer is queued (see
-/// `ebpf/src/maps.rs`); below that, events wait at most this long.
+/// While events flow, the kernel only wakes the reader once a quarter of the ring buffer is
+/// queued (see [`Wakeup`]); below that, events wait at most this long.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
+/// Wakeups within a second past which events come faster than the drain would read them: the
+/// reader drains on the timer instead.
+const BUSY_AFTER_WAKEUPS: u32 = (1000 / DRAIN_INTERVAL.as_millis()) as u32;
+/// Empty drains in a row after which the node is quiet again and every event wakes the reader.
+const QUIET_AFTER_EMPTY_DRAINS: u32 = 10;
 const LOSS_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// What the pipeline reads and writes; each is owned elsewhere and shared.
 pub struct Pipeline {
@@ -331,11 +336,119 @@ fn read_ring(ring: &mut RingBuf<MapData>, pipeline: &mut Pipeline) -> u64 {
     read
 }
 
+/// The queued bytes at which a kernel program wakes the ring's reader (`WAKEUP` in
+/// `ebpf/src/maps.rs`): 0 while the node is quiet, so that every event wakes it and no timer
+/// runs; a quarter of the ring while events flow (a wakeup per event would cost an IPI each), and
+/// the reader drains every [`DRAIN_INTERVAL`].
+pub struct Wakeup {
+    map: Array<MapData, u64>,
+    busy_bytes: u64,
+    /// A failed write is logged once.
+    failed: bool,
+}
+
+impl Wakeup {
+    pub fn new(map: Array<MapData, u64>, ring_buffer_bytes: u32) -> Self {
+        Self { map, busy_bytes: u64::from(ring_buffer_bytes / 4), failed: false }
+    }
+
+    /// Sets the threshold for `busy` (or quiet); whether the kernel took it.
+    fn set(&mut self, busy: bool) -> bool {
+        let bytes = if busy { self.busy_bytes } else { 0 };
+        match self.map.set(0, bytes, 0) {
+            Ok(()) => true,
+            Err(e) => {
+                if !std::mem::replace(&mut self.failed, true) {
+                    tracing::warn!(error = %e, "cannot set the ring buffer's wakeup threshold");
+                }
+                false
+            }
+        }
+    }
+}
+
+/// When the reader drains the ring on a timer: only while events flow (busy). Quiet, the kernel
+/// wakes it for every event; more than [`BUSY_AFTER_WAKEUPS`] wakeups with records within a
+/// second make it busy (events come faster than the timer would read them: a lone event, or a
+/// reset's pair of events, stays one wakeup each), and [`QUIET_AFTER_EMPTY_DRAINS`] empty drains
+/// quiet again, after one more drain (the grace): a program that read the busy threshold just
+/// before the switch submits without a wakeup, and that drain reads it.
+#[derive(Debug, Default)]
+struct Pace {
+    busy: bool,
+    /// Quiet, with one drain still due.
+    grace: bool,
+    empty_drains: u32,
+    /// Quiet: since when wakeups are counted, and how many found records since.
+    wakeups: Option<(Instant, u32)>,
+}
+
+/// A change of the kernel's wakeup threshold that [`Pace`] asks for.
+#[derive(Debug, PartialEq)]
+enum Switch {
+    Busy,
+    Quiet,
+}
+
+impl Pace {
+    /// Whether the drain timer runs.
+    fn draining(&self) -> bool {
+        self.busy || self.grace
+    }
+
+    /// A read on a wakeup found `records` at `now`.
+    fn woken(&mut self, records: u64, now: Instant) -> Option<Switch> {
+        if records == 0 {
+            return None;
+        }
+        if self.busy {
+            self.empty_drains = 0;
+            return None;
+        }
+        let (since, wakeups) = self.wakeups.get_or_insert((now, 0));
+        if now.saturating_duration_since(*since) >= Duration::from_secs(1) {
+            (*since, *wakeups) = (now, 0);
+        }
+        *wakeups += 1;
+        (*wakeups > BUSY_AFTER_WAKEUPS).then(|| self.switch(Switch::Busy))
+    }
+
+    /// A drain on the timer found `records`.
+    fn drained(&mut self, records: u64) -> Option<Switch> {
+        if !self.busy {
+            self.grace = false;
+            return (records > 0).then(|| self.switch(Switch::Busy));
+        }
+        if records > 0 {
+            self.empty_drains = 0;
+            return None;
+        }
+        self.empty_drains += 1;
+        (self.empty_drains >= QUIET_AFTER_EMPTY_DRAINS).then(|| self.switch(Switch::Quiet))
+    }
+
+    fn switch(&mut self, to: Switch) -> Switch {
+        self.busy = to == Switch::Busy;
+        self.grace = to == Switch::Quiet;
+        self.empty_drains = 0;
+        self.wakeups = None;
+        to
+    }
+
+    /// The kernel did not take the switch: the previous pace goes on.
+    fn undo(&mut self, switch: Switch) {
+        self.busy = switch == Switch::Quiet;
+        self.grace = false;
+    }
+}
+
 /// Reads the ring buffer (and the stuck tasks' states, and the kernel's counters once per
 /// interval) until intake stops, then drains what is left. Returns the number of records drained
-/// after the stop.
+/// after the stop. Without `wakeup` (its map missing from the object) it drains on the timer all
+/// along.
 pub async fn run(
     ring: RingBuf<MapData>,
+    mut wakeup: Option<Wakeup>,
     mut counters: Option<Counters>,
     mut pipeline: Pipeline,
     mut task_states: mpsc::Receiver<TaskStates>,
@@ -349,6 +462,8 @@ pub async fn run(
             return 0;
         }
     };
+    // The kernel's threshold starts at 0: quiet.
+    let mut pace = Pace { busy: wakeup.is_none(), ..Pace::default() };
     let mut drain_tick = tokio::time::interval(DRAIN_INTERVAL);
     drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut hold_tick = tokio::time::interval(HOLD_CHECK_INTERVAL);
@@ -372,13 +487,23 @@ pub async fn run(
             _ = hold_tick.tick(), if pipeline.held.waiting() => pipeline.release_held(Instant::now()),
             Ok(()) = new_index.changed() => pipeline.release_held(Instant::now()),
             Some(states) = task_states.recv() => pipeline.apply_task_states(&states, kernel::unix_now_ns()),
-            _ = drain_tick.tick() => {
-                read_ring(fd.get_mut(), &mut pipeline);
+            _ = drain_tick.tick(), if pace.draining() => {
+                let read = read_ring(fd.get_mut(), &mut pipeline);
+                if let Some(wakeup) = &mut wakeup
+                    && let Some(switch) = pace.drained(read)
+                {
+                    pace_switch(switch, wakeup, &mut pace, &mut drain_tick, fd.get_mut(), &mut pipeline);
+                }
             }
             guard = fd.readable_mut() => match guard {
                 Ok(mut guard) => {
-                    read_ring(guard.get_inner_mut(), &mut pipeline);
+                    let read = read_ring(guard.get_inner_mut(), &mut pipeline);
                     guard.clear_ready();
+                    if let Some(wakeup) = &mut wakeup
+                        && let Some(switch) = pace.woken(read, Instant::now())
+                    {
+                        pace_switch(switch, wakeup, &mut pace, &mut drain_tick, fd.get_mut(), &mut pipeline);
+                    }
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "event ring buffer poll failed");
@@ -399,6 +524,28 @@ pub async fn run(
         let _ = std::io::Write::flush(out);
     }
     drained
+}
+
+/// Writes the threshold `switch` asks for. Busy, the timer's next drain is one interval away;
+/// quiet, the ring is drained once more after the threshold is 0, as what was submitted before
+/// woke nobody.
+fn pace_switch(
+    switch: Switch,
+    wakeup: &mut Wakeup,
+    pace: &mut Pace,
+    drain_tick: &mut tokio::time::Interval,
+    ring: &mut RingBuf<MapData>,
+    pipeline: &mut Pipeline,
+) {
+    let busy = switch == Switch::Busy;
+    if !wakeup.set(busy) {
+        return pace.undo(switch);
+    }
+    if busy {
+        drain_tick.reset();
+    } else {
+        read_ring(ring, pipeline);
+    }
 }
 
 /// `<kind> <hex bytes>` (--record-raw); a write error stops nothing, it is only logged.
@@ -503,6 +650,71 @@ mod tests {
         fn asked(&mut self) -> Vec<Key> {
             std::iter::from_fn(|| self.misses.try_recv().ok()).collect()
         }
+    }
+
+    #[test]
+    fn a_quiet_node_is_read_on_wakeups_alone_and_events_faster_than_the_drain_make_it_busy() {
+        assert_eq!(BUSY_AFTER_WAKEUPS, 20);
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut pace = Pace::default();
+        assert!(!pace.draining(), "quiet: no timer");
+        // A reset's pair of events, a second apart: each read on its own wakeup.
+        for second in 0..5 {
+            assert_eq!(pace.woken(1, ms(1000 * second)), None);
+            assert_eq!(pace.woken(1, ms(1000 * second + 1)), None);
+            assert_eq!(pace.woken(0, ms(1000 * second + 2)), None, "a wakeup that found nothing is no event");
+        }
+        assert!(!pace.draining());
+        // As many wakeups in a second as the drain would make: still quiet; one more: busy.
+        let t1 = 10_000;
+        for i in 0..BUSY_AFTER_WAKEUPS {
+            assert_eq!(pace.woken(3, ms(t1 + 49 * u64::from(i))), None);
+        }
+        assert_eq!(pace.woken(1, ms(t1 + 999)), Some(Switch::Busy));
+        assert!(pace.draining());
+    }
+
+    #[test]
+    fn a_busy_node_goes_quiet_after_empty_drains_and_one_drain_more() {
+        let mut pace = Pace { busy: true, ..Pace::default() };
+        for _ in 0..QUIET_AFTER_EMPTY_DRAINS - 1 {
+            assert_eq!(pace.drained(0), None);
+        }
+        // Records, read on the timer or on a wakeup (the ring a quarter full), start the count again.
+        assert_eq!(pace.drained(3), None);
+        for _ in 0..QUIET_AFTER_EMPTY_DRAINS - 1 {
+            assert_eq!(pace.drained(0), None);
+        }
+        assert_eq!(pace.woken(5000, Instant::now()), None);
+        for _ in 0..QUIET_AFTER_EMPTY_DRAINS - 1 {
+            assert_eq!(pace.drained(0), None);
+        }
+        assert_eq!(pace.drained(0), Some(Switch::Quiet));
+        // Quiet, but the timer drains once more, for what was submitted under the old threshold.
+        assert!(pace.draining());
+        assert_eq!(pace.drained(0), None);
+        assert!(!pace.draining(), "quiet: no timer");
+        // A grace drain that finds records: busy again.
+        let mut pace = Pace { busy: true, ..Pace::default() };
+        (0..QUIET_AFTER_EMPTY_DRAINS).for_each(|_| _ = pace.drained(0));
+        assert_eq!(pace.drained(1), Some(Switch::Busy));
+        assert!(pace.draining());
+    }
+
+    #[test]
+    fn a_switch_the_kernel_refused_leaves_the_pace_as_it_was() {
+        let mut pace = Pace { busy: true, ..Pace::default() };
+        (0..QUIET_AFTER_EMPTY_DRAINS - 1).for_each(|_| _ = pace.drained(0));
+        let switch = pace.drained(0).expect("quiet");
+        pace.undo(switch);
+        assert!(pace.busy && pace.draining(), "still woken only a quarter full: the timer must go on");
+        let mut pace = Pace::default();
+        let now = Instant::now();
+        (0..BUSY_AFTER_WAKEUPS).for_each(|_| _ = pace.woken(1, now));
+        let switch = pace.woken(1, now).expect("busy");
+        pace.undo(switch);
+        assert!(!pace.draining(), "still woken by every event");
     }
 
     #[test]

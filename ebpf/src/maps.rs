@@ -1,6 +1,6 @@
-//! Maps shared by every probe: the event ring buffer, the per-CPU count of events lost to a
-//! full ring buffer, indexed by event kind, and the generation and sample budget of the in-kernel
-//! counters (`kstall_common::counter`).
+//! Maps shared by every probe: the event ring buffer and when it wakes the agent, the per-CPU
+//! count of events lost to a full ring buffer, indexed by event kind, and the generation and
+//! sample budget of the in-kernel counters (`kstall_common::counter`).
 
 use crate::zero::{Zeroable, zero};
 use aya_ebpf::{
@@ -22,11 +22,13 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(kind::COUNT, 0);
 
-/// Queued bytes at which a producer wakes the agent; set by the agent (a quarter of the ring).
-/// Below it events are not signalled one by one: a wakeup is an IPI (several microseconds on a
-/// virtualised node, measured here), and the agent also drains on a short timer.
-#[unsafe(no_mangle)]
-static WAKEUP_BYTES: u64 = 0;
+/// Queued bytes at which a producer wakes the agent, written by the agent at run time
+/// (`pipeline::Wakeup`): 0 while the node is quiet, so that every event wakes it (nothing else
+/// reads the ring then), a quarter of the ring while events flow. Below it events are not
+/// signalled one by one: a wakeup is an IPI (several microseconds on a virtualised node, measured
+/// here), and the agent drains on a short timer while events flow.
+#[map]
+pub static WAKEUP: Array<u64> = Array::with_max_entries(1, 0);
 
 /// The counters' generation (0 or 1), flipped by the agent once per interval.
 #[map]
@@ -105,10 +107,12 @@ pub fn submit<T: Filtered>(entry: RingBufEntry<T>) {
     }
 }
 
+/// Read at each submit, so that the agent's switch to 0 reaches the next event.
 #[inline(always)]
 fn wakeup_flags() -> u64 {
-    let threshold = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
-    let flags = if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= threshold {
+    // No entry cannot happen (index 0 of a one-entry array); waking is the safe answer.
+    let threshold = WAKEUP.get(0).copied().unwrap_or(0);
+    let flags = if threshold == 0 || EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= threshold {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP

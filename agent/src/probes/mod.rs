@@ -19,7 +19,7 @@ pub mod wait;
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{Array, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, FEntry, Iter, Program, ProgramError},
 };
 
@@ -91,6 +91,9 @@ pub struct Loaded {
     completions: Vec<(usize, Box<dyn Completion>)>,
     pub decoding: Decoding,
     pub events: Option<RingBuf<MapData>>,
+    /// The queued bytes at which the kernel wakes the ring's reader (`ebpf/src/maps.rs`), 0 (every
+    /// event) until the pipeline sets it.
+    pub wakeup: Option<Array<MapData, u64>>,
     pub lost: Option<PerCpuArray<MapData, u64>>,
     /// The stuck-task sampler, for its sweep loop to take.
     pub sampler: Option<stuck_task::Sampler>,
@@ -122,6 +125,7 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
             completions: Vec::new(),
             decoding,
             events: None,
+            wakeup: None,
             lost: None,
             sampler: None,
             counters: None,
@@ -176,8 +180,6 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
     let mut loader = EbpfLoader::new();
     loader.btf(Some(&aya_btf));
     loader.map_max_entries("EVENTS", settings.ring_buffer_bytes);
-    let wakeup_bytes = u64::from(settings.ring_buffer_bytes / 4);
-    loader.override_global("WAKEUP_BYTES", &wakeup_bytes, true);
     loader.override_global("CAPTURE", &settings.capture, true);
     loader.override_global("SAMPLE_EVENTS", &settings.sample_events, true);
     let kept_ports = tcp_reset::kept_ports(&settings.kept_ports);
@@ -276,9 +278,10 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
         }
     };
     let events = ebpf.take_map("EVENTS").and_then(|m| RingBuf::try_from(m).ok());
+    let wakeup = ebpf.take_map("WAKEUP").and_then(|m| Array::try_from(m).ok());
     let lost = ebpf.take_map("LOST").and_then(|m| PerCpuArray::try_from(m).ok());
     let loaded =
-        Loaded { ebpf: Some(ebpf), attached, completions, decoding, events, lost, sampler, counters };
+        Loaded { ebpf: Some(ebpf), attached, completions, decoding, events, wakeup, lost, sampler, counters };
     (loaded, statuses)
 }
 
