@@ -12,7 +12,10 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9700";
 pub const DEFAULT_API_SOCKET: &str = "/run/kstall/kstall.sock";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/kstall";
 
-#[derive(Debug, Default, clap::Args, serde::Serialize)]
+/// Every setting, declared once: its flag, its `KSTALL_*` variable and its key in the file (the
+/// flag's name in snake_case, in its native TOML type).
+#[derive(Debug, Default, clap::Args, serde::Serialize, Deserialize)]
+#[serde(default)]
 pub struct AgentArgs {
     /// TOML file with any of the settings below (snake_case keys); flags and env win over it.
     #[arg(long, env = "KSTALL_CONFIG", value_name = "FILE")]
@@ -195,94 +198,6 @@ pub struct AgentArgs {
     pub capture_port: Option<u16>,
 }
 
-/// The file form: same settings, native TOML types (a count or a port as a number, a duration as
-/// `"90s"` or a number of seconds; a string does as well, as a flag would carry it). Unknown keys
-/// are errors (a typo must not be silently ignored on a production node).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    #[serde(default, deserialize_with = "text")]
-    listen: Option<String>,
-    web_config_file: Option<PathBuf>,
-    api_socket: Option<PathBuf>,
-    state_dir: Option<PathBuf>,
-    #[serde(default, deserialize_with = "texts")]
-    probes: Option<Vec<String>>,
-    ring_buffer_bytes: Option<toml::Value>,
-    sample_events: Option<toml::Value>,
-    #[serde(default, deserialize_with = "text")]
-    log_format: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    log_level: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    tcp_reset_hook: Option<String>,
-    hung_task_timeout_secs: Option<u64>,
-    #[serde(default, deserialize_with = "text")]
-    stuck_task_interval: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    stuck_task_threshold: Option<String>,
-    stuck_task_max_reports: Option<u32>,
-    #[serde(default, deserialize_with = "texts")]
-    critical_comms: Option<Vec<String>>,
-    #[serde(default, deserialize_with = "texts")]
-    metric_ports: Option<Vec<String>>,
-    max_series_per_metric: Option<u64>,
-    record_raw: Option<PathBuf>,
-    #[serde(default, deserialize_with = "text")]
-    pod_metadata: Option<String>,
-    pods_file: Option<PathBuf>,
-    kubeconfig: Option<PathBuf>,
-    #[serde(default, deserialize_with = "text")]
-    node_name: Option<String>,
-    #[serde(default, deserialize_with = "texts")]
-    pod_labels: Option<Vec<String>>,
-    #[serde(default, deserialize_with = "text")]
-    pod_retention: Option<String>,
-    #[serde(default, deserialize_with = "texts")]
-    nfs_ports: Option<Vec<String>>,
-    #[serde(default, deserialize_with = "text")]
-    redirect_min_resets: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    redirect_window: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    quiet_window: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    termination_blocked_after: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    oom_loop_count: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    oom_loop_window: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    system_oom_hold: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    node_wide_min_pods: Option<String>,
-    #[serde(default, deserialize_with = "texts")]
-    alertmanager_url: Option<Vec<String>>,
-    alertmanager_ca_file: Option<PathBuf>,
-    alertmanager_bearer_token_file: Option<PathBuf>,
-    #[serde(default, deserialize_with = "text")]
-    alertmanager_basic_auth_user: Option<String>,
-    alertmanager_basic_auth_password_file: Option<PathBuf>,
-    kubernetes_events: Option<bool>,
-    #[serde(default, deserialize_with = "texts")]
-    node_conditions: Option<Vec<String>>,
-    kubelet_checks: Option<bool>,
-    #[serde(default, deserialize_with = "text")]
-    kubelet_healthz: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    kubelet_server: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    node_ip: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    kubelet_image_pull_pods: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    kubelet_termination_overdue: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    kubelet_stuck_terminating_pods: Option<String>,
-    #[serde(default, deserialize_with = "text")]
-    kubelet_unhealthy_after: Option<String>,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Auto,
@@ -351,43 +266,63 @@ fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// A setting's value as a flag carries it, from the file's string, number or boolean.
-struct Text(String);
+/// A setting as the file names it: its key (the flag's name in snake_case, clap's id for it) and
+/// whether it takes a list (its flag is comma-separated).
+struct Key {
+    name: String,
+    list: bool,
+}
 
-impl<'de> Deserialize<'de> for Text {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = Text;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string, number or boolean")
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Text, E> {
-                Ok(Text(v.to_string()))
-            }
-            fn visit_i64<E>(self, v: i64) -> Result<Text, E> {
-                Ok(Text(v.to_string()))
-            }
-            fn visit_u64<E>(self, v: u64) -> Result<Text, E> {
-                Ok(Text(v.to_string()))
-            }
-            fn visit_f64<E>(self, v: f64) -> Result<Text, E> {
-                Ok(Text(v.to_string()))
-            }
-            fn visit_bool<E>(self, v: bool) -> Result<Text, E> {
-                Ok(Text(v.to_string()))
-            }
-        }
-        d.deserialize_any(Visitor)
+/// Every setting the file may hold, read off the flags' own declaration: a flag is its setting's
+/// one declaration. `config` and the hidden flags of `kstall trace --standalone` are no keys.
+static KEYS: std::sync::LazyLock<Vec<Key>> = std::sync::LazyLock::new(|| {
+    let flags = <AgentArgs as clap::Args>::augment_args(clap::Command::new("kstall"));
+    flags
+        .get_arguments()
+        .filter(|a| !a.is_hide_set() && a.get_id() != "config")
+        .map(|a| Key { name: a.get_id().to_string(), list: a.get_value_delimiter().is_some() })
+        .collect()
+});
+
+/// The file's settings as their flags carry them: a value as text (a string, number or boolean in
+/// its native TOML type), a list's values each as text. An unknown key, or a value of no
+/// setting's shape, is an error naming its line.
+fn file_layer(
+    path: &std::path::Path,
+    text: &str,
+) -> Result<serde_json::Map<String, serde_json::Value>, ConfigError> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| file_error(path, text, &e))?;
+    let as_text = |v: &toml::Value| match v {
+        toml::Value::String(s) => Some(s.clone()),
+        toml::Value::Integer(n) => Some(n.to_string()),
+        toml::Value::Float(f) => Some(f.to_string()),
+        toml::Value::Boolean(b) => Some(b.to_string()),
+        _ => None,
+    };
+    let mut layer = serde_json::Map::new();
+    for (name, value) in table {
+        let at = |field: &'static str, message: String| ConfigError {
+            origin: origin_of(&name, &serde_json::Value::Null, Some((path, text))),
+            ..invalid(field, message)
+        };
+        let Some(key) = KEYS.iter().find(|k| k.name == name) else {
+            return Err(at("config", format!("{name:?} is not a setting (see kstall agent --help)")));
+        };
+        let setting = if key.list {
+            let items = match &value {
+                toml::Value::Array(items) => items.iter().map(as_text).collect::<Option<Vec<_>>>(),
+                one => as_text(one).map(|t| vec![t]),
+            };
+            items.map(serde_json::Value::from)
+        } else {
+            as_text(&value).map(serde_json::Value::String)
+        };
+        let expected = if key.list { "a list of strings or numbers" } else { "a string, number or boolean" };
+        let setting = setting
+            .ok_or_else(|| at(&key.name, format!("{} is not {expected}", one_line(&value.to_string()))))?;
+        layer.insert(name, setting);
     }
-}
-
-fn text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    Ok(Some(Text::deserialize(d)?.0))
-}
-
-fn texts<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
-    Ok(Some(Vec::<Text>::deserialize(d)?.into_iter().map(|t| t.0).collect()))
+    Ok(layer)
 }
 
 /// The config file's error, one line: its path, the line and the key.
@@ -433,36 +368,44 @@ impl Config {
     /// value is an error naming where it came from.
     pub fn resolve(args: AgentArgs) -> Result<Self, ConfigError> {
         let given = serde_json::to_value(&args).unwrap_or_default();
-        let (file, text) = match &args.config {
-            Some(path) => {
-                let text =
-                    crate::named_file::read_text(path, crate::named_file::CONFIG_MAX_BYTES).map_err(|e| {
-                        ConfigError { origin: origin_of("config", &given, None), ..invalid("config", e) }
-                    })?;
-                (toml::from_str::<FileConfig>(&text).map_err(|e| file_error(path, &text, &e))?, text)
-            }
-            None => (FileConfig::default(), String::new()),
+        let Some(path) = args.config.clone() else {
+            return Self::from_settings(args).map_err(|mut e| {
+                e.origin = origin_of(e.field, &given, None);
+                e
+            });
         };
-        let path = args.config.clone();
-        Self::from_layers(args, file).map_err(|mut e| {
+        let text = crate::named_file::read_text(&path, crate::named_file::CONFIG_MAX_BYTES)
+            .map_err(|e| ConfigError { origin: origin_of("config", &given, None), ..invalid("config", e) })?;
+        // Flags and variables win: the file fills only what they left unset.
+        let mut merged = given.clone();
+        if let Some(merged) = merged.as_object_mut() {
+            for (key, value) in file_layer(&path, &text)? {
+                if merged.get(&key).is_none_or(serde_json::Value::is_null) {
+                    merged.insert(key, value);
+                }
+            }
+        }
+        // Every value is text or a list of texts, as the flags take them: this cannot fail.
+        let args = serde_json::from_value(merged).map_err(|e| invalid("config", e.to_string()))?;
+        Self::from_settings(args).map_err(|mut e| {
             if e.field != "config" {
-                e.origin = origin_of(e.field, &given, path.as_deref().map(|p| (p, text.as_str())));
+                e.origin = origin_of(e.field, &given, Some((&path, &text)));
             }
             e
         })
     }
 
-    fn from_layers(args: AgentArgs, file: FileConfig) -> Result<Self, ConfigError> {
-        let listen = args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.into());
+    fn from_settings(args: AgentArgs) -> Result<Self, ConfigError> {
+        let listen = args.listen.unwrap_or_else(|| DEFAULT_LISTEN.into());
         let listen = listen
             .parse::<SocketAddr>()
             .map_err(|_| invalid("listen", format!("{listen:?} is not an address like 127.0.0.1:9700")))?;
 
-        let web_config_file = args.web_config_file.or(file.web_config_file);
+        let web_config_file = args.web_config_file;
         if let Some(path) = &web_config_file {
             crate::web_config::load(path).map_err(|e| invalid("web_config_file", e))?;
         }
-        let state_dir = match args.state_dir.or(file.state_dir) {
+        let state_dir = match args.state_dir {
             Some(dir) if dir.as_os_str() == "none" => None,
             Some(dir) if !dir.is_absolute() => {
                 return Err(invalid(
@@ -473,29 +416,22 @@ impl Config {
             Some(dir) => Some(dir),
             None => Some(DEFAULT_STATE_DIR.into()),
         };
-        let api_socket = args.api_socket.or(file.api_socket).unwrap_or_else(|| DEFAULT_API_SOCKET.into());
+        let api_socket = args.api_socket.unwrap_or_else(|| DEFAULT_API_SOCKET.into());
         if !api_socket.is_absolute() {
             return Err(invalid("api_socket", format!("{} is not an absolute path", api_socket.display())));
         }
 
-        let probes = match args.probes.or(file.probes) {
+        let probes = match args.probes {
             None => probes::names().map(String::from).collect(),
             Some(list) => validate_probes(list)?,
         };
 
-        let ring_buffer_bytes = match (args.ring_buffer_bytes, file.ring_buffer_bytes) {
-            (Some(s), _) => parse_size(&s)?,
-            (None, Some(toml::Value::Integer(n))) => {
-                check_ring_size(u64::try_from(n).unwrap_or(0), &n.to_string())?
-            }
-            (None, Some(toml::Value::String(s))) => parse_size(&s)?,
-            (None, Some(other)) => {
-                return Err(invalid("ring_buffer_bytes", format!("{other} is not a size")));
-            }
-            (None, None) => probes::Settings::DEFAULT_RING_BUFFER_BYTES,
+        let ring_buffer_bytes = match args.ring_buffer_bytes {
+            Some(s) => parse_size(&s)?,
+            None => probes::Settings::DEFAULT_RING_BUFFER_BYTES,
         };
 
-        let log_format = match args.log_format.or(file.log_format).as_deref() {
+        let log_format = match args.log_format.as_deref() {
             None | Some("auto") => LogFormat::Auto,
             Some("text") => LogFormat::Text,
             Some("json") => LogFormat::Json,
@@ -504,11 +440,11 @@ impl Config {
             }
         };
 
-        let log_level = args.log_level.or(file.log_level).unwrap_or_else(|| "info".into());
+        let log_level = args.log_level.unwrap_or_else(|| "info".into());
         tracing_subscriber::EnvFilter::try_new(&log_level)
             .map_err(|e| invalid("log_level", format!("{log_level:?}: {e}")))?;
 
-        let tcp_reset_hook = match args.tcp_reset_hook.or(file.tcp_reset_hook).as_deref() {
+        let tcp_reset_hook = match args.tcp_reset_hook.as_deref() {
             None | Some("auto") => probes::tcp_reset::Hook::Auto,
             Some("tcp-send-reset") => probes::tcp_reset::Hook::TcpSendReset,
             Some("kfree-skb") => probes::tcp_reset::Hook::KfreeSkb,
@@ -521,46 +457,37 @@ impl Config {
             }
         };
 
-        let hung_task_timeout_secs = match (args.hung_task_timeout_secs, file.hung_task_timeout_secs) {
-            (Some(s), _) => Some(check_hung_task_timeout(s.trim().parse().ok(), &s)?),
-            (None, Some(n)) => Some(check_hung_task_timeout(Some(n), &n.to_string())?),
-            (None, None) => None,
+        let hung_task_timeout_secs = match args.hung_task_timeout_secs {
+            Some(s) => Some(check_hung_task_timeout(s.trim().parse().ok(), &s)?),
+            None => None,
         };
 
         let stuck_task = stuck_task_settings(
-            args.stuck_task_interval.or(file.stuck_task_interval),
-            args.stuck_task_threshold.or(file.stuck_task_threshold),
-            args.stuck_task_max_reports.or(file.stuck_task_max_reports.map(|n| n.to_string())),
+            args.stuck_task_interval,
+            args.stuck_task_threshold,
+            args.stuck_task_max_reports,
         )?;
-        let sample_events = match (args.sample_events, file.sample_events) {
-            (Some(text), _) | (None, Some(toml::Value::String(text))) => {
-                probes::Settings::sample_events(&text).map_err(|e| invalid("sample_events", e))?
-            }
-            (None, Some(toml::Value::Integer(n))) => {
-                probes::Settings::sample_events(&n.to_string()).map_err(|e| invalid("sample_events", e))?
-            }
-            (None, Some(other)) => {
-                return Err(invalid("sample_events", format!("{other} is not a number or \"all\"")));
-            }
-            (None, None) => kstall_common::counter::DEFAULT_SAMPLE_EVENTS,
+        let sample_events = match args.sample_events {
+            Some(text) => probes::Settings::sample_events(&text).map_err(|e| invalid("sample_events", e))?,
+            None => kstall_common::counter::DEFAULT_SAMPLE_EVENTS,
         };
-        let critical_comms = match args.critical_comms.or(file.critical_comms) {
+        let critical_comms = match args.critical_comms {
             None => probes::oom::DEFAULT_CRITICAL_COMMS.iter().map(|s| s.to_string()).collect(),
             Some(list) => validate_comms(list)?,
         };
 
-        let metric_ports = args.metric_ports.or(file.metric_ports).unwrap_or_default();
+        let metric_ports = args.metric_ports.unwrap_or_default();
         let mut kept_ports =
             probes::Settings::metric_ports(metric_ports).map_err(|e| invalid("metric_ports", e))?;
-        let metrics = match args.max_series_per_metric.or(file.max_series_per_metric.map(|n| n.to_string())) {
+        let metrics = match args.max_series_per_metric {
             Some(text) => crate::export::series::Settings::max_series_per_metric(&text)
                 .map_err(|e| invalid("max_series_per_metric", e))?,
             None => crate::export::series::Settings::default(),
         };
 
-        let pods_file = args.pods_file.or(file.pods_file);
-        let kubeconfig = args.kubeconfig.or(file.kubeconfig);
-        let pod_metadata = match args.pod_metadata.or(file.pod_metadata).as_deref() {
+        let pods_file = args.pods_file;
+        let kubeconfig = args.kubeconfig;
+        let pod_metadata = match args.pod_metadata.as_deref() {
             None | Some("auto") => match (&pods_file, &kubeconfig) {
                 (Some(path), _) => PodMetadata::File(path.clone()),
                 (None, Some(_)) => PodMetadata::Api { kubeconfig: kubeconfig.clone() },
@@ -589,7 +516,7 @@ impl Config {
                 .map_err(|e| invalid("pods_file", e.to_string()))?;
         }
 
-        let node_name = match args.node_name.or(file.node_name) {
+        let node_name = match args.node_name {
             Some(name) => name.trim().to_string(),
             None => std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(hostname),
         };
@@ -597,9 +524,9 @@ impl Config {
             return Err(invalid("node_name", "is empty"));
         }
 
-        let pod_labels = validate_label_keys(args.pod_labels.or(file.pod_labels).unwrap_or_default())?;
+        let pod_labels = validate_label_keys(args.pod_labels.unwrap_or_default())?;
 
-        let pod_retention = match args.pod_retention.or(file.pod_retention) {
+        let pod_retention = match args.pod_retention {
             Some(text) => parse_duration(&text).filter(|d| !d.is_zero()).ok_or_else(|| {
                 invalid("pod_retention", format!("{text:?} is not a duration like 90s, 30m, 1h"))
             })?,
@@ -607,23 +534,19 @@ impl Config {
         };
 
         let incidents = incident_settings(&mut IncidentArgs {
-            nfs_ports: args.nfs_ports.or(file.nfs_ports),
-            redirect_min_resets: args.redirect_min_resets.or(file.redirect_min_resets),
-            redirect_window: args.redirect_window.or(file.redirect_window),
-            quiet_window: args.quiet_window.or(file.quiet_window),
-            termination_blocked_after: args.termination_blocked_after.or(file.termination_blocked_after),
-            oom_loop_count: args.oom_loop_count.or(file.oom_loop_count),
-            oom_loop_window: args.oom_loop_window.or(file.oom_loop_window),
-            system_oom_hold: args.system_oom_hold.or(file.system_oom_hold),
-            node_wide_min_pods: args.node_wide_min_pods.or(file.node_wide_min_pods),
-            kubelet_image_pull_pods: args.kubelet_image_pull_pods.or(file.kubelet_image_pull_pods),
-            kubelet_termination_overdue: args
-                .kubelet_termination_overdue
-                .or(file.kubelet_termination_overdue),
-            kubelet_stuck_terminating_pods: args
-                .kubelet_stuck_terminating_pods
-                .or(file.kubelet_stuck_terminating_pods),
-            kubelet_unhealthy_after: args.kubelet_unhealthy_after.or(file.kubelet_unhealthy_after),
+            nfs_ports: args.nfs_ports,
+            redirect_min_resets: args.redirect_min_resets,
+            redirect_window: args.redirect_window,
+            quiet_window: args.quiet_window,
+            termination_blocked_after: args.termination_blocked_after,
+            oom_loop_count: args.oom_loop_count,
+            oom_loop_window: args.oom_loop_window,
+            system_oom_hold: args.system_oom_hold,
+            node_wide_min_pods: args.node_wide_min_pods,
+            kubelet_image_pull_pods: args.kubelet_image_pull_pods,
+            kubelet_termination_overdue: args.kubelet_termination_overdue,
+            kubelet_stuck_terminating_pods: args.kubelet_stuck_terminating_pods,
+            kubelet_unhealthy_after: args.kubelet_unhealthy_after,
         })?;
 
         // The signatures match redirected resets by their original port: it must keep its number.
@@ -631,7 +554,6 @@ impl Config {
 
         let alertmanager_urls: Vec<String> = args
             .alertmanager_url
-            .or(file.alertmanager_url)
             .unwrap_or_default()
             .into_iter()
             .map(|u| u.trim().to_string())
@@ -639,9 +561,9 @@ impl Config {
             .collect();
         use crate::export::alertmanager::{Auth, Settings as Push};
         let auth = match (
-            args.alertmanager_bearer_token_file.or(file.alertmanager_bearer_token_file),
-            args.alertmanager_basic_auth_user.or(file.alertmanager_basic_auth_user),
-            args.alertmanager_basic_auth_password_file.or(file.alertmanager_basic_auth_password_file),
+            args.alertmanager_bearer_token_file,
+            args.alertmanager_basic_auth_user,
+            args.alertmanager_basic_auth_password_file,
         ) {
             (None, None, None) => None,
             (Some(token_file), None, None) => Some(Auth::Bearer { token_file }),
@@ -665,38 +587,31 @@ impl Config {
                 ));
             }
         };
-        let alertmanager = Push {
-            urls: alertmanager_urls,
-            ca_file: args.alertmanager_ca_file.or(file.alertmanager_ca_file),
-            auth,
-        };
+        let alertmanager = Push { urls: alertmanager_urls, ca_file: args.alertmanager_ca_file, auth };
         alertmanager.check().map_err(|(field, e)| invalid(field, e))?;
 
         let api = matches!(pod_metadata, PodMetadata::Api { .. });
         let needs_api = |field| {
             invalid(field, "needs the Kubernetes API pod source (--pod-metadata api, or a kubeconfig)")
         };
-        let kubernetes_events =
-            match on_off("kubernetes_events", args.kubernetes_events, file.kubernetes_events)? {
-                Some(true) if !api => return Err(needs_api("kubernetes_events")),
-                Some(on) => on,
-                None => api,
-            };
-        let node_conditions =
-            node_conditions(args.node_conditions.or(file.node_conditions).unwrap_or_default())?;
+        let kubernetes_events = match on_off("kubernetes_events", args.kubernetes_events)? {
+            Some(true) if !api => return Err(needs_api("kubernetes_events")),
+            Some(on) => on,
+            None => api,
+        };
+        let node_conditions = node_conditions(args.node_conditions.unwrap_or_default())?;
         if !node_conditions.is_empty() && !api {
             return Err(needs_api("node_conditions"));
         }
-        let kubelet = match on_off("kubelet_checks", args.kubelet_checks, file.kubelet_checks)?.unwrap_or(api)
-        {
+        let kubelet = match on_off("kubelet_checks", args.kubelet_checks)?.unwrap_or(api) {
             false => None,
             true => {
                 let mut settings = kubelet::Settings::default();
-                if let Some(url) = args.kubelet_healthz.or(file.kubelet_healthz) {
+                if let Some(url) = args.kubelet_healthz {
                     settings.healthz =
                         kubelet::healthz_url(url.trim()).map_err(|e| invalid("kubelet_healthz", e))?;
                 }
-                let node_ip = match args.node_ip.or(file.node_ip) {
+                let node_ip = match args.node_ip {
                     Some(ip) => Some(
                         ip.trim()
                             .parse::<std::net::IpAddr>()
@@ -708,7 +623,7 @@ impl Config {
                 if let Some(ip) = node_ip {
                     settings.server = std::net::SocketAddr::new(ip, kubelet::DEFAULT_PORT).to_string();
                 }
-                if let Some(address) = args.kubelet_server.or(file.kubelet_server) {
+                if let Some(address) = args.kubelet_server {
                     settings.server =
                         kubelet::server_address(address.trim()).map_err(|e| invalid("kubelet_server", e))?;
                 }
@@ -743,7 +658,7 @@ impl Config {
             node_name,
             pod_labels,
             pod_retention,
-            record_raw: args.record_raw.or(file.record_raw),
+            record_raw: args.record_raw,
             listen,
             web_config_file,
             api_socket,
@@ -774,17 +689,13 @@ struct IncidentArgs {
     kubelet_unhealthy_after: Option<String>,
 }
 
-/// `on` / `off` from a flag, else the file's boolean.
-fn on_off(
-    field: &'static str,
-    flag: Option<String>,
-    file: Option<bool>,
-) -> Result<Option<bool>, ConfigError> {
-    match flag.as_deref().map(str::trim) {
-        Some("on") => Ok(Some(true)),
-        Some("off") => Ok(Some(false)),
+/// `on` / `off` from a flag, `true` / `false` from the file's boolean.
+fn on_off(field: &'static str, value: Option<String>) -> Result<Option<bool>, ConfigError> {
+    match value.as_deref().map(str::trim) {
+        Some("on" | "true") => Ok(Some(true)),
+        Some("off" | "false") => Ok(Some(false)),
         Some(other) => Err(invalid(field, format!("{other:?} is not on or off"))),
-        None => Ok(file),
+        None => Ok(None),
     }
 }
 
@@ -1330,13 +1241,6 @@ mod tests {
         f
     }
 
-    /// Every key `FileConfig` takes, as serde lists them for an unknown one.
-    fn file_keys() -> Vec<String> {
-        let e = toml::from_str::<FileConfig>("no_such_key = 1").unwrap_err();
-        let listed = e.message().split_once("expected one of").expect("serde lists the keys").1;
-        listed.split(',').map(|k| k.trim().trim_matches('`').to_string()).collect()
-    }
-
     /// Every setting with a good value in its native TOML type (and its flag's text), beside what
     /// it needs to be valid (`NEEDS`). A new setting fails `every_setting_...` until it is here.
     fn samples(dir: &std::path::Path) -> Vec<(&'static str, String, Vec<String>)> {
@@ -1421,7 +1325,7 @@ mod tests {
         let samples = samples(dir.path());
         let mut listed: Vec<&str> = samples.iter().map(|(k, _, _)| *k).collect();
         listed.sort_unstable();
-        let mut keys = file_keys();
+        let mut keys: Vec<&str> = KEYS.iter().map(|k| k.name.as_str()).collect();
         keys.sort_unstable();
         assert_eq!(listed, keys, "every setting has a sample here");
         // What a key needs in the file beside it: the common needs, and basic auth's other half.
@@ -1465,6 +1369,79 @@ mod tests {
             assert!(message.contains(&format!("{} line 2, {key}: ", f.path().display())), "{message}");
             assert!(!message.contains('\n'), "{message}");
         }
+    }
+
+    #[test]
+    fn every_setting_is_one_flag_one_variable_and_one_key() {
+        let flags = <AgentArgs as clap::Args>::augment_args(clap::Command::new("kstall"));
+        for arg in flags.get_arguments().filter(|a| !a.is_hide_set()) {
+            let key = arg.get_id().as_str();
+            assert_eq!(arg.get_long(), Some(key.replace('_', "-").as_str()), "{key}'s flag");
+            let variable = arg.get_env().and_then(|v| v.to_str());
+            assert_eq!(variable, Some(format!("KSTALL_{}", key.to_uppercase()).as_str()), "{key}'s variable");
+        }
+    }
+
+    /// Run again as a child process with every setting's variable set: variables are the
+    /// process's own, and other tests read them (a bad value names its variable when one is set).
+    #[test]
+    fn every_setting_is_taken_from_its_variable_and_a_bad_one_names_it() {
+        const CHILD: &str = "KSTALL_TEST_SETTINGS_FROM_VARIABLES";
+        use clap::Parser as _;
+        if std::env::var_os(CHILD).is_some() {
+            let args = Flags::try_parse_from(["kstall"]).unwrap_or_else(|e| panic!("{e}")).agent;
+            let given = serde_json::to_value(&args).unwrap();
+            for key in KEYS.iter().map(|k| k.name.as_str()).filter(|k| *k != "alertmanager_bearer_token_file")
+            {
+                assert!(!given[key].is_null(), "{key} was not taken from its variable");
+            }
+            let bad = AgentArgs { oom_loop_count: Some("1".into()), ..Flags::parse_from(["kstall"]).agent };
+            resolve(args).unwrap_or_else(|e| panic!("{e}"));
+            let e = resolve(bad).unwrap_err();
+            assert_eq!(e.origin, "KSTALL_OOM_LOOP_COUNT", "{e}");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child.args([
+            "--exact",
+            "config::tests::every_setting_is_taken_from_its_variable_and_a_bad_one_names_it",
+        ]);
+        child.env(CHILD, "1");
+        for (key, _, values) in samples(dir.path()) {
+            // A bearer token excludes basic auth.
+            if key != "alertmanager_bearer_token_file" {
+                child.env(format!("KSTALL_{}", key.to_uppercase()), values.join(","));
+            }
+        }
+        let out = child.output().unwrap();
+        let report = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{report}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(report.contains("1 passed"), "the child ran the test: {report}");
+    }
+
+    #[test]
+    fn a_value_of_no_settings_shape_or_an_unknown_key_names_its_line() {
+        let f = file("listen = \"127.0.0.1:9800\"\nlisen = \"127.0.0.1:9801\"\n");
+        let e = resolve(AgentArgs { config: Some(f.path().into()), ..Default::default() }).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "invalid configuration: {} line 2, lisen: \"lisen\" is not a setting (see kstall agent --help)",
+                f.path().display()
+            )
+        );
+        let f = file("probes = [[\"oom\"]]\n");
+        let e = resolve(AgentArgs { config: Some(f.path().into()), ..Default::default() }).unwrap_err();
+        assert_eq!(e.field, "probes");
+        assert!(
+            e.to_string().ends_with("line 1, probes: [[\"oom\"]] is not a list of strings or numbers"),
+            "{e}"
+        );
+        // One value where a list is taken is a list of one.
+        let f = file("probes = \"oom\"\nkubernetes_events = false\n");
+        let c = resolve(AgentArgs { config: Some(f.path().into()), ..Default::default() }).unwrap();
+        assert_eq!((c.probes.enabled, c.kubernetes_events), (vec!["oom".to_string()], false));
     }
 
     #[test]
