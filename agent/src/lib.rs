@@ -23,6 +23,7 @@ pub mod pipeline;
 pub mod probes;
 #[cfg(test)]
 mod registry_tests;
+pub mod setting;
 pub mod state;
 pub mod stuck;
 pub mod symbols;

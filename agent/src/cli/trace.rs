@@ -16,8 +16,9 @@ use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use super::{EXIT_RUNTIME, EXIT_USAGE};
 use crate::{
     api::{Request, StreamStarted, filter::TraceFilter},
-    config::{DEFAULT_API_SOCKET, parse_duration},
+    config::DEFAULT_API_SOCKET,
     probes,
+    setting::parse_duration,
 };
 
 const DEFAULT_DURATION: Duration = Duration::from_secs(30);

@@ -7,6 +7,7 @@
 
 pub mod engine;
 pub mod evaluator;
+pub mod flags;
 pub mod history;
 pub mod keyed;
 pub mod saved;
