@@ -6,11 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
-use crate::{
-    export::kubernetes::conditions::Condition,
-    kubelet, probes,
-    setting::{self, parse_duration},
-};
+use crate::{export::kubernetes::conditions::Condition, kubelet, probes, setting};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9700";
 pub const DEFAULT_API_SOCKET: &str = "/run/kstall/kstall.sock";
@@ -38,52 +34,19 @@ pub struct AgentArgs {
     /// memory only [default: /var/lib/kstall].
     #[arg(long, env = "KSTALL_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
-    /// Probes to load, comma-separated [default: all].
-    #[arg(long, env = "KSTALL_PROBES", value_name = "LIST", value_delimiter = ',')]
-    pub probes: Option<Vec<String>>,
-    /// Size of the kernel-to-agent event ring buffer: a power of two, at least 4096; K/M/G suffixes
-    /// allowed [default: 1M].
-    #[arg(long, env = "KSTALL_RING_BUFFER_BYTES", value_name = "BYTES")]
-    pub ring_buffer_bytes: Option<String>,
-    /// Events of one series sent in full per CPU per second (the first ones); the rest are
-    /// counted exactly and reported as suppressed. `all`: every event [default: 32].
-    #[arg(long, env = "KSTALL_SAMPLE_EVENTS", value_name = "N")]
-    pub sample_events: Option<String>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub probes: probes::flags::Flags,
     /// Log format: auto (text on a terminal, JSON otherwise), text or json [default: auto].
     #[arg(long, env = "KSTALL_LOG_FORMAT", value_name = "FORMAT")]
     pub log_format: Option<String>,
     /// Log filter in tracing's env-filter syntax, e.g. `info` or `kstall=debug` [default: info].
     #[arg(long, env = "KSTALL_LOG_LEVEL", value_name = "FILTER")]
     pub log_level: Option<String>,
-    /// Hook for resets sent without a socket: auto, tcp-send-reset (>= 6.10), kfree-skb (the
-    /// 5.17-6.9 fallback) or send-reset-function (fentry on tcp_v4/v6_send_reset, the fallback
-    /// where kfree_skb has no drop reason) [default: auto].
-    #[arg(long, env = "KSTALL_TCP_RESET_HOOK", value_name = "HOOK")]
-    pub tcp_reset_hook: Option<String>,
     /// Set kernel.hung_task_timeout_secs to this many seconds while the agent runs (restored at
     /// exit). Unset: the agent leaves the sysctl alone.
     #[arg(long, env = "KSTALL_HUNG_TASK_TIMEOUT_SECS", value_name = "SECS")]
     pub hung_task_timeout_secs: Option<String>,
-    /// How often the stuck-task sampler walks every task: 1s to 1h [default: 5s].
-    #[arg(long, env = "KSTALL_STUCK_TASK_INTERVAL", value_name = "DURATION")]
-    pub stuck_task_interval: Option<String>,
-    /// How long a task asleep uninterruptibly (plain or killable) must not have run before the
-    /// sampler reports it [default: 30s].
-    #[arg(long, env = "KSTALL_STUCK_TASK_THRESHOLD", value_name = "DURATION")]
-    pub stuck_task_threshold: Option<String>,
-    /// Stuck tasks one sweep reports at most; the rest are counted and reported by later sweeps
-    /// [default: 1000].
-    #[arg(long, env = "KSTALL_STUCK_TASK_MAX_REPORTS", value_name = "N")]
-    pub stuck_task_max_reports: Option<String>,
-    /// Process names (comm) whose OOM kill is flagged critical, comma-separated; replaces the
-    /// default list [default: kubelet,containerd,crio,dockerd,systemd,sshd,node_exporter,alloy,kstall].
-    #[arg(long, env = "KSTALL_CRITICAL_COMMS", value_name = "LIST", value_delimiter = ',')]
-    pub critical_comms: Option<Vec<String>>,
-    /// Ports counted by number in kstall_tcp_resets_total besides the well-known ones (system
-    /// ports, NFS, the Kubernetes and mesh ports: see the README), comma-separated ports and
-    /// ranges, e.g. 8081,30000-30100; any other port is counted as `ephemeral` or `other`.
-    #[arg(long, env = "KSTALL_METRIC_PORTS", value_name = "LIST", value_delimiter = ',')]
-    pub metric_ports: Option<Vec<String>>,
     /// Series one metric family may have; past it, new series are counted in the family's
     /// overflow series and in kstall_metric_series_dropped_total [default: 5000].
     #[arg(long, env = "KSTALL_MAX_SERIES_PER_METRIC", value_name = "N")]
@@ -386,16 +349,6 @@ impl Config {
             return Err(invalid("api_socket", format!("{} is not an absolute path", api_socket.display())));
         }
 
-        let probes = match args.probes {
-            None => probes::names().map(String::from).collect(),
-            Some(list) => validate_probes(list)?,
-        };
-
-        let ring_buffer_bytes = match args.ring_buffer_bytes {
-            Some(s) => parse_size(&s)?,
-            None => probes::Settings::DEFAULT_RING_BUFFER_BYTES,
-        };
-
         let log_format = match args.log_format.as_deref() {
             None | Some("auto") => LogFormat::Auto,
             Some("text") => LogFormat::Text,
@@ -409,41 +362,17 @@ impl Config {
         tracing_subscriber::EnvFilter::try_new(&log_level)
             .map_err(|e| invalid("log_level", format!("{log_level:?}: {e}")))?;
 
-        let tcp_reset_hook = match args.tcp_reset_hook.as_deref() {
-            None | Some("auto") => probes::tcp_reset::Hook::Auto,
-            Some("tcp-send-reset") => probes::tcp_reset::Hook::TcpSendReset,
-            Some("kfree-skb") => probes::tcp_reset::Hook::KfreeSkb,
-            Some("send-reset-function") => probes::tcp_reset::Hook::SendResetFunction,
-            Some(other) => {
-                return Err(invalid(
-                    "tcp_reset_hook",
-                    format!("{other:?} is not one of auto, tcp-send-reset, kfree-skb, send-reset-function"),
-                ));
-            }
-        };
-
         let hung_task_timeout_secs = match args.hung_task_timeout_secs {
             Some(s) => Some(check_hung_task_timeout(s.trim().parse().ok(), &s)?),
             None => None,
         };
 
-        let stuck_task = stuck_task_settings(
-            args.stuck_task_interval,
-            args.stuck_task_threshold,
-            args.stuck_task_max_reports,
-        )?;
-        let sample_events = match args.sample_events {
-            Some(text) => probes::Settings::sample_events(&text).map_err(|e| invalid("sample_events", e))?,
-            None => kstall_common::counter::DEFAULT_SAMPLE_EVENTS,
+        let capture = kstall_common::capture::CaptureFilter {
+            pid: args.capture_pid.unwrap_or(0),
+            port: args.capture_port.unwrap_or(0),
+            _pad: 0,
         };
-        let critical_comms = match args.critical_comms {
-            None => probes::oom::DEFAULT_CRITICAL_COMMS.iter().map(|s| s.to_string()).collect(),
-            Some(list) => validate_comms(list)?,
-        };
-
-        let metric_ports = args.metric_ports.unwrap_or_default();
-        let mut kept_ports =
-            probes::Settings::metric_ports(metric_ports).map_err(|e| invalid("metric_ports", e))?;
+        let mut probes = args.probes.settings(capture).map_err(|(field, e)| invalid(field, e))?;
         let metrics = match args.max_series_per_metric {
             Some(text) => crate::export::series::Settings::max_series_per_metric(&text)
                 .map_err(|e| invalid("max_series_per_metric", e))?,
@@ -501,7 +430,7 @@ impl Config {
         let incidents = args.incidents.settings().map_err(|(field, e)| invalid(field, e))?;
 
         // The signatures match redirected resets by their original port: it must keep its number.
-        kept_ports.extend(incidents.nfs_ports.iter().map(|&port| port..=port));
+        probes.kept_ports.extend(incidents.nfs_ports.iter().map(|&port| port..=port));
 
         let alertmanager_urls: Vec<String> = args
             .alertmanager_url
@@ -582,23 +511,8 @@ impl Config {
             }
         };
 
-        let capture = kstall_common::capture::CaptureFilter {
-            pid: args.capture_pid.unwrap_or(0),
-            port: args.capture_port.unwrap_or(0),
-            _pad: 0,
-        };
-
         Ok(Config {
-            probes: probes::Settings {
-                enabled: probes,
-                ring_buffer_bytes,
-                sample_events,
-                tcp_reset_hook,
-                critical_comms,
-                kept_ports,
-                stuck_task,
-                capture,
-            },
+            probes,
             metrics,
             alertmanager,
             kubernetes_events,
@@ -652,31 +566,6 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
 }
 
-fn stuck_task_settings(
-    interval: Option<String>,
-    threshold: Option<String>,
-    max_reports: Option<String>,
-) -> Result<probes::stuck_task::Settings, ConfigError> {
-    use probes::stuck_task::Settings;
-    let mut s = Settings::default();
-    let duration = |field: &'static str, text: &str| {
-        parse_duration(text).ok_or_else(|| invalid(field, format!("{text:?} is not a duration like 5s, 1m")))
-    };
-    if let Some(text) = interval {
-        s.interval = Settings::interval(duration("stuck_task_interval", &text)?, &text)
-            .map_err(|e| invalid("stuck_task_interval", e))?;
-    }
-    if let Some(text) = threshold {
-        s.threshold = Settings::threshold(duration("stuck_task_threshold", &text)?, &text)
-            .map_err(|e| invalid("stuck_task_threshold", e))?;
-    }
-    if let Some(text) = max_reports {
-        s.max_reports = Settings::max_reports(text.trim().parse().ok(), &text)
-            .map_err(|e| invalid("stuck_task_max_reports", e))?;
-    }
-    Ok(s)
-}
-
 /// Kubernetes label keys: `[prefix/]name`, name up to 63 of `[A-Za-z0-9._-]`.
 fn validate_label_keys(list: Vec<String>) -> Result<Vec<String>, ConfigError> {
     let keys: Vec<String> = list.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
@@ -703,44 +592,12 @@ fn check_hung_task_timeout(secs: Option<u64>, text: &str) -> Result<u64, ConfigE
     }
 }
 
-fn validate_comms(list: Vec<String>) -> Result<Vec<String>, ConfigError> {
-    probes::Settings::critical_comms(list).map_err(|e| invalid("critical_comms", e))
-}
-
-fn validate_probes(list: Vec<String>) -> Result<Vec<String>, ConfigError> {
-    probes::probe_names(list).map_err(|e| invalid("probes", e))
-}
-
-/// `4096`, `256K`, `1M`, `1G` (binary units).
-fn parse_size(text: &str) -> Result<u32, ConfigError> {
-    let t = text.trim();
-    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => t.split_at(i),
-        None => (t, ""),
-    };
-    let multiplier: u64 = match unit.to_ascii_uppercase().as_str() {
-        "" | "B" => 1,
-        "K" | "KB" | "KIB" => 1 << 10,
-        "M" | "MB" | "MIB" => 1 << 20,
-        "G" | "GB" | "GIB" => 1 << 30,
-        _ => return Err(invalid("ring_buffer_bytes", format!("{text:?} is not a size like 1M"))),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| invalid("ring_buffer_bytes", format!("{text:?} is not a size like 1M")))?;
-    check_ring_size(n.saturating_mul(multiplier), text)
-}
-
-fn check_ring_size(bytes: u64, text: &str) -> Result<u32, ConfigError> {
-    probes::Settings::ring_buffer_bytes(bytes, text).map_err(|e| invalid("ring_buffer_bytes", e))
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::Write as _;
 
     use super::*;
-    use crate::incidents::flags::Flags as IncidentFlags;
+    use crate::{incidents::flags::Flags as IncidentFlags, probes::flags::Flags as ProbeFlags};
 
     fn resolve(args: AgentArgs) -> Result<Config, ConfigError> {
         Config::resolve(args)
@@ -794,20 +651,62 @@ mod tests {
                 "alertmanager_bearer_token_file",
             ),
             (
-                AgentArgs { probes: Some(vec!["tcp-reset".into(), "nope".into()]), ..Default::default() },
+                AgentArgs {
+                    probes: ProbeFlags {
+                        probes: Some(vec!["tcp-reset".into(), "nope".into()]),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
                 "probes",
             ),
-            (AgentArgs { probes: Some(vec![" ".into()]), ..Default::default() }, "probes"),
-            (AgentArgs { ring_buffer_bytes: Some("3000".into()), ..Default::default() }, "ring_buffer_bytes"),
-            (AgentArgs { ring_buffer_bytes: Some("2K".into()), ..Default::default() }, "ring_buffer_bytes"),
-            (AgentArgs { ring_buffer_bytes: Some("1X".into()), ..Default::default() }, "ring_buffer_bytes"),
             (
-                AgentArgs { ring_buffer_bytes: Some("99999999999999999999".into()), ..Default::default() },
+                AgentArgs {
+                    probes: ProbeFlags { probes: Some(vec![" ".into()]), ..Default::default() },
+                    ..Default::default()
+                },
+                "probes",
+            ),
+            (
+                AgentArgs {
+                    probes: ProbeFlags { ring_buffer_bytes: Some("3000".into()), ..Default::default() },
+                    ..Default::default()
+                },
+                "ring_buffer_bytes",
+            ),
+            (
+                AgentArgs {
+                    probes: ProbeFlags { ring_buffer_bytes: Some("2K".into()), ..Default::default() },
+                    ..Default::default()
+                },
+                "ring_buffer_bytes",
+            ),
+            (
+                AgentArgs {
+                    probes: ProbeFlags { ring_buffer_bytes: Some("1X".into()), ..Default::default() },
+                    ..Default::default()
+                },
+                "ring_buffer_bytes",
+            ),
+            (
+                AgentArgs {
+                    probes: ProbeFlags {
+                        ring_buffer_bytes: Some("99999999999999999999".into()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
                 "ring_buffer_bytes",
             ),
             (AgentArgs { log_format: Some("xml".into()), ..Default::default() }, "log_format"),
             (AgentArgs { log_level: Some("kstall=loud".into()), ..Default::default() }, "log_level"),
-            (AgentArgs { tcp_reset_hook: Some("kprobe".into()), ..Default::default() }, "tcp_reset_hook"),
+            (
+                AgentArgs {
+                    probes: ProbeFlags { tcp_reset_hook: Some("kprobe".into()), ..Default::default() },
+                    ..Default::default()
+                },
+                "tcp_reset_hook",
+            ),
             (AgentArgs { config: Some("/nonexistent/kstall.toml".into()), ..Default::default() }, "config"),
             (
                 AgentArgs { hung_task_timeout_secs: Some("0".into()), ..Default::default() },
@@ -818,27 +717,45 @@ mod tests {
                 "hung_task_timeout_secs",
             ),
             (
-                AgentArgs { stuck_task_interval: Some("0s".into()), ..Default::default() },
+                AgentArgs {
+                    probes: ProbeFlags { stuck_task_interval: Some("0s".into()), ..Default::default() },
+                    ..Default::default()
+                },
                 "stuck_task_interval",
             ),
             (
-                AgentArgs { stuck_task_interval: Some("2h".into()), ..Default::default() },
+                AgentArgs {
+                    probes: ProbeFlags { stuck_task_interval: Some("2h".into()), ..Default::default() },
+                    ..Default::default()
+                },
                 "stuck_task_interval",
             ),
             (
-                AgentArgs { stuck_task_threshold: Some("soon".into()), ..Default::default() },
+                AgentArgs {
+                    probes: ProbeFlags { stuck_task_threshold: Some("soon".into()), ..Default::default() },
+                    ..Default::default()
+                },
                 "stuck_task_threshold",
             ),
             (
-                AgentArgs { stuck_task_threshold: Some("0".into()), ..Default::default() },
+                AgentArgs {
+                    probes: ProbeFlags { stuck_task_threshold: Some("0".into()), ..Default::default() },
+                    ..Default::default()
+                },
                 "stuck_task_threshold",
             ),
             (
-                AgentArgs { stuck_task_max_reports: Some("0".into()), ..Default::default() },
+                AgentArgs {
+                    probes: ProbeFlags { stuck_task_max_reports: Some("0".into()), ..Default::default() },
+                    ..Default::default()
+                },
                 "stuck_task_max_reports",
             ),
             (
-                AgentArgs { stuck_task_max_reports: Some("-3".into()), ..Default::default() },
+                AgentArgs {
+                    probes: ProbeFlags { stuck_task_max_reports: Some("-3".into()), ..Default::default() },
+                    ..Default::default()
+                },
                 "stuck_task_max_reports",
             ),
             (AgentArgs { pod_metadata: Some("etcd".into()), ..Default::default() }, "pod_metadata"),
@@ -886,15 +803,36 @@ mod tests {
                 "oom_loop_count",
             ),
             (
-                AgentArgs { metric_ports: Some(vec!["8080".into(), "http".into()]), ..Default::default() },
+                AgentArgs {
+                    probes: ProbeFlags {
+                        metric_ports: Some(vec!["8080".into(), "http".into()]),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
                 "metric_ports",
             ),
-            (AgentArgs { metric_ports: Some(vec!["0".into()]), ..Default::default() }, "metric_ports"),
             (
-                AgentArgs { metric_ports: Some(vec!["9010-9000".into()]), ..Default::default() },
+                AgentArgs {
+                    probes: ProbeFlags { metric_ports: Some(vec!["0".into()]), ..Default::default() },
+                    ..Default::default()
+                },
                 "metric_ports",
             ),
-            (AgentArgs { metric_ports: Some(vec!["1-70000".into()]), ..Default::default() }, "metric_ports"),
+            (
+                AgentArgs {
+                    probes: ProbeFlags { metric_ports: Some(vec!["9010-9000".into()]), ..Default::default() },
+                    ..Default::default()
+                },
+                "metric_ports",
+            ),
+            (
+                AgentArgs {
+                    probes: ProbeFlags { metric_ports: Some(vec!["1-70000".into()]), ..Default::default() },
+                    ..Default::default()
+                },
+                "metric_ports",
+            ),
             (
                 AgentArgs { max_series_per_metric: Some("0".into()), ..Default::default() },
                 "max_series_per_metric",
@@ -923,8 +861,11 @@ mod tests {
 
     #[test]
     fn unknown_probe_lists_the_valid_ones() {
-        let err =
-            resolve(AgentArgs { probes: Some(vec!["oom-kil".into()]), ..Default::default() }).unwrap_err();
+        let err = resolve(AgentArgs {
+            probes: ProbeFlags { probes: Some(vec!["oom-kil".into()]), ..Default::default() },
+            ..Default::default()
+        })
+        .unwrap_err();
         assert!(err.message.contains("tcp-reset"), "{err}");
     }
 
@@ -1107,7 +1048,10 @@ mod tests {
     #[test]
     fn metric_ports_add_to_the_nfs_ports_and_the_series_cap_is_set() {
         let c = resolve(AgentArgs {
-            metric_ports: Some(vec!["8081".into(), " 30000-30100".into(), "".into()]),
+            probes: ProbeFlags {
+                metric_ports: Some(vec!["8081".into(), " 30000-30100".into(), "".into()]),
+                ..Default::default()
+            },
             incidents: IncidentFlags { nfs_ports: Some(vec!["2050".into()]), ..Default::default() },
             max_series_per_metric: Some("200".into()),
             ..Default::default()
@@ -1118,16 +1062,6 @@ mod tests {
         let defaults = resolve(AgentArgs::default()).unwrap();
         assert_eq!(defaults.metrics.max_series_per_metric, 5000);
         assert_eq!(defaults.probes.kept_ports, [2049..=2049, 111..=111, 20048..=20048]);
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert_eq!(parse_size("256K").unwrap(), 256 << 10);
-        assert_eq!(parse_size("1M").unwrap(), 1 << 20);
-        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
-        assert!(parse_size("2G").is_err());
-        assert!(parse_size("").is_err());
     }
 
     fn file(contents: &str) -> tempfile::NamedTempFile {

@@ -50,3 +50,15 @@ fn main() -> ExitCode {
         Command::Explain(args) => cli::explain::run(args),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    /// clap checks a command line's declaration (unique ids and groups, among them those of the
+    /// subsystems' flattened settings) only in debug builds, when it is parsed.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
+}

@@ -8,6 +8,8 @@ use super::Settings;
 
 #[derive(Debug, Default, clap::Args, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
+// A group id of its own: clap names a flattened struct's group after the type.
+#[group(id = "incident_settings")]
 pub struct Flags {
     /// Destination ports whose redirected, reset connections are NFS captured by a proxy
     /// [default: 2049,111,20048].

@@ -4,6 +4,7 @@
 
 pub mod counters;
 pub mod error;
+pub mod flags;
 pub mod hung_task;
 pub mod kind;
 pub mod nfs;
