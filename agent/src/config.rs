@@ -86,37 +86,12 @@ pub struct AgentArgs {
     /// none]. Needs the API pod source and patch on nodes/status.
     #[arg(long, env = "KSTALL_NODE_CONDITIONS", value_name = "LIST", value_delimiter = ',')]
     pub node_conditions: Option<Vec<String>>,
-    /// Check the kubelet's healthz and TLS handshake for kubelet-degraded: on or off [default: on
-    /// with the Kubernetes API pod source, else off].
-    #[arg(long, env = "KSTALL_KUBELET_CHECKS", value_name = "on|off")]
-    pub kubelet_checks: Option<String>,
-    /// [default: http://127.0.0.1:10248/healthz].
-    #[arg(long, env = "KSTALL_KUBELET_HEALTHZ", value_name = "URL")]
-    pub kubelet_healthz: Option<String>,
-    /// The kubelet's server, for the TLS handshake check [default: --node-ip:10250, else
-    /// 127.0.0.1:10250].
-    #[arg(long, env = "KSTALL_KUBELET_SERVER", value_name = "HOST:PORT")]
-    pub kubelet_server: Option<String>,
-    /// This node's address as Kubernetes advertises it (the DaemonSet passes the pod's
-    /// status.hostIP): where the kubelet serves unless --kubelet-server says otherwise (kubelets
-    /// of hardened nodes serve on it, not on 127.0.0.1).
-    #[arg(long, env = "KSTALL_NODE_IP", value_name = "IP")]
-    pub node_ip: Option<String>,
-    /// Push incidents to this Alertmanager (http[s]://host:port), repeatable or comma-separated.
-    #[arg(long, env = "KSTALL_ALERTMANAGER_URL", value_name = "URL", value_delimiter = ',')]
-    pub alertmanager_url: Option<Vec<String>>,
-    /// CA certificates (PEM) that sign https Alertmanagers' certificates [default: the system's].
-    #[arg(long, env = "KSTALL_ALERTMANAGER_CA_FILE", value_name = "FILE")]
-    pub alertmanager_ca_file: Option<PathBuf>,
-    /// A file holding the bearer token pushes carry (read on every push).
-    #[arg(long, env = "KSTALL_ALERTMANAGER_BEARER_TOKEN_FILE", value_name = "FILE")]
-    pub alertmanager_bearer_token_file: Option<PathBuf>,
-    /// The basic-auth user pushes carry, with --alertmanager-basic-auth-password-file.
-    #[arg(long, env = "KSTALL_ALERTMANAGER_BASIC_AUTH_USER", value_name = "USER")]
-    pub alertmanager_basic_auth_user: Option<String>,
-    /// A file holding that user's password (read on every push).
-    #[arg(long, env = "KSTALL_ALERTMANAGER_BASIC_AUTH_PASSWORD_FILE", value_name = "FILE")]
-    pub alertmanager_basic_auth_password_file: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub kubelet: kubelet::Flags,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub alertmanager: crate::export::alertmanager::Flags,
     /// For an agent run by `kstall trace --standalone`: keep only this process's events, in the
     /// kernel (the node agent must see every event).
     #[arg(long, hide = true, value_name = "PID")]
@@ -432,49 +407,15 @@ impl Config {
         // The signatures match redirected resets by their original port: it must keep its number.
         probes.kept_ports.extend(incidents.nfs_ports.iter().map(|&port| port..=port));
 
-        let alertmanager_urls: Vec<String> = args
-            .alertmanager_url
-            .unwrap_or_default()
-            .into_iter()
-            .map(|u| u.trim().to_string())
-            .filter(|u| !u.is_empty())
-            .collect();
-        use crate::export::alertmanager::{Auth, Settings as Push};
-        let auth = match (
-            args.alertmanager_bearer_token_file,
-            args.alertmanager_basic_auth_user,
-            args.alertmanager_basic_auth_password_file,
-        ) {
-            (None, None, None) => None,
-            (Some(token_file), None, None) => Some(Auth::Bearer { token_file }),
-            (None, Some(user), Some(password_file)) => Some(Auth::Basic { user, password_file }),
-            (Some(_), _, _) => {
-                return Err(invalid(
-                    "alertmanager_bearer_token_file",
-                    "a bearer token and basic auth exclude each other",
-                ));
-            }
-            (None, Some(_), None) => {
-                return Err(invalid(
-                    "alertmanager_basic_auth_password_file",
-                    "the basic-auth user needs a password file",
-                ));
-            }
-            (None, None, Some(_)) => {
-                return Err(invalid(
-                    "alertmanager_basic_auth_user",
-                    "the password file needs a basic-auth user",
-                ));
-            }
-        };
-        let alertmanager = Push { urls: alertmanager_urls, ca_file: args.alertmanager_ca_file, auth };
-        alertmanager.check().map_err(|(field, e)| invalid(field, e))?;
+        let alertmanager = args.alertmanager.settings().map_err(|(field, e)| invalid(field, e))?;
 
         let api = matches!(pod_metadata, PodMetadata::Api { .. });
         let needs_api = |field| {
             invalid(field, "needs the Kubernetes API pod source (--pod-metadata api, or a kubeconfig)")
         };
-        let kubernetes_events = match on_off("kubernetes_events", args.kubernetes_events)? {
+        let kubernetes_events = match setting::on_off("kubernetes_events", args.kubernetes_events)
+            .map_err(|(field, e)| invalid(field, e))?
+        {
             Some(true) if !api => return Err(needs_api("kubernetes_events")),
             Some(on) => on,
             None => api,
@@ -483,33 +424,7 @@ impl Config {
         if !node_conditions.is_empty() && !api {
             return Err(needs_api("node_conditions"));
         }
-        let kubelet = match on_off("kubelet_checks", args.kubelet_checks)?.unwrap_or(api) {
-            false => None,
-            true => {
-                let mut settings = kubelet::Settings::default();
-                if let Some(url) = args.kubelet_healthz {
-                    settings.healthz =
-                        kubelet::healthz_url(url.trim()).map_err(|e| invalid("kubelet_healthz", e))?;
-                }
-                let node_ip = match args.node_ip {
-                    Some(ip) => Some(
-                        ip.trim()
-                            .parse::<std::net::IpAddr>()
-                            .map_err(|_| invalid("node_ip", format!("{ip:?} is not an IP address")))?,
-                    ),
-                    None => None,
-                };
-                settings.advertised = node_ip;
-                if let Some(ip) = node_ip {
-                    settings.server = std::net::SocketAddr::new(ip, kubelet::DEFAULT_PORT).to_string();
-                }
-                if let Some(address) = args.kubelet_server {
-                    settings.server =
-                        kubelet::server_address(address.trim()).map_err(|e| invalid("kubelet_server", e))?;
-                }
-                Some(settings)
-            }
-        };
+        let kubelet = args.kubelet.settings(api).map_err(|(field, e)| invalid(field, e))?;
 
         Ok(Config {
             probes,
@@ -536,16 +451,6 @@ impl Config {
 }
 
 const DEFAULT_POD_RETENTION: Duration = Duration::from_secs(3600);
-
-/// `on` / `off` from a flag, `true` / `false` from the file's boolean.
-fn on_off(field: &'static str, value: Option<String>) -> Result<Option<bool>, ConfigError> {
-    match value.as_deref().map(str::trim) {
-        Some("on" | "true") => Ok(Some(true)),
-        Some("off" | "false") => Ok(Some(false)),
-        Some(other) => Err(invalid(field, format!("{other:?} is not on or off"))),
-        None => Ok(None),
-    }
-}
 
 /// `NFSClientStalled,KubeletDegraded`, or `none`.
 fn node_conditions(names: Vec<String>) -> Result<Vec<Condition>, ConfigError> {
@@ -597,7 +502,10 @@ mod tests {
     use std::io::Write as _;
 
     use super::*;
-    use crate::{incidents::flags::Flags as IncidentFlags, probes::flags::Flags as ProbeFlags};
+    use crate::{
+        export::alertmanager::Flags as AlertmanagerFlags, incidents::flags::Flags as IncidentFlags,
+        kubelet::Flags as KubeletFlags, probes::flags::Flags as ProbeFlags,
+    };
 
     fn resolve(args: AgentArgs) -> Result<Config, ConfigError> {
         Config::resolve(args)
@@ -631,21 +539,42 @@ mod tests {
                 "web_config_file",
             ),
             (
-                AgentArgs { alertmanager_url: Some(vec!["ftp://am".into()]), ..Default::default() },
+                AgentArgs {
+                    alertmanager: AlertmanagerFlags {
+                        alertmanager_url: Some(vec!["ftp://am".into()]),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
                 "alertmanager_url",
             ),
             (
-                AgentArgs { alertmanager_ca_file: Some("/nonexistent/ca.crt".into()), ..Default::default() },
+                AgentArgs {
+                    alertmanager: AlertmanagerFlags {
+                        alertmanager_ca_file: Some("/nonexistent/ca.crt".into()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
                 "alertmanager_ca_file",
             ),
             (
-                AgentArgs { alertmanager_basic_auth_user: Some("kstall".into()), ..Default::default() },
+                AgentArgs {
+                    alertmanager: AlertmanagerFlags {
+                        alertmanager_basic_auth_user: Some("kstall".into()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
                 "alertmanager_basic_auth_password_file",
             ),
             (
                 AgentArgs {
-                    alertmanager_bearer_token_file: Some("/etc/hostname".into()),
-                    alertmanager_basic_auth_user: Some("kstall".into()),
+                    alertmanager: AlertmanagerFlags {
+                        alertmanager_bearer_token_file: Some("/etc/hostname".into()),
+                        alertmanager_basic_auth_user: Some("kstall".into()),
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
                 "alertmanager_bearer_token_file",
@@ -899,11 +828,17 @@ mod tests {
         assert_eq!(resolve(api()).unwrap().kubelet, Some(kubelet::Settings::default()), "on with the API");
         let none = AgentArgs { pod_metadata: Some("none".into()), ..Default::default() };
         assert_eq!(resolve(none).unwrap().kubelet, None, "a node without a kubelet to ask");
-        let off = AgentArgs { kubelet_checks: Some("off".into()), ..api() };
+        let off = AgentArgs {
+            kubelet: KubeletFlags { kubelet_checks: Some("off".into()), ..Default::default() },
+            ..api()
+        };
         assert_eq!(resolve(off).unwrap().kubelet, None);
         let moved = AgentArgs {
-            kubelet_healthz: Some("http://10.0.0.7:10248/healthz".into()),
-            kubelet_server: Some("10.0.0.7:10250".into()),
+            kubelet: KubeletFlags {
+                kubelet_healthz: Some("http://10.0.0.7:10248/healthz".into()),
+                kubelet_server: Some("10.0.0.7:10250".into()),
+                ..Default::default()
+            },
             ..api()
         };
         let settings = resolve(moved).unwrap().kubelet.unwrap();
@@ -912,26 +847,59 @@ mod tests {
             ("http://10.0.0.7:10248/healthz".into(), "10.0.0.7:10250")
         );
         // Where Kubernetes says the node is (the DaemonSet's status.hostIP); the flag overrides it.
-        let advertised = AgentArgs { node_ip: Some("198.51.100.10".into()), ..api() };
+        let advertised = AgentArgs {
+            kubelet: KubeletFlags { node_ip: Some("198.51.100.10".into()), ..Default::default() },
+            ..api()
+        };
         let settings = resolve(advertised).unwrap().kubelet.unwrap();
         assert_eq!(settings.server, "198.51.100.10:10250");
         assert_eq!(settings.advertised, Some("198.51.100.10".parse().unwrap()));
-        let v6 = AgentArgs { node_ip: Some("fd00::7".into()), ..api() };
+        let v6 = AgentArgs {
+            kubelet: KubeletFlags { node_ip: Some("fd00::7".into()), ..Default::default() },
+            ..api()
+        };
         assert_eq!(resolve(v6).unwrap().kubelet.unwrap().server, "[fd00::7]:10250");
         let both = AgentArgs {
-            node_ip: Some("198.51.100.10".into()),
-            kubelet_server: Some("127.0.0.1:10250".into()),
+            kubelet: KubeletFlags {
+                node_ip: Some("198.51.100.10".into()),
+                kubelet_server: Some("127.0.0.1:10250".into()),
+                ..Default::default()
+            },
             ..api()
         };
         assert_eq!(resolve(both).unwrap().kubelet.unwrap().server, "127.0.0.1:10250");
         for (args, field) in [
             (
-                AgentArgs { kubelet_healthz: Some("https://127.0.0.1:10248/healthz".into()), ..api() },
+                AgentArgs {
+                    kubelet: KubeletFlags {
+                        kubelet_healthz: Some("https://127.0.0.1:10248/healthz".into()),
+                        ..Default::default()
+                    },
+                    ..api()
+                },
                 "kubelet_healthz",
             ),
-            (AgentArgs { kubelet_server: Some("127.0.0.1".into()), ..api() }, "kubelet_server"),
-            (AgentArgs { node_ip: Some("node1".into()), ..api() }, "node_ip"),
-            (AgentArgs { kubelet_checks: Some("maybe".into()), ..api() }, "kubelet_checks"),
+            (
+                AgentArgs {
+                    kubelet: KubeletFlags { kubelet_server: Some("127.0.0.1".into()), ..Default::default() },
+                    ..api()
+                },
+                "kubelet_server",
+            ),
+            (
+                AgentArgs {
+                    kubelet: KubeletFlags { node_ip: Some("node1".into()), ..Default::default() },
+                    ..api()
+                },
+                "node_ip",
+            ),
+            (
+                AgentArgs {
+                    kubelet: KubeletFlags { kubelet_checks: Some("maybe".into()), ..Default::default() },
+                    ..api()
+                },
+                "kubelet_checks",
+            ),
             (
                 AgentArgs {
                     incidents: IncidentFlags {

@@ -54,6 +54,57 @@ impl Default for Settings {
     }
 }
 
+/// The checks' settings as users give them: one declaration each, at once the flag, the
+/// `KSTALL_*` variable and the file's key (`config.rs` merges the layers).
+#[derive(Debug, Default, clap::Args, Serialize, Deserialize)]
+#[serde(default)]
+// A group id of its own: clap names a flattened struct's group after the type.
+#[group(id = "kubelet_settings")]
+pub struct Flags {
+    /// Check the kubelet's healthz and TLS handshake for kubelet-degraded: on or off [default: on
+    /// with the Kubernetes API pod source, else off].
+    #[arg(long, env = "KSTALL_KUBELET_CHECKS", value_name = "on|off")]
+    pub kubelet_checks: Option<String>,
+    /// [default: http://127.0.0.1:10248/healthz].
+    #[arg(long, env = "KSTALL_KUBELET_HEALTHZ", value_name = "URL")]
+    pub kubelet_healthz: Option<String>,
+    /// The kubelet's server, for the TLS handshake check [default: --node-ip:10250, else
+    /// 127.0.0.1:10250].
+    #[arg(long, env = "KSTALL_KUBELET_SERVER", value_name = "HOST:PORT")]
+    pub kubelet_server: Option<String>,
+    /// This node's address as Kubernetes advertises it (the DaemonSet passes the pod's
+    /// status.hostIP): where the kubelet serves unless --kubelet-server says otherwise (kubelets
+    /// of hardened nodes serve on it, not on 127.0.0.1).
+    #[arg(long, env = "KSTALL_NODE_IP", value_name = "IP")]
+    pub node_ip: Option<String>,
+}
+
+impl Flags {
+    /// The checks, or none when they are off; on by default with the Kubernetes API pod source
+    /// (`api`). A bad value names its key.
+    pub fn settings(self, api: bool) -> Result<Option<Settings>, crate::setting::Invalid> {
+        if !crate::setting::on_off("kubelet_checks", self.kubelet_checks)?.unwrap_or(api) {
+            return Ok(None);
+        }
+        let mut settings = Settings::default();
+        if let Some(url) = self.kubelet_healthz {
+            settings.healthz = healthz_url(url.trim()).map_err(|e| ("kubelet_healthz", e))?;
+        }
+        if let Some(ip) = self.node_ip {
+            let ip = ip
+                .trim()
+                .parse::<std::net::IpAddr>()
+                .map_err(|_| ("node_ip", format!("{ip:?} is not an IP address")))?;
+            settings.advertised = Some(ip);
+            settings.server = std::net::SocketAddr::new(ip, DEFAULT_PORT).to_string();
+        }
+        if let Some(address) = self.kubelet_server {
+            settings.server = server_address(address.trim()).map_err(|e| ("kubelet_server", e))?;
+        }
+        Ok(Some(settings))
+    }
+}
+
 pub const DEFAULT_HEALTHZ: &str = "http://127.0.0.1:10248/healthz";
 pub const DEFAULT_SERVER: &str = "127.0.0.1:10250";
 /// The kubelet's port unless its configuration says otherwise.

@@ -38,6 +38,16 @@ pub fn count(key: &'static str, text: &str, min: u32) -> Result<u32, Invalid> {
         .ok_or_else(|| (key, format!("{text:?} is not a whole number of at least {min}")))
 }
 
+/// `on` / `off` from a flag or variable, `true` / `false` from the file's boolean.
+pub fn on_off(key: &'static str, value: Option<String>) -> Result<Option<bool>, Invalid> {
+    match value.as_deref().map(str::trim) {
+        Some("on" | "true") => Ok(Some(true)),
+        Some("off" | "false") => Ok(Some(false)),
+        Some(other) => Err((key, format!("{other:?} is not on or off"))),
+        None => Ok(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -179,7 +179,7 @@ pub enum Auth {
 impl Settings {
     /// Everything a push will need, checked now: the URLs, the CA file, the credential files.
     /// The error names the setting.
-    pub fn check(&self) -> Result<(), (&'static str, String)> {
+    fn check(&self) -> Result<(), (&'static str, String)> {
         for url in &self.urls {
             endpoint(url).map_err(|e| ("alertmanager_url", e))?;
         }
@@ -199,6 +199,68 @@ impl Settings {
             }
         }
         Ok(())
+    }
+}
+
+/// The push's settings as users give them: one declaration each, at once the flag, the
+/// `KSTALL_*` variable and the file's key (`config.rs` merges the layers).
+#[derive(Debug, Default, clap::Args, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+// A group id of its own: clap names a flattened struct's group after the type.
+#[group(id = "alertmanager_settings")]
+pub struct Flags {
+    /// Push incidents to this Alertmanager (http[s]://host:port), repeatable or comma-separated.
+    #[arg(long, env = "KSTALL_ALERTMANAGER_URL", value_name = "URL", value_delimiter = ',')]
+    pub alertmanager_url: Option<Vec<String>>,
+    /// CA certificates (PEM) that sign https Alertmanagers' certificates [default: the system's].
+    #[arg(long, env = "KSTALL_ALERTMANAGER_CA_FILE", value_name = "FILE")]
+    pub alertmanager_ca_file: Option<PathBuf>,
+    /// A file holding the bearer token pushes carry (read on every push).
+    #[arg(long, env = "KSTALL_ALERTMANAGER_BEARER_TOKEN_FILE", value_name = "FILE")]
+    pub alertmanager_bearer_token_file: Option<PathBuf>,
+    /// The basic-auth user pushes carry, with --alertmanager-basic-auth-password-file.
+    #[arg(long, env = "KSTALL_ALERTMANAGER_BASIC_AUTH_USER", value_name = "USER")]
+    pub alertmanager_basic_auth_user: Option<String>,
+    /// A file holding that user's password (read on every push).
+    #[arg(long, env = "KSTALL_ALERTMANAGER_BASIC_AUTH_PASSWORD_FILE", value_name = "FILE")]
+    pub alertmanager_basic_auth_password_file: Option<PathBuf>,
+}
+
+impl Flags {
+    /// The settings, checked as a push will need them (the URLs, the CA, the credential files);
+    /// a bad value names its key.
+    pub fn settings(self) -> Result<Settings, crate::setting::Invalid> {
+        let urls = self
+            .alertmanager_url
+            .unwrap_or_default()
+            .into_iter()
+            .map(|u| u.trim().to_string())
+            .filter(|u| !u.is_empty())
+            .collect();
+        let auth = match (
+            self.alertmanager_bearer_token_file,
+            self.alertmanager_basic_auth_user,
+            self.alertmanager_basic_auth_password_file,
+        ) {
+            (None, None, None) => None,
+            (Some(token_file), None, None) => Some(Auth::Bearer { token_file }),
+            (None, Some(user), Some(password_file)) => Some(Auth::Basic { user, password_file }),
+            (Some(_), _, _) => {
+                let why = "a bearer token and basic auth exclude each other";
+                return Err(("alertmanager_bearer_token_file", why.into()));
+            }
+            (None, Some(_), None) => {
+                let why = "the basic-auth user needs a password file";
+                return Err(("alertmanager_basic_auth_password_file", why.into()));
+            }
+            (None, None, Some(_)) => {
+                let why = "the password file needs a basic-auth user";
+                return Err(("alertmanager_basic_auth_user", why.into()));
+            }
+        };
+        let settings = Settings { urls, ca_file: self.alertmanager_ca_file, auth };
+        settings.check()?;
+        Ok(settings)
     }
 }
 
