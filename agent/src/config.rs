@@ -6,7 +6,9 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
-use crate::{export::kubernetes::conditions::Condition, kubelet, probes, setting};
+use crate::{
+    attribution::flags::PodMetadata, export::kubernetes::conditions::Condition, kubelet, probes, setting,
+};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9700";
 pub const DEFAULT_API_SOCKET: &str = "/run/kstall/kstall.sock";
@@ -55,25 +57,9 @@ pub struct AgentArgs {
     /// and how the decoders' test samples are recorded on real kernels.
     #[arg(long, env = "KSTALL_RECORD_RAW", value_name = "FILE")]
     pub record_raw: Option<PathBuf>,
-    /// Where pod names come from: auto (the pods file if given, else the Kubernetes API when
-    /// running in a cluster or given a kubeconfig, else none), api, file or none [default: auto].
-    #[arg(long, env = "KSTALL_POD_METADATA", value_name = "SOURCE")]
-    pub pod_metadata: Option<String>,
-    /// The JSON of `kubectl get pods -o json`, reloaded when it changes.
-    #[arg(long, env = "KSTALL_PODS_FILE", value_name = "FILE")]
-    pub pods_file: Option<PathBuf>,
-    /// kubeconfig for the Kubernetes API source [default: in-cluster service account].
-    #[arg(long, env = "KSTALL_KUBECONFIG", value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// This node's name, whose pods are watched [default: $NODE_NAME, else the hostname].
-    #[arg(long, env = "KSTALL_NODE_NAME", value_name = "NAME")]
-    pub node_name: Option<String>,
-    /// Pod label keys copied onto events, comma-separated (e.g. app,team) [default: none].
-    #[arg(long, env = "KSTALL_POD_LABELS", value_name = "LIST", value_delimiter = ',')]
-    pub pod_labels: Option<Vec<String>>,
-    /// How long a deleted pod is still named on late events: 90s, 30m, 1h, 1d [default: 1h].
-    #[arg(long, env = "KSTALL_POD_RETENTION", value_name = "DURATION")]
-    pub pod_retention: Option<String>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub attribution: crate::attribution::flags::Flags,
     #[command(flatten)]
     #[serde(flatten)]
     pub incidents: crate::incidents::flags::Flags,
@@ -106,18 +92,6 @@ pub enum LogFormat {
     Auto,
     Text,
     Json,
-}
-
-/// The source of pod names, namespaces and workloads.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PodMetadata {
-    /// Events carry pod UIDs and container ids only.
-    None,
-    File(PathBuf),
-    /// The API server; in-cluster credentials unless a kubeconfig is given.
-    Api {
-        kubeconfig: Option<PathBuf>,
-    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -354,53 +328,8 @@ impl Config {
             None => crate::export::series::Settings::default(),
         };
 
-        let pods_file = args.pods_file;
-        let kubeconfig = args.kubeconfig;
-        let pod_metadata = match args.pod_metadata.as_deref() {
-            None | Some("auto") => match (&pods_file, &kubeconfig) {
-                (Some(path), _) => PodMetadata::File(path.clone()),
-                (None, Some(_)) => PodMetadata::Api { kubeconfig: kubeconfig.clone() },
-                (None, None) if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
-                    PodMetadata::Api { kubeconfig: None }
-                }
-                (None, None) => PodMetadata::None,
-            },
-            Some("api") => PodMetadata::Api { kubeconfig: kubeconfig.clone() },
-            Some("file") => match &pods_file {
-                Some(path) => PodMetadata::File(path.clone()),
-                None => return Err(invalid("pod_metadata", "\"file\" needs --pods-file")),
-            },
-            Some("none") => PodMetadata::None,
-            Some(other) => {
-                return Err(invalid(
-                    "pod_metadata",
-                    format!("{other:?} is not one of auto, api, file, none"),
-                ));
-            }
-        };
-        if let PodMetadata::File(path) = &pod_metadata {
-            // A file that is wrong at start is a mistake to report now; a bad later write only
-            // keeps the pods already known.
-            crate::attribution::pods::file::load(path, &[])
-                .map_err(|e| invalid("pods_file", e.to_string()))?;
-        }
-
-        let node_name = match args.node_name {
-            Some(name) => name.trim().to_string(),
-            None => std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(hostname),
-        };
-        if node_name.is_empty() {
-            return Err(invalid("node_name", "is empty"));
-        }
-
-        let pod_labels = validate_label_keys(args.pod_labels.unwrap_or_default())?;
-
-        let pod_retention = match args.pod_retention {
-            Some(text) => {
-                setting::duration("pod_retention", &text).map_err(|(field, e)| invalid(field, e))?
-            }
-            None => DEFAULT_POD_RETENTION,
-        };
+        let crate::attribution::flags::Attribution { pod_metadata, node_name, pod_labels, pod_retention } =
+            args.attribution.settings().map_err(|(field, e)| invalid(field, e))?;
 
         let incidents = args.incidents.settings().map_err(|(field, e)| invalid(field, e))?;
 
@@ -450,8 +379,6 @@ impl Config {
     }
 }
 
-const DEFAULT_POD_RETENTION: Duration = Duration::from_secs(3600);
-
 /// `NFSClientStalled,KubeletDegraded`, or `none`.
 fn node_conditions(names: Vec<String>) -> Result<Vec<Condition>, ConfigError> {
     let mut conditions = Vec::new();
@@ -465,25 +392,6 @@ fn node_conditions(names: Vec<String>) -> Result<Vec<Condition>, ConfigError> {
         }
     }
     Ok(conditions)
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
-}
-
-/// Kubernetes label keys: `[prefix/]name`, name up to 63 of `[A-Za-z0-9._-]`.
-fn validate_label_keys(list: Vec<String>) -> Result<Vec<String>, ConfigError> {
-    let keys: Vec<String> = list.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
-    for key in &keys {
-        let name = key.rsplit_once('/').map_or(key.as_str(), |(_, n)| n);
-        let valid = !name.is_empty()
-            && name.len() <= 63
-            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-        if !valid {
-            return Err(invalid("pod_labels", format!("{key:?} is not a Kubernetes label key")));
-        }
-    }
-    Ok(keys)
 }
 
 /// 0 would disable the detector: that is not what a user of this flag wants.
@@ -503,8 +411,9 @@ mod tests {
 
     use super::*;
     use crate::{
-        export::alertmanager::Flags as AlertmanagerFlags, incidents::flags::Flags as IncidentFlags,
-        kubelet::Flags as KubeletFlags, probes::flags::Flags as ProbeFlags,
+        attribution::flags::Flags as AttributionFlags, export::alertmanager::Flags as AlertmanagerFlags,
+        incidents::flags::Flags as IncidentFlags, kubelet::Flags as KubeletFlags,
+        probes::flags::Flags as ProbeFlags,
     };
 
     fn resolve(args: AgentArgs) -> Result<Config, ConfigError> {
@@ -687,19 +596,64 @@ mod tests {
                 },
                 "stuck_task_max_reports",
             ),
-            (AgentArgs { pod_metadata: Some("etcd".into()), ..Default::default() }, "pod_metadata"),
-            (AgentArgs { pod_metadata: Some("file".into()), ..Default::default() }, "pod_metadata"),
             (
-                AgentArgs { pods_file: Some("/nonexistent/pods.json".into()), ..Default::default() },
+                AgentArgs {
+                    attribution: AttributionFlags { pod_metadata: Some("etcd".into()), ..Default::default() },
+                    ..Default::default()
+                },
+                "pod_metadata",
+            ),
+            (
+                AgentArgs {
+                    attribution: AttributionFlags { pod_metadata: Some("file".into()), ..Default::default() },
+                    ..Default::default()
+                },
+                "pod_metadata",
+            ),
+            (
+                AgentArgs {
+                    attribution: AttributionFlags {
+                        pods_file: Some("/nonexistent/pods.json".into()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
                 "pods_file",
             ),
-            (AgentArgs { pod_retention: Some("1 hour".into()), ..Default::default() }, "pod_retention"),
-            (AgentArgs { pod_retention: Some("0s".into()), ..Default::default() }, "pod_retention"),
             (
-                AgentArgs { pod_labels: Some(vec!["app".into(), "bad key".into()]), ..Default::default() },
+                AgentArgs {
+                    attribution: AttributionFlags {
+                        pod_retention: Some("1 hour".into()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+                "pod_retention",
+            ),
+            (
+                AgentArgs {
+                    attribution: AttributionFlags { pod_retention: Some("0s".into()), ..Default::default() },
+                    ..Default::default()
+                },
+                "pod_retention",
+            ),
+            (
+                AgentArgs {
+                    attribution: AttributionFlags {
+                        pod_labels: Some(vec!["app".into(), "bad key".into()]),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
                 "pod_labels",
             ),
-            (AgentArgs { node_name: Some(" ".into()), ..Default::default() }, "node_name"),
+            (
+                AgentArgs {
+                    attribution: AttributionFlags { node_name: Some(" ".into()), ..Default::default() },
+                    ..Default::default()
+                },
+                "node_name",
+            ),
             (
                 AgentArgs {
                     incidents: IncidentFlags {
@@ -800,7 +754,10 @@ mod tests {
 
     #[test]
     fn node_conditions_are_opt_in_by_name_and_need_the_api() {
-        let api = || AgentArgs { kubeconfig: Some("/k".into()), ..Default::default() };
+        let api = || AgentArgs {
+            attribution: AttributionFlags { kubeconfig: Some("/k".into()), ..Default::default() },
+            ..Default::default()
+        };
         assert!(resolve(api()).unwrap().node_conditions.is_empty(), "none by default");
         let some = |list: &[&str]| AgentArgs {
             node_conditions: Some(list.iter().map(|s| s.to_string()).collect()),
@@ -818,15 +775,24 @@ mod tests {
             err.to_string(),
             "invalid configuration: --node-conditions: \"Ready\" is not one of NFSClientStalled, KernelSystemOOM, KubeletDegraded, none"
         );
-        let without_api = AgentArgs { pod_metadata: Some("none".into()), ..some(&["KernelSystemOOM"]) };
+        let without_api = AgentArgs {
+            attribution: AttributionFlags { pod_metadata: Some("none".into()), ..Default::default() },
+            ..some(&["KernelSystemOOM"])
+        };
         assert_eq!(resolve(without_api).unwrap_err().field, "node_conditions");
     }
 
     #[test]
     fn kubelet_checks_follow_the_api_source_and_take_their_addresses() {
-        let api = || AgentArgs { kubeconfig: Some("/k".into()), ..Default::default() };
+        let api = || AgentArgs {
+            attribution: AttributionFlags { kubeconfig: Some("/k".into()), ..Default::default() },
+            ..Default::default()
+        };
         assert_eq!(resolve(api()).unwrap().kubelet, Some(kubelet::Settings::default()), "on with the API");
-        let none = AgentArgs { pod_metadata: Some("none".into()), ..Default::default() };
+        let none = AgentArgs {
+            attribution: AttributionFlags { pod_metadata: Some("none".into()), ..Default::default() },
+            ..Default::default()
+        };
         assert_eq!(resolve(none).unwrap().kubelet, None, "a node without a kubelet to ask");
         let off = AgentArgs {
             kubelet: KubeletFlags { kubelet_checks: Some("off".into()), ..Default::default() },
@@ -960,15 +926,21 @@ mod tests {
 
     #[test]
     fn kubernetes_events_follow_the_api_source() {
-        let api = || AgentArgs { kubeconfig: Some("/k".into()), ..Default::default() };
+        let api = || AgentArgs {
+            attribution: AttributionFlags { kubeconfig: Some("/k".into()), ..Default::default() },
+            ..Default::default()
+        };
         assert!(resolve(api()).unwrap().kubernetes_events, "on with the API by default");
         let off = resolve(AgentArgs { kubernetes_events: Some("off".into()), ..api() }).unwrap();
         assert!(!off.kubernetes_events);
-        let none = AgentArgs { pod_metadata: Some("none".into()), ..Default::default() };
+        let none = AgentArgs {
+            attribution: AttributionFlags { pod_metadata: Some("none".into()), ..Default::default() },
+            ..Default::default()
+        };
         assert!(!resolve(none).unwrap().kubernetes_events, "off without the API");
         for (value, says) in [("on", "needs the Kubernetes API"), ("yes", "\"yes\" is not on or off")] {
             let args = AgentArgs {
-                pod_metadata: Some("none".into()),
+                attribution: AttributionFlags { pod_metadata: Some("none".into()), ..Default::default() },
                 kubernetes_events: Some(value.into()),
                 ..Default::default()
             };
@@ -981,16 +953,31 @@ mod tests {
     #[test]
     fn pod_metadata_sources() {
         let pods = file(r#"{"apiVersion": "v1", "kind": "List", "items": []}"#);
-        let c = resolve(AgentArgs { pods_file: Some(pods.path().into()), ..Default::default() }).unwrap();
+        let c = resolve(AgentArgs {
+            attribution: AttributionFlags { pods_file: Some(pods.path().into()), ..Default::default() },
+            ..Default::default()
+        })
+        .unwrap();
         assert_eq!(c.pod_metadata, PodMetadata::File(pods.path().into()));
-        let c = resolve(AgentArgs { kubeconfig: Some("/k".into()), ..Default::default() }).unwrap();
+        let c = resolve(AgentArgs {
+            attribution: AttributionFlags { kubeconfig: Some("/k".into()), ..Default::default() },
+            ..Default::default()
+        })
+        .unwrap();
         assert_eq!(c.pod_metadata, PodMetadata::Api { kubeconfig: Some("/k".into()) });
-        let c = resolve(AgentArgs { pod_metadata: Some("none".into()), ..Default::default() }).unwrap();
+        let c = resolve(AgentArgs {
+            attribution: AttributionFlags { pod_metadata: Some("none".into()), ..Default::default() },
+            ..Default::default()
+        })
+        .unwrap();
         assert_eq!(c.pod_metadata, PodMetadata::None);
         assert_eq!(c.pod_retention, Duration::from_secs(3600));
         let bad = file("{ nope");
-        let err =
-            resolve(AgentArgs { pods_file: Some(bad.path().into()), ..Default::default() }).unwrap_err();
+        let err = resolve(AgentArgs {
+            attribution: AttributionFlags { pods_file: Some(bad.path().into()), ..Default::default() },
+            ..Default::default()
+        })
+        .unwrap_err();
         assert_eq!(err.field, "pods_file");
         assert!(!err.to_string().contains('\n'), "{err}");
     }

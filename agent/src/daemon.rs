@@ -19,13 +19,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     api,
+    attribution::flags::PodMetadata,
     attribution::{
         Attributed, Index, Key,
         cgroup::Hierarchies,
         pods::{self, Health},
         resolver::{self, Resolver},
     },
-    config::{Config, PodMetadata},
+    config::Config,
     events::{Counts, Decoder},
     export::{alertmanager, kubernetes, metrics::Metrics},
     incidents::{

@@ -12,6 +12,7 @@
 //! the pipeline is [`Attributed`]: an event and who it is about, always both.
 
 pub mod cgroup;
+pub mod flags;
 pub mod netns;
 pub mod pods;
 pub mod resolver;
