@@ -228,8 +228,8 @@ impl EventData for HungTaskCleared {
 pub(super) mod tests {
     use super::*;
 
-    pub(crate) fn cleared() -> crate::events::Payload {
-        crate::events::Payload::HungTaskCleared(HungTaskCleared {
+    pub(crate) fn cleared() -> crate::probes::Payload {
+        crate::probes::Payload::HungTaskCleared(HungTaskCleared {
             wait: WaitClass::Nfs,
             wait_kind: WaitKind::Killable,
             blocked_secs: Some(42),
