@@ -111,6 +111,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let stuck = Arc::new(Mutex::new(StuckSet::default()));
     let statuses = Arc::new(Mutex::new(statuses));
     let (kubelet_tx, kubelet_health) = watch::channel(kubelet::Health::default());
+    // Status shows the index the event path has applied, its forgotten pods' series removed (the
+    // resolver's own without an event path, where no series are made).
+    let (applied_tx, applied_index) = watch::channel(attribution.index.borrow().clone());
+    let shown_index = if loaded.events.is_some() { applied_index } else { attribution.index.clone() };
     let state = Arc::new(AgentState {
         started: Instant::now(),
         kernel: kernel_release,
@@ -118,7 +122,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         counts: counts.clone(),
         events: events_tx.clone(),
-        attribution: attribution.index.clone(),
+        attribution: shown_index,
         pod_source: attribution.health.clone(),
         retention: config.pod_retention,
         incidents: incidents.clone(),
@@ -219,6 +223,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let pipeline = Pipeline {
             decoder: Decoder::new(loaded.decoding.clone()),
             index: attribution.index.clone(),
+            applied: applied_tx,
             misses: attribution.misses.clone(),
             counts: counts.clone(),
             metrics: metrics.clone(),

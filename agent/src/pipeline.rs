@@ -52,6 +52,9 @@ pub struct Pipeline {
     pub decoder: Decoder,
     /// The resolver's latest index, and where its misses go.
     pub index: watch::Receiver<Arc<Index>>,
+    /// The index last applied here (its forgotten pods' series removed): what `kstall status`
+    /// shows, so that a pod it no longer counts has no series left either.
+    pub applied: watch::Sender<Arc<Index>>,
     pub misses: mpsc::Sender<Key>,
     pub counts: Arc<Counts>,
     pub metrics: Arc<Metrics>,
@@ -225,6 +228,7 @@ impl Pipeline {
             let index = self.index.borrow().clone();
             self.metrics.set_attribution(&index);
             self.metrics.forget_pods_except(&index.named_pods);
+            self.applied.send_replace(index);
         }
         if self.held.events.is_empty() {
             return;
@@ -585,8 +589,16 @@ pub async fn poll_losses(lost: PerCpuArray<MapData, u64>, counts: Arc<Counts>, s
 mod tests {
     use super::*;
     use crate::{
-        attribution::Via, decode::bytes_of, incidents::Settings,
-        probes::tcp_reset::tests::redirected_syn_reset,
+        attribution::Via,
+        decode::bytes_of,
+        incidents::Settings,
+        probes::{
+            probe::Counted,
+            tcp_reset::{
+                self,
+                tests::{redirected_count_key, redirected_syn_reset},
+            },
+        },
     };
 
     const NETNS: u32 = 4026532999;
@@ -606,6 +618,7 @@ mod tests {
         let pipeline = Pipeline {
             decoder: Decoder::default(),
             index: index_rx,
+            applied: watch::Sender::new(Arc::default()),
             misses: misses_tx,
             counts: Arc::default(),
             metrics: Arc::new(Metrics::new(Arc::default(), Default::default())),
@@ -733,6 +746,31 @@ mod tests {
         let sent = h.sent();
         assert_eq!(sent.len(), 2);
         assert!(sent.iter().all(|e| e.who.pod == "web-1"), "{sent:?}");
+    }
+
+    #[test]
+    fn an_index_is_applied_once_the_series_of_the_pods_it_forgot_are_gone() {
+        let mut h = harness();
+        let applied = h.pipeline.applied.subscribe();
+        let mut index = Arc::into_inner(index_with_pod()).expect("its one owner");
+        index.named_pods.insert(("shop".into(), "web-1".into()));
+        h.index.send(Arc::new(index)).unwrap();
+        h.pipeline.release_held(h.at(0));
+        let counter = kstall_common::counter::Counter { events: 3, emitted: 1 };
+        let count = tcp_reset::decode_count(&redirected_count_key(), &counter, &Default::default()).unwrap();
+        let payload = Payload::TcpResetCount(count);
+        let counted =
+            Counted { probe: tcp_reset::NAME, netns: NETNS, cgroup_id: 0, comm: String::new(), payload };
+        h.pipeline.count(Drained { counts: vec![counted], ..Default::default() }, h.at(1));
+        let series = |h: &Harness| h.pipeline.metrics.families().iter().map(|f| f.series).sum::<usize>();
+        assert_eq!(series(&h), 1);
+        assert!(applied.borrow().named_pods.contains(&("shop".into(), "web-1".into())));
+        // The pod past retention: the resolver's index no longer names it.
+        h.index.send(Arc::new(Index::default())).unwrap();
+        assert!(!applied.borrow().named_pods.is_empty(), "not applied until the pipeline runs");
+        h.pipeline.release_held(h.at(2));
+        assert!(applied.borrow().named_pods.is_empty());
+        assert_eq!(series(&h), 0, "applied with its series gone");
     }
 
     #[test]
