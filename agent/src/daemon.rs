@@ -232,7 +232,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             events: events_tx,
             record_raw,
             held: Default::default(),
-            oom_keys: Default::default(),
+            count_keys: Default::default(),
         };
         let counters = loaded.counters.take();
         let wakeup =

@@ -64,65 +64,80 @@ pub struct Pipeline {
     /// `--record-raw`: every record as received, for replaying a decoder bug.
     pub record_raw: Option<std::io::BufWriter<std::fs::File>>,
     pub held: Held,
-    pub oom_keys: OomKeys,
+    pub count_keys: CountKeys,
 }
 
-/// What each OOM counter key's events showed: the scope (which `mark_victim` cannot tell a
-/// count), learnt as they are decoded, and whom they were attributed to (on cgroup v1 by the
-/// victim's process, which a count has not), learnt as they go out. The first kills of a key in
-/// an interval are always sent in full, so a count finds its key here unless all of them were
-/// lost; it is attributed by its cgroup when no event of its key has gone out.
+/// What the events of each key counted by task showed, for its counts to follow (see
+/// [`probes::Probe::counts_follow_events`]): learnt as they are decoded (what a count cannot
+/// carry, such as an OOM kill's scope) and as they go out (whom they were attributed to). A key's
+/// first events in an interval are always sent in full, so a count finds its key here unless all
+/// of them were lost; it is attributed by its cgroup when no event of its key has gone out.
 #[derive(Default)]
-pub struct OomKeys {
-    by_key: std::collections::HashMap<(u64, String), OomKey>,
+pub struct CountKeys {
+    by_key: std::collections::HashMap<CountKey, LastEvent>,
 }
 
-struct OomKey {
-    scope: probes::oom::Scope,
+/// Probe, cgroup id, process name: how the kernel keys a count by task.
+type CountKey = (&'static str, u64, String);
+
+struct LastEvent {
+    payload: Payload,
     who: Option<Arc<Attribution>>,
     seen: Instant,
 }
 
 /// How long a key is remembered after its last event: well past the two counter intervals
-/// between a kill and its count.
-const OOM_KEY_MEMORY: Duration = Duration::from_secs(60);
+/// between an event and its count.
+const COUNT_KEY_MEMORY: Duration = Duration::from_secs(60);
 
-impl OomKeys {
+/// The key of `event` if its probe's counts follow its events; with whether it is a count.
+fn count_key(event: &Event) -> Option<(CountKey, bool)> {
+    let header = &event.header;
+    probes::by_name(header.probe).filter(|p| p.counts_follow_events())?;
+    let is_count = event.payload.data().suppressed().is_some();
+    Some(((header.probe, header.cgroup_id, header.comm.clone()), is_count))
+}
+
+impl CountKeys {
     fn decoded(&mut self, event: &Event, now: Instant) {
-        if let Payload::OomKill(kill) = &event.payload {
-            let key = self.by_key.entry((event.header.cgroup_id, event.header.comm.clone()));
-            let key = key.or_insert(OomKey { scope: kill.scope, who: None, seen: now });
-            (key.scope, key.seen) = (kill.scope, now);
+        if let Some((key, false)) = count_key(event) {
+            let last = self.by_key.entry(key).or_insert(LastEvent {
+                payload: event.payload.clone(),
+                who: None,
+                seen: now,
+            });
+            (last.payload, last.seen) = (event.payload.clone(), now);
         }
     }
 
     fn attributed(&mut self, attributed: &Attributed) {
-        if let Payload::OomKill(_) = &attributed.event.payload {
-            let header = &attributed.event.header;
-            if let Some(key) = self.by_key.get_mut(&(header.cgroup_id, header.comm.clone())) {
-                key.who = Some(attributed.who.clone());
-            }
-        }
-    }
-
-    /// Forgets the keys whose last event is older than [`OOM_KEY_MEMORY`] at `now`.
-    fn forget_old(&mut self, now: Instant) {
-        self.by_key.retain(|_, key| now.saturating_duration_since(key.seen) < OOM_KEY_MEMORY);
-    }
-
-    /// An OOM count whose hook did not know the scope takes what its key's last kill showed.
-    fn settle(&self, event: &mut Event) {
-        if let Payload::OomKillCount(count) = &mut event.payload
-            && count.scope_from_events
-            && let Some((scope, _)) = self.seen(event.header.cgroup_id, &event.header.comm)
+        if let Some((key, false)) = count_key(&attributed.event)
+            && let Some(last) = self.by_key.get_mut(&key)
         {
-            count.scope = scope;
+            last.who = Some(attributed.who.clone());
         }
     }
 
-    /// The key's last event's scope and attribution.
-    fn seen(&self, cgroup_id: u64, comm: &str) -> Option<(probes::oom::Scope, Option<Arc<Attribution>>)> {
-        self.by_key.get(&(cgroup_id, comm.to_string())).map(|key| (key.scope, key.who.clone()))
+    /// Forgets the keys whose last event is older than [`COUNT_KEY_MEMORY`] at `now`.
+    fn forget_old(&mut self, now: Instant) {
+        self.by_key.retain(|_, last| now.saturating_duration_since(last.seen) < COUNT_KEY_MEMORY);
+    }
+
+    /// A count takes what its key's last event showed and the counter key cannot carry.
+    fn settle(&self, event: &mut Event) {
+        if let Some((key, true)) = count_key(event)
+            && let Some(last) = self.by_key.get(&key)
+            && let Some(probe) = probes::by_name(event.header.probe)
+        {
+            probe.settle_count(&mut event.payload, &last.payload);
+        }
+    }
+
+    /// Whether the key of count `event` has seen an event, and whom its last one went out to.
+    fn seen(&self, event: &Event) -> Option<(CountKey, Option<Arc<Attribution>>)> {
+        let (key, _) = count_key(event).filter(|(_, is_count)| *is_count)?;
+        let who = self.by_key.get(&key)?.who.clone();
+        Some((key, who))
     }
 }
 
@@ -148,14 +163,10 @@ impl Held {
         !self.events.is_empty()
     }
 
-    /// The key an OOM kill of `(cgroup_id, comm)` waits for, if one does.
-    fn oom_kill_key(&self, cgroup_id: u64, comm: &str) -> Option<Key> {
+    /// The attribution key a held event of count key `key` waits for, if one does.
+    fn event_of(&self, key: &CountKey) -> Option<Key> {
         self.events.iter().find_map(|held| {
-            let header = &held.event.header;
-            (matches!(held.event.payload, Payload::OomKill(_))
-                && header.cgroup_id == cgroup_id
-                && header.comm == comm)
-                .then_some(held.key)
+            count_key(&held.event).filter(|(k, is_count)| !is_count && k == key).map(|_| held.key)
         })
     }
 }
@@ -169,7 +180,7 @@ impl Pipeline {
         match self.decoder.decode(bytes) {
             Ok(event) => {
                 self.counts.received(event.header.probe);
-                self.oom_keys.decoded(&event, now);
+                self.count_keys.decoded(&event, now);
                 self.attribute(event, now);
             }
             Err(e) => {
@@ -179,21 +190,18 @@ impl Pipeline {
         }
     }
 
-    /// Who `event` is about, as `index` says; an OOM count follows its key's kills instead, which
-    /// may know more than its cgroup id can (the victim's cgroup path or process), and waits
-    /// behind them while they wait for their container's name.
+    /// Who `event` is about, as `index` says; a count that follows its key's events is
+    /// attributed as they were instead, as they may know more than its cgroup id can (an OOM
+    /// victim's cgroup path or process), and waits behind them while they wait for theirs.
     fn resolve(&self, index: &Index, event: &Event) -> Resolution {
-        if let Payload::OomKillCount(_) = &event.payload {
-            let header = &event.header;
-            match self.oom_keys.seen(header.cgroup_id, &header.comm) {
-                Some((_, Some(who))) => return Resolution::Found(who),
-                Some((_, None)) => {
-                    if let Some(key) = self.held.oom_kill_key(header.cgroup_id, &header.comm) {
-                        return Resolution::Missing { key, fallback: None };
-                    }
+        match self.count_keys.seen(event) {
+            Some((_, Some(who))) => return Resolution::Found(who),
+            Some((key, None)) => {
+                if let Some(key) = self.held.event_of(&key) {
+                    return Resolution::Missing { key, fallback: None };
                 }
-                None => {}
             }
+            None => {}
         }
         index.resolve(event)
     }
@@ -278,7 +286,7 @@ impl Pipeline {
         for (probe, n) in drained.uncounted {
             self.counts.suppressed(probe, n);
         }
-        self.oom_keys.forget_old(now);
+        self.count_keys.forget_old(now);
         for counted in drained.counts {
             let header = crate::events::Header {
                 probe: counted.probe,
@@ -290,7 +298,7 @@ impl Pipeline {
                 netns: counted.netns,
             };
             let mut event = Event { header, payload: counted.payload };
-            self.oom_keys.settle(&mut event);
+            self.count_keys.settle(&mut event);
             self.attribute(event, now);
         }
     }
@@ -304,7 +312,7 @@ impl Pipeline {
         if attributed.unattributed() && count.is_none() {
             self.metrics.unattributed(attributed.event.header.probe);
         }
-        if matches!(attributed.event.payload, Payload::HungTask(_) | Payload::StuckTask(_)) {
+        if attributed.event.payload.data().stuck().is_some() {
             let mut stuck = lock(&self.stuck);
             let news = stuck.report(&attributed);
             self.metrics.set_stuck_tasks(&stuck, attributed.event.header.time_unix_ns);
@@ -312,7 +320,7 @@ impl Pipeline {
                 return;
             }
         }
-        self.oom_keys.attributed(&attributed);
+        self.count_keys.attributed(&attributed);
         self.metrics.observe(&attributed);
         lock(&self.incidents).observe(&attributed);
         // A count is news to a trace only for what it did not see: the suppressed events.
@@ -627,7 +635,7 @@ mod tests {
             events: events_tx,
             record_raw: None,
             held: Held::default(),
-            oom_keys: Default::default(),
+            count_keys: Default::default(),
         };
         Harness { pipeline, index: index_tx, misses, events, t0: Instant::now() }
     }

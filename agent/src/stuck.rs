@@ -23,7 +23,10 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     attribution::{Attributed, Attribution},
     events::{Event, Header, Payload},
-    probes::wait::{HungTaskCleared, WaitClass, WaitKind},
+    probes::{
+        kind::Stuck,
+        wait::{HungTaskCleared, WaitClass, WaitKind},
+    },
 };
 
 /// More tasks than this stuck at once is a node on fire; beyond it new ones are counted, not kept.
@@ -94,10 +97,10 @@ impl StuckSet {
     /// (the report is news).
     pub fn report(&mut self, report: &Attributed) -> bool {
         let header = &report.event.header;
-        let (blocked_secs, wait, wait_kind, exiting, stack) = match &report.event.payload {
-            Payload::HungTask(h) => (h.blocked_secs, h.wait, WaitKind::Uninterruptible, h.exiting, &h.stack),
-            Payload::StuckTask(s) => (Some(s.blocked_secs), s.wait, s.wait_kind, s.exiting, &s.stack),
-            _ => return false,
+        let Some(Stuck { blocked_secs, wait, wait_kind, exiting, stack }) =
+            report.event.payload.data().stuck()
+        else {
+            return false;
         };
         let since = header.time_unix_ns.saturating_sub(blocked_secs.unwrap_or(0).saturating_mul(SEC));
         // Later reports of a task say nothing new: its blocked-since stays the first report's, so

@@ -6,6 +6,9 @@
 use kstall_common::metrics::Metric;
 use serde_json::Value;
 
+use super::wait::{WaitClass, WaitKind};
+use crate::symbols::Stack;
+
 /// One kind of event: the `kind` its JSON carries and all that generic code needs to know of it.
 pub struct EventKind {
     pub name: &'static str,
@@ -47,11 +50,27 @@ pub trait EventData {
         None
     }
 
+    /// For a report of a stuck task: what the stuck set keeps of it (the pipeline sends it
+    /// there, and on only if it is news).
+    fn stuck(&self) -> Option<Stuck<'_>> {
+        None
+    }
+
     /// What it does to its metric families (a family about events gets the pod labels after the
     /// label values given here; the exporter adds them and caps the family).
     fn updates(&self, _: &Source) -> Vec<Update> {
         Vec::new()
     }
+}
+
+/// A stuck task as one report of it tells it.
+pub struct Stuck<'a> {
+    /// `None` when the kernel's tick rate could not be determined.
+    pub blocked_secs: Option<u64>,
+    pub wait: WaitClass,
+    pub wait_kind: WaitKind,
+    pub exiting: bool,
+    pub stack: &'a Stack,
 }
 
 /// The header fields a payload's metric labels may take.

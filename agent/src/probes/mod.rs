@@ -54,6 +54,11 @@ pub fn names() -> impl Iterator<Item = &'static str> {
     ALL.iter().map(|p| p.name())
 }
 
+/// Probe `name` of [`ALL`].
+pub fn by_name(name: &str) -> Option<&'static dyn Probe> {
+    ALL.iter().copied().find(|p| p.name() == name)
+}
+
 /// Where probe `name` is in [`ALL`].
 pub fn position(name: &str) -> Option<usize> {
     ALL.iter().position(|p| p.name() == name)

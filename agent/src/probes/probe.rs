@@ -54,6 +54,17 @@ pub trait Probe: Sync {
         Ok(None)
     }
 
+    /// Whether its counts are keyed by task (cgroup and process name) and follow its events of
+    /// the same key: a count is attributed as their last one was (on cgroup v1 only the event
+    /// has the victim's process to find its pod by), waits behind one still held, and is settled
+    /// by the last one ([`Probe::settle_count`]).
+    fn counts_follow_events(&self) -> bool {
+        false
+    }
+
+    /// One of its counts, given its key's last event: fills in what the counter key cannot carry.
+    fn settle_count(&self, _count: &mut Payload, _last_event: &Payload) {}
+
     /// One of its ring-buffer records, whose header (already read) has its record kind.
     fn decode(
         &self,

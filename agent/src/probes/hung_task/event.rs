@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::{
     probes::{
-        kind::{Change, EventData, EventKind, Source, Subject, Update},
+        kind::{Change, EventData, EventKind, Source, Stuck, Subject, Update},
         wait::{WaitClass, WaitKind},
     },
     symbols::Stack,
@@ -43,6 +43,16 @@ pub(super) const HUNG: EventKind = EventKind {
 impl EventData for HungTask {
     fn kind(&self) -> &'static EventKind {
         &HUNG
+    }
+
+    fn stuck(&self) -> Option<Stuck<'_>> {
+        Some(Stuck {
+            blocked_secs: self.blocked_secs,
+            wait: self.wait,
+            wait_kind: WaitKind::Uninterruptible,
+            exiting: self.exiting,
+            stack: &self.stack,
+        })
     }
 
     fn updates(&self, source: &Source) -> Vec<Update> {

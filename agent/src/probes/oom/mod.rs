@@ -321,6 +321,19 @@ impl Probe for OomProbe {
         Ok(Some(Box::new(KillCounts(CounterMap::take(ebpf, "OOM_KILL_COUNTS", "OOM_KILL_OVERFLOW", 1)?))))
     }
 
+    fn counts_follow_events(&self) -> bool {
+        true
+    }
+
+    /// A count whose hook did not know the scope (`mark_victim` does not) takes its key's kill's.
+    fn settle_count(&self, count: &mut Payload, last_event: &Payload) {
+        if let (Payload::OomKillCount(count), Payload::OomKill(kill)) = (count, last_event)
+            && count.scope_from_events
+        {
+            count.scope = kill.scope;
+        }
+    }
+
     fn decode(
         &self,
         header: &EventHeader,

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::{
     probes::{
-        kind::{Change, EventData, EventKind, Source, Subject, Update},
+        kind::{Change, EventData, EventKind, Source, Stuck, Subject, Update},
         wait::{WaitClass, WaitKind},
     },
     symbols::Stack,
@@ -50,6 +50,16 @@ pub(super) const STUCK: EventKind = EventKind {
 impl EventData for StuckTaskSample {
     fn kind(&self) -> &'static EventKind {
         &STUCK
+    }
+
+    fn stuck(&self) -> Option<Stuck<'_>> {
+        Some(Stuck {
+            blocked_secs: Some(self.blocked_secs),
+            wait: self.wait,
+            wait_kind: self.wait_kind,
+            exiting: self.exiting,
+            stack: &self.stack,
+        })
     }
 
     fn updates(&self, source: &Source) -> Vec<Update> {
