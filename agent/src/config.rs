@@ -45,10 +45,6 @@ pub struct AgentArgs {
     /// Log filter in tracing's env-filter syntax, e.g. `info` or `kstall=debug` [default: info].
     #[arg(long, env = "KSTALL_LOG_LEVEL", value_name = "FILTER")]
     pub log_level: Option<String>,
-    /// Set kernel.hung_task_timeout_secs to this many seconds while the agent runs (restored at
-    /// exit). Unset: the agent leaves the sysctl alone.
-    #[arg(long, env = "KSTALL_HUNG_TASK_TIMEOUT_SECS", value_name = "SECS")]
-    pub hung_task_timeout_secs: Option<String>,
     /// Series one metric family may have; past it, new series are counted in the family's
     /// overflow series and in kstall_metric_series_dropped_total [default: 5000].
     #[arg(long, env = "KSTALL_MAX_SERIES_PER_METRIC", value_name = "N")]
@@ -105,7 +101,6 @@ pub struct Config {
     pub probes: probes::Settings,
     pub log_format: LogFormat,
     pub log_level: String,
-    pub hung_task_timeout_secs: Option<u64>,
     pub record_raw: Option<PathBuf>,
     pub pod_metadata: PodMetadata,
     pub node_name: String,
@@ -311,11 +306,6 @@ impl Config {
         tracing_subscriber::EnvFilter::try_new(&log_level)
             .map_err(|e| invalid("log_level", format!("{log_level:?}: {e}")))?;
 
-        let hung_task_timeout_secs = match args.hung_task_timeout_secs {
-            Some(s) => Some(check_hung_task_timeout(s.trim().parse().ok(), &s)?),
-            None => None,
-        };
-
         let capture = kstall_common::capture::CaptureFilter {
             pid: args.capture_pid.unwrap_or(0),
             port: args.capture_port.unwrap_or(0),
@@ -374,7 +364,6 @@ impl Config {
             state_dir,
             log_format,
             log_level,
-            hung_task_timeout_secs,
         })
     }
 }
@@ -392,17 +381,6 @@ fn node_conditions(names: Vec<String>) -> Result<Vec<Condition>, ConfigError> {
         }
     }
     Ok(conditions)
-}
-
-/// 0 would disable the detector: that is not what a user of this flag wants.
-fn check_hung_task_timeout(secs: Option<u64>, text: &str) -> Result<u64, ConfigError> {
-    match secs {
-        Some(s @ 1..=86_400) => Ok(s),
-        _ => Err(invalid(
-            "hung_task_timeout_secs",
-            format!("{text} is not a number of seconds from 1 to 86400"),
-        )),
-    }
 }
 
 #[cfg(test)]
@@ -432,7 +410,7 @@ mod tests {
         assert_eq!(c.probes.stuck_task, probes::stuck_task::Settings::default());
         assert_eq!(c.probes.stuck_task.interval, Duration::from_secs(5));
         assert!(c.probes.critical_comms.iter().any(|c| c == "kubelet"));
-        assert_eq!(c.hung_task_timeout_secs, None, "the sysctl is left alone unless asked");
+        assert_eq!(c.probes.hung_task_timeout_secs, None, "the sysctl is left alone unless asked");
         assert_eq!(c.probes.ring_buffer_bytes, 1 << 20);
         assert_eq!(c.probes.tcp_reset_hook, probes::tcp_reset::Hook::Auto);
     }
@@ -547,11 +525,17 @@ mod tests {
             ),
             (AgentArgs { config: Some("/nonexistent/kstall.toml".into()), ..Default::default() }, "config"),
             (
-                AgentArgs { hung_task_timeout_secs: Some("0".into()), ..Default::default() },
+                AgentArgs {
+                    probes: ProbeFlags { hung_task_timeout_secs: Some("0".into()), ..Default::default() },
+                    ..Default::default()
+                },
                 "hung_task_timeout_secs",
             ),
             (
-                AgentArgs { hung_task_timeout_secs: Some("3s".into()), ..Default::default() },
+                AgentArgs {
+                    probes: ProbeFlags { hung_task_timeout_secs: Some("3s".into()), ..Default::default() },
+                    ..Default::default()
+                },
                 "hung_task_timeout_secs",
             ),
             (

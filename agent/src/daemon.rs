@@ -37,7 +37,7 @@ use crate::{
     },
     kernel, kubelet,
     pipeline::{self, Pipeline},
-    probes::{self, hung_task},
+    probes,
     state::AgentState,
     stuck::{self, StuckSet},
     symbols,
@@ -71,17 +71,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let kernel_release = kernel::release();
     let counts = Arc::new(Counts::default());
     let metrics = Arc::new(Metrics::new(counts.clone(), config.metrics));
-    let hung_task_timeout = match config.hung_task_timeout_secs {
-        Some(secs) => {
-            Some(kernel::HungTaskTimeout::set(secs).context("cannot set kernel.hung_task_timeout_secs")?)
-        }
-        None => None,
-    };
     for missing in kernel::missing_capabilities() {
         tracing::warn!(capability = missing.name, "missing capability: {}", missing.without);
     }
-    let (mut loaded, mut statuses) = probes::load(&config.probes);
-    describe_hung_task_detector(&mut statuses, hung_task_timeout.as_ref());
+    let (mut loaded, statuses) = probes::load(&config.probes);
     // Loading parsed the kernel's BTF several times (tens of MB, now freed): hand it back to the
     // system instead of keeping it as the agent's resident size for its whole life.
     // SAFETY: no preconditions.
@@ -274,7 +267,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     for task in attribution.tasks {
         let _ = task.await;
     }
-    drop(hung_task_timeout);
     shutdown.cancel();
     let _ = tokio::join!(http_task, api_task);
     for task in writers {
@@ -417,30 +409,4 @@ fn history_written(dir: PathBuf, metrics: Arc<Metrics>) -> impl Fn(&std::io::Res
             _ => {}
         }
     }
-}
-
-/// Adds what the hung-task detector is set to, to the probe's status: a probe that is up but
-/// whose detector is off would otherwise look healthy and report nothing.
-fn describe_hung_task_detector(
-    statuses: &mut [probes::plan::ProbeStatus],
-    lowered: Option<&kernel::HungTaskTimeout>,
-) {
-    let sampling = statuses.iter().any(|s| s.name == probes::stuck_task::NAME && s.up);
-    let Some(status) = statuses.iter_mut().find(|s| s.name == hung_task::NAME && s.up) else { return };
-    let note = match (kernel::hung_task_timeout_secs(), lowered) {
-        (Some(0), _) if sampling => {
-            "detector disabled (kernel.hung_task_timeout_secs=0): this probe reports \
-             nothing; stuck-task (the sampler) still finds stuck tasks"
-                .to_string()
-        }
-        (Some(0), _) => {
-            "detector disabled (kernel.hung_task_timeout_secs=0): no hung task will be reported".to_string()
-        }
-        (Some(now), Some(l)) => {
-            format!("detector: kernel.hung_task_timeout_secs={now} (set by kstall, was {})", l.previous())
-        }
-        (Some(now), None) => format!("detector: kernel.hung_task_timeout_secs={now}"),
-        (None, _) => "detector: kernel.hung_task_timeout_secs unreadable".to_string(),
-    };
-    status.notes.push(note);
 }

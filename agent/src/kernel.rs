@@ -144,45 +144,6 @@ pub fn missing_bpf_capabilities() -> Vec<&'static str> {
     missing_capabilities().iter().filter(|c| matches!(c.bit, CAP_BPF | CAP_PERFMON)).map(|c| c.name).collect()
 }
 
-const HUNG_TASK_TIMEOUT: &str = "/proc/sys/kernel/hung_task_timeout_secs";
-
-pub fn hung_task_timeout_secs() -> Option<u64> {
-    std::fs::read_to_string(HUNG_TASK_TIMEOUT).ok()?.trim().parse().ok()
-}
-
-/// `kernel.hung_task_timeout_secs` lowered on request (`--hung-task-timeout-secs`), put back on drop.
-pub struct HungTaskTimeout {
-    previous: u64,
-}
-
-impl HungTaskTimeout {
-    pub fn set(secs: u64) -> std::io::Result<Self> {
-        let previous = hung_task_timeout_secs().ok_or_else(|| std::io::Error::other("cannot read it"))?;
-        std::fs::write(HUNG_TASK_TIMEOUT, secs.to_string())?;
-        tracing::warn!(
-            previous,
-            now = secs,
-            "set kernel.hung_task_timeout_secs as asked by --hung-task-timeout-secs; restored at exit"
-        );
-        Ok(Self { previous })
-    }
-
-    pub fn previous(&self) -> u64 {
-        self.previous
-    }
-}
-
-impl Drop for HungTaskTimeout {
-    fn drop(&mut self) {
-        match std::fs::write(HUNG_TASK_TIMEOUT, self.previous.to_string()) {
-            Ok(()) => tracing::info!(value = self.previous, "restored kernel.hung_task_timeout_secs"),
-            Err(e) => {
-                tracing::error!(error = %e, value = self.previous, "cannot restore kernel.hung_task_timeout_secs")
-            }
-        }
-    }
-}
-
 /// Wall-clock now, in the unit of `Header::time_unix_ns`.
 pub fn unix_now_ns() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64

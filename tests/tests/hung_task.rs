@@ -28,6 +28,10 @@ fn writer_stuck_in_writeback_is_reported_once_and_cleared() {
     let cgroup = Cgroup::new("hung");
     let mut disk = FreezableDisk::new("hung");
     let mut agent = Agent::start(&["--hung-task-timeout-secs", "3"]);
+    let status = agent.status();
+    let probe = status["probes"].as_array().unwrap().iter().find(|p| p["name"] == "hung-task").unwrap();
+    let note = format!("detector: kernel.hung_task_timeout_secs=3 (set by kstall, was {})", original.trim());
+    assert!(probe["notes"].as_array().unwrap().iter().any(|n| n == note.as_str()), "{note:?} in {probe}");
     let events = agent.subscribe();
 
     disk.freeze();

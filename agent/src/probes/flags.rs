@@ -39,6 +39,10 @@ pub struct Flags {
     /// [default: 1000].
     #[arg(long, env = "KSTALL_STUCK_TASK_MAX_REPORTS", value_name = "N")]
     pub stuck_task_max_reports: Option<String>,
+    /// Set kernel.hung_task_timeout_secs to this many seconds while the agent runs (restored at
+    /// exit). Unset: the agent leaves the sysctl alone.
+    #[arg(long, env = "KSTALL_HUNG_TASK_TIMEOUT_SECS", value_name = "SECS")]
+    pub hung_task_timeout_secs: Option<String>,
     /// Process names (comm) whose OOM kill is flagged critical, comma-separated; replaces the
     /// default list [default: kubelet,containerd,crio,dockerd,systemd,sshd,node_exporter,alloy,kstall].
     #[arg(long, env = "KSTALL_CRITICAL_COMMS", value_name = "LIST", value_delimiter = ',')]
@@ -85,6 +89,8 @@ impl Flags {
             Settings::metric_ports(self.metric_ports.unwrap_or_default()).map_err(|e| ("metric_ports", e))?;
         let stuck_task =
             stuck_task(self.stuck_task_interval, self.stuck_task_threshold, self.stuck_task_max_reports)?;
+        let hung_task_timeout_secs =
+            self.hung_task_timeout_secs.map(|text| hung_task_timeout(&text)).transpose()?;
         Ok(Settings {
             enabled,
             ring_buffer_bytes,
@@ -93,6 +99,7 @@ impl Flags {
             critical_comms,
             kept_ports,
             stuck_task,
+            hung_task_timeout_secs,
             capture,
         })
     }
@@ -120,6 +127,14 @@ fn stuck_task(
             .map_err(|e| ("stuck_task_max_reports", e))?;
     }
     Ok(s)
+}
+
+/// 0 would disable the detector: that is not what a user of this flag wants.
+fn hung_task_timeout(text: &str) -> Result<u64, Invalid> {
+    match text.trim().parse() {
+        Ok(secs @ 1..=86_400) => Ok(secs),
+        _ => Err(("hung_task_timeout_secs", format!("{text} is not a number of seconds from 1 to 86400"))),
+    }
 }
 
 /// `4096`, `256K`, `1M`, `1G` (binary units), a size the kernel takes for the ring buffer.

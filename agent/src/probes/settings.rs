@@ -24,6 +24,8 @@ pub struct Settings {
     /// Ports the reset counters keep by number besides [`super::tcp_reset::WELL_KNOWN_PORTS`].
     pub kept_ports: Vec<std::ops::RangeInclusive<u16>>,
     pub stuck_task: StuckTask,
+    /// `kernel.hung_task_timeout_secs` while the hung-task probe runs; `None`: the node's.
+    pub hung_task_timeout_secs: Option<u64>,
     /// The in-kernel capture filter of a standalone `kstall trace`; all zero (everything) for the
     /// agent.
     pub capture: CaptureFilter,

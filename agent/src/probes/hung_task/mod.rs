@@ -1,7 +1,9 @@
 //! Hung tasks. Kernel half: `ebpf/src/probes/hung_task.rs`; event: `common/src/hung_task.rs`.
 //!
-//! Decoding symbolizes the stack and derives the wait class (`wait.rs`).
+//! Decoding symbolizes the stack and derives the wait class (`wait.rs`); the kernel's detector it
+//! reports from is looked after in `detector.rs`.
 
+mod detector;
 pub mod event;
 
 pub use event::*;
@@ -118,8 +120,16 @@ impl Probe for HungTaskProbe {
         Some("blocked_secs")
     }
 
-    fn plan(&self, vmlinux: &KernelBtf, _: &Settings, _: &mut Decoding) -> Result<Planned, ProbeError> {
-        plan(vmlinux).map(Planned::from)
+    fn plan(
+        &self,
+        vmlinux: &KernelBtf,
+        settings: &Settings,
+        _: &mut Decoding,
+    ) -> Result<Planned, ProbeError> {
+        let programs = plan(vmlinux)?;
+        let sampling = settings.enabled.iter().any(|name| name == super::stuck_task::NAME);
+        let detector = detector::Detector::new(settings.hung_task_timeout_secs, sampling);
+        Ok(Planned { programs: Some(programs), completion: Some(Box::new(detector)) })
     }
 
     fn decode(
