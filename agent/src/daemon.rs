@@ -37,7 +37,7 @@ use crate::{
     },
     kernel, kubelet,
     pipeline::{self, Pipeline},
-    probes,
+    probes::{self, probe::Sweep},
     state::AgentState,
     stuck::{self, StuckSet},
     symbols,
@@ -188,29 +188,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     ));
     symbols::refresh(loaded.decoding.symbols.clone()).await;
     let symbols = tokio::spawn(symbols::keep_current(loaded.decoding.symbols.clone(), stop_intake.clone()));
-    // Stuck tasks leave the set when a sweep no longer finds them asleep, or, without the
-    // sampler, when /proc shows them running or gone.
     let (states_tx, states_rx) = mpsc::channel(1);
-    let stuck_states = match loaded.sampler.take() {
-        Some(sampler) => {
-            let (metrics, stuck) = (metrics.clone(), stuck.clone());
-            let swept = move |sweep: Result<probes::stuck_task::Sweep, String>| {
-                if let Err(e) = &sweep {
-                    tracing::warn!(error = %e, "stuck-task sweep failed; stuck tasks checked in /proc instead");
-                }
-                let tracked = crate::state::lock(&stuck).tracked();
-                if !tracked.is_empty() {
-                    // A failed sweep lists no task: each stuck one is then read in /proc.
-                    let asleep = sweep.as_ref().map(|s| s.asleep.as_slice()).unwrap_or_default();
-                    // Full: the pipeline has the previous sweep's still to apply.
-                    let _ = states_tx.try_send(stuck::states_after_sweep(tracked, asleep));
-                }
-                metrics.stuck_task_sweep(&sweep);
-            };
-            let interval = config.probes.stuck_task.interval;
-            tokio::spawn(probes::stuck_task::sweep_every(sampler, interval, swept, stop_intake.clone()))
-        }
-        None => tokio::spawn(stuck::watch_states(stuck.clone(), states_tx, stop_intake.clone())),
+    let stuck_states = {
+        let metrics = metrics.clone();
+        let swept = move |sweep: &Result<Sweep, String>| metrics.task_sweep(sweep);
+        stuck::follow(loaded.take_task_sweeps(), stuck.clone(), states_tx, swept, stop_intake.clone())
     };
     let reader = loaded.events.take().map(|ring| {
         let pipeline = Pipeline {

@@ -25,6 +25,7 @@ use crate::{
     events::{Event, Header, Payload},
     probes::{
         kind::Stuck,
+        probe::{Sweep, TaskSweeps},
         wait::{HungTaskCleared, WaitClass, WaitKind},
     },
 };
@@ -220,10 +221,69 @@ impl Tracked {
     }
 }
 
-/// Reads the stuck tasks' states from `/proc` once a second and hands them to the pipeline, which
-/// applies them (`Pipeline::apply_task_states`). The reads run on the blocking pool with a
-/// deadline, so a misbehaving `/proc` cannot stall the agent.
-pub async fn watch_states(
+/// Keeps the stuck set's tasks current until `stop`, handing their states to the pipeline (which
+/// applies them, `Pipeline::apply_task_states`): from each of a probe's walks of every task when
+/// one walks them (a stuck task the sweep did not find asleep ran or exited), else from `/proc`
+/// once a second. `swept` gets each sweep's figures.
+pub fn follow(
+    sweeps: Option<Box<dyn TaskSweeps>>,
+    stuck: Arc<Mutex<StuckSet>>,
+    states: mpsc::Sender<TaskStates>,
+    swept: impl Fn(&Result<Sweep, String>) + Send + Sync + 'static,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let Some(sweeps) = sweeps else { return tokio::spawn(watch_states(stuck, states, stop)) };
+    let after_sweep = move |sweep: Result<Sweep, String>| {
+        if let Err(e) = &sweep {
+            tracing::warn!(error = %e, "stuck-task sweep failed; stuck tasks checked in /proc instead");
+        }
+        let tracked = stuck.lock().unwrap_or_else(std::sync::PoisonError::into_inner).tracked();
+        if !tracked.is_empty() {
+            // A failed sweep lists no task: each stuck one is then read in /proc.
+            let asleep = sweep.as_ref().map(|s| s.asleep.as_slice()).unwrap_or_default();
+            // Full: the pipeline has the previous sweep's still to apply.
+            let _ = states.try_send(states_after_sweep(tracked, asleep));
+        }
+        swept(&sweep);
+    };
+    tokio::spawn(sweep_every(sweeps, after_sweep, stop))
+}
+
+/// Sweeps at the sweeps' interval until `stop`, each on the blocking pool, where `swept` gets
+/// its result (it may read `/proc` or wait on a lock there). A sweep is never run twice at once,
+/// so a slow one delays the next.
+async fn sweep_every(
+    mut sweeps: Box<dyn TaskSweeps>,
+    swept: impl Fn(Result<Sweep, String>) + Send + Sync + 'static,
+    stop: CancellationToken,
+) {
+    let swept = Arc::new(swept);
+    let mut tick = tokio::time::interval(sweeps.interval());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let swept = swept.clone();
+        let run = tokio::task::spawn_blocking(move || {
+            swept(sweeps.sweep());
+            sweeps
+        });
+        match run.await {
+            Ok(back) => sweeps = back,
+            Err(e) => {
+                tracing::error!(error = %e, "the stuck-task sweep panicked; sampling stops");
+                return;
+            }
+        }
+    }
+}
+
+/// Reads the stuck tasks' states from `/proc` once a second and hands them to the pipeline. The
+/// reads run on the blocking pool with a deadline, so a misbehaving `/proc` cannot stall the
+/// agent.
+async fn watch_states(
     stuck: Arc<Mutex<StuckSet>>,
     states: mpsc::Sender<TaskStates>,
     stop: CancellationToken,

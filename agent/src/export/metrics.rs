@@ -20,7 +20,7 @@ use crate::{
     probes::{
         kind::{Change, Source, Update},
         plan::ProbeStatus,
-        stuck_task::Sweep,
+        probe::Sweep,
     },
     stuck::StuckSet,
 };
@@ -245,7 +245,7 @@ impl Metrics {
     }
 
     /// What a stuck-task sweep cost and found; a failed sweep is counted (and warned by the caller).
-    pub fn stuck_task_sweep(&self, sweep: &Result<Sweep, String>) {
+    pub fn task_sweep(&self, sweep: &Result<Sweep, String>) {
         let s = &self.sweeps;
         match sweep {
             Ok(sweep) => {

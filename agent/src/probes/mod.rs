@@ -101,8 +101,6 @@ pub struct Loaded {
     /// event) until the pipeline sets it.
     pub wakeup: Option<Array<MapData, u64>>,
     pub lost: Option<PerCpuArray<MapData, u64>>,
-    /// The stuck-task sampler, for its sweep loop to take.
-    pub sampler: Option<stuck_task::Sampler>,
     /// The kernel's counters, for the pipeline to drain; `None` with `--sample-events all`
     /// (nothing is counted in the kernel then).
     pub counters: Option<counters::Counters>,
@@ -133,7 +131,6 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
             events: None,
             wakeup: None,
             lost: None,
-            sampler: None,
             counters: None,
         };
         (loaded, statuses)
@@ -252,21 +249,6 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
             }
         }
     }
-    let mut sampler = None;
-    let stuck = &mut statuses[index_of(stuck_task::NAME)];
-    if stuck.up {
-        match stuck_task::Sampler::new(&mut ebpf) {
-            Ok(s) => sampler = Some(s),
-            Err(e) => {
-                unload(&mut ebpf, stuck_task::PROGRAM);
-                *stuck = ProbeStatus {
-                    notes: std::mem::take(&mut stuck.notes),
-                    unavailable: std::mem::take(&mut stuck.unavailable),
-                    ..ProbeStatus::down(stuck_task::NAME, e)
-                };
-            }
-        }
-    }
     let counters = if settings.sample_events == u32::MAX {
         None
     } else {
@@ -286,13 +268,8 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
     let events = ebpf.take_map("EVENTS").and_then(|m| RingBuf::try_from(m).ok());
     let wakeup = ebpf.take_map("WAKEUP").and_then(|m| Array::try_from(m).ok());
     let lost = ebpf.take_map("LOST").and_then(|m| PerCpuArray::try_from(m).ok());
-    let loaded =
-        Loaded { ebpf: Some(ebpf), attached, completions, decoding, events, wakeup, lost, sampler, counters };
+    let loaded = Loaded { ebpf: Some(ebpf), attached, completions, decoding, events, wakeup, lost, counters };
     (loaded, statuses)
-}
-
-fn index_of(name: &str) -> usize {
-    position(name).expect("registered probe")
 }
 
 /// Loads and attaches every program of `plan`; on failure unloads the ones already loaded, so a
@@ -331,7 +308,7 @@ fn attach_one(ebpf: &mut Ebpf, spec: &ProgramSpec, btf: &Btf) -> Result<(), Prob
             program.load(spec.target, btf).map_err(|e| refused("load", &e))?;
             program.attach().map_err(|e| refused("attach", &e))?;
         }
-        // Linked by its probe once loaded (`stuck_task::Sampler`).
+        // Linked by its probe once loaded (its completion).
         Attach::TaskIter => {
             let program: &mut Iter = program.try_into().map_err(|e| refused("program type", &e))?;
             program.load("task", btf).map_err(|e| refused("load", &e))?;
@@ -361,7 +338,7 @@ fn measure_tick_rate(ebpf: &mut Ebpf) -> Result<u64, String> {
 }
 
 /// Detaches (drops the links) and unloads one program.
-fn unload(ebpf: &mut Ebpf, name: &str) {
+pub(crate) fn unload(ebpf: &mut Ebpf, name: &str) {
     let result = match ebpf.program_mut(name) {
         Some(Program::BtfTracePoint(p)) => p.unload(),
         Some(Program::FEntry(p)) => p.unload(),
@@ -388,6 +365,11 @@ impl Loaded {
     }
 
     /// Whether probe `name` waits for a kernel module (how a node without NFS mounts looks).
+    /// The walks of every task of the probe that makes them, if it is up (taken once).
+    pub fn take_task_sweeps(&mut self) -> Option<Box<dyn probe::TaskSweeps>> {
+        self.completions.iter_mut().find_map(|(_, completion)| completion.take_task_sweeps())
+    }
+
     pub fn waiting(&self, name: &str) -> bool {
         self.completions.iter().any(|(idx, c)| ALL[*idx].name() == name && c.waiting())
     }

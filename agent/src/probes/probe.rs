@@ -8,6 +8,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     sync::Arc,
+    time::Duration,
 };
 
 use aya::Ebpf;
@@ -109,6 +110,36 @@ pub trait Completion: Send {
     fn attached(&self) -> Vec<&'static str> {
         Vec::new()
     }
+
+    /// Its walks of every task, if it makes them, for the agent to run (taken once).
+    fn take_task_sweeps(&mut self) -> Option<Box<dyn TaskSweeps>> {
+        None
+    }
+}
+
+/// A probe's walks of every task at an interval (an iterator program): it knows which stuck
+/// tasks are still asleep, so the stuck set follows its sweeps instead of reading `/proc`
+/// (`stuck::follow`).
+pub trait TaskSweeps: Send {
+    fn interval(&self) -> Duration;
+
+    /// One walk of every task (blocking: run off the async runtime).
+    fn sweep(&mut self) -> Result<Sweep, String>;
+}
+
+/// What one sweep did: the walk's own figures, exported as the agent's metrics, and the tasks it
+/// found asleep uninterruptibly.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sweep {
+    pub tasks: u64,
+    pub uninterruptible: u64,
+    pub reported: u64,
+    pub over_limit: u64,
+    /// CPU time of the read that ran the walk: the sweep's cost in the kernel.
+    pub kernel_cpu: Duration,
+    /// (tgid, tid) of every task asleep uninterruptibly (idle kernel threads and frozen tasks
+    /// aside), stuck for the threshold or not: a stuck task not among them ran or exited.
+    pub asleep: Vec<(u32, u32)>,
 }
 
 /// A probe's counters in the kernel, read back once per interval (`probes::counters` flips the

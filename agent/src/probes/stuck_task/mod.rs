@@ -29,15 +29,14 @@ use kstall_common::stuck_task::{
     TASK_WAKEKILL,
 };
 use kstall_common::{EventHeader, kind};
-use tokio_util::sync::CancellationToken;
 
 pub use super::settings::StuckTask as Settings;
 use super::{
     error::ProbeError,
     kind::EventKind,
     payload::Payload,
-    plan::{Plan, ProgramSpec},
-    probe::{Decoding, Planned, Probe},
+    plan::{Plan, ProbeStatus, ProgramSpec},
+    probe::{Completion, Decoding, Planned, Probe, Sweep, TaskSweeps},
     wait::{WaitKind, classify},
 };
 use crate::{
@@ -107,33 +106,56 @@ pub fn decode(ev: &StuckTaskEvent, symbols: &Symbols) -> Result<StuckTaskSample,
     })
 }
 
-/// What one sweep did: the walk's own figures, exported as the agent's metrics, and the tasks it
-/// found asleep uninterruptibly.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Sweep {
-    pub tasks: u64,
-    pub uninterruptible: u64,
-    pub reported: u64,
-    pub over_limit: u64,
-    /// CPU time of the read that ran the walk: the sweep's cost in the kernel.
-    pub kernel_cpu: Duration,
-    /// (tgid, tid) of every task asleep uninterruptibly (idle kernel threads and frozen tasks
-    /// aside), stuck for the threshold or not: a stuck task not among them ran or exited.
-    pub asleep: Vec<(u32, u32)>,
+/// Links the loaded iterator once the object is loaded; its sweeps are then the agent's to run.
+struct Linking {
+    interval: Duration,
+    sampler: Option<Sampler>,
+}
+
+impl Completion for Linking {
+    fn on_load(&mut self, ebpf: &mut Ebpf, status: &mut ProbeStatus) {
+        if !status.up {
+            return;
+        }
+        match Sampler::new(ebpf, self.interval) {
+            Ok(sampler) => self.sampler = Some(sampler),
+            Err(e) => {
+                super::unload(ebpf, PROGRAM);
+                *status = ProbeStatus {
+                    notes: std::mem::take(&mut status.notes),
+                    unavailable: std::mem::take(&mut status.unavailable),
+                    ..ProbeStatus::down(NAME, e)
+                };
+            }
+        }
+    }
+
+    fn waiting(&self) -> bool {
+        false
+    }
+
+    fn on_modules(&mut self, _: &mut Ebpf, _: &mut ProbeStatus) -> bool {
+        false
+    }
+
+    fn take_task_sweeps(&mut self) -> Option<Box<dyn TaskSweeps>> {
+        self.sampler.take().map(|sampler| Box::new(sampler) as Box<dyn TaskSweeps>)
+    }
 }
 
 /// The loaded iterator: a link to it (each sweep opens a new iterator from the link) and the
 /// sweep counters. Owned by the sweep loop.
-pub struct Sampler {
+struct Sampler {
     link: OwnedFd,
     stats: Array<MapData, SweepStats>,
     last: SweepStats,
+    interval: Duration,
 }
 
 impl Sampler {
     /// Links the loaded program (aya's iterator links open only one iterator each, hence the two
     /// `bpf()` calls made here) and takes its counters.
-    pub fn new(ebpf: &mut Ebpf) -> Result<Self, String> {
+    fn new(ebpf: &mut Ebpf, interval: Duration) -> Result<Self, String> {
         let program: &mut Iter = ebpf
             .program_mut(PROGRAM)
             .ok_or_else(|| format!("program {PROGRAM} missing from the eBPF object"))?
@@ -146,11 +168,16 @@ impl Sampler {
             .take_map(SWEEP_MAP)
             .ok_or_else(|| format!("map {SWEEP_MAP} missing from the eBPF object"))
             .and_then(|m| Array::try_from(m).map_err(|e| format!("map {SWEEP_MAP}: {e}")))?;
-        Ok(Self { link, stats, last: SweepStats::default() })
+        Ok(Self { link, stats, last: SweepStats::default(), interval })
+    }
+}
+
+impl TaskSweeps for Sampler {
+    fn interval(&self) -> Duration {
+        self.interval
     }
 
-    /// Walks every task once (blocking: run off the async runtime).
-    pub fn sweep(&mut self) -> Result<Sweep, String> {
+    fn sweep(&mut self) -> Result<Sweep, String> {
         // The per-sweep report count starts at 0 (no sweep runs meanwhile: this one is the only).
         let start = SweepStats { this_sweep: 0, sweep: self.last.sweep.wrapping_add(1), ..self.last };
         self.stats.set(0, start, 0).map_err(|e| format!("resetting the sweep counters: {e}"))?;
@@ -190,38 +217,6 @@ fn asleep_tasks(out: &[u8]) -> Result<Vec<(u32, u32)>, String> {
                 .map_err(|e| e.to_string())
         })
         .collect()
-}
-
-/// Sweeps every `interval` until `stop`, each on the blocking pool, where `swept` gets its
-/// result (it may read `/proc` or wait on a lock there). A sweep is never run twice at once, so
-/// a slow one delays the next.
-pub async fn sweep_every(
-    mut sampler: Sampler,
-    interval: Duration,
-    swept: impl Fn(Result<Sweep, String>) + Send + Sync + 'static,
-    stop: CancellationToken,
-) {
-    let swept = std::sync::Arc::new(swept);
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let swept = swept.clone();
-        let run = tokio::task::spawn_blocking(move || {
-            swept(sampler.sweep());
-            sampler
-        });
-        match run.await {
-            Ok(back) => sampler = back,
-            Err(e) => {
-                tracing::error!(error = %e, "the stuck-task sweep panicked; sampling stops");
-                return;
-            }
-        }
-    }
 }
 
 /// `BPF_LINK_CREATE` of an iterator program, without iterator arguments (every task).
@@ -281,7 +276,9 @@ impl Probe for StuckTaskProbe {
         settings: &super::settings::Settings,
         _: &mut Decoding,
     ) -> Result<Planned, ProbeError> {
-        plan(vmlinux, &settings.stuck_task).map(Planned::from)
+        let programs = plan(vmlinux, &settings.stuck_task)?;
+        let linking = Linking { interval: settings.stuck_task.interval, sampler: None };
+        Ok(Planned { programs: Some(programs), completion: Some(Box::new(linking)) })
     }
 
     fn decode(
