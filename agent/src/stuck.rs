@@ -24,9 +24,9 @@ use crate::{
     attribution::{Attributed, Attribution},
     events::{Event, Header, Payload},
     probes::{
-        kind::Stuck,
+        cleared::HungTaskCleared,
         probe::{Sweep, TaskSweeps},
-        wait::{HungTaskCleared, WaitClass, WaitKind},
+        wait::{Stuck, WaitClass, WaitKind},
     },
 };
 

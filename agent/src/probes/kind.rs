@@ -6,8 +6,7 @@
 use kstall_common::metrics::Metric;
 use serde_json::Value;
 
-use super::wait::{WaitClass, WaitKind};
-use crate::symbols::Stack;
+use super::wait::Stuck;
 
 /// One kind of event: the `kind` its JSON carries and all that generic code needs to know of it.
 pub struct EventKind {
@@ -61,16 +60,6 @@ pub trait EventData {
     fn updates(&self, _: &Source) -> Vec<Update> {
         Vec::new()
     }
-}
-
-/// A stuck task as one report of it tells it.
-pub struct Stuck<'a> {
-    /// `None` when the kernel's tick rate could not be determined.
-    pub blocked_secs: Option<u64>,
-    pub wait: WaitClass,
-    pub wait_kind: WaitKind,
-    pub exiting: bool,
-    pub stack: &'a Stack,
 }
 
 /// The header fields a payload's metric labels may take.

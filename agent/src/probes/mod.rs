@@ -2,6 +2,7 @@
 //! attaches independently. A probe that cannot run here (missing tracepoint or BTF type, verifier
 //! rejection) is reported down with its reason and the others run on.
 
+pub mod cleared;
 pub mod counters;
 pub mod error;
 pub mod flags;
@@ -202,7 +203,8 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
     let clocked = ALL.iter().any(|p| enabled(p.name()) && p.jiffies_field().is_some());
     let tick_rate = clocked.then(|| measure_tick_rate(&mut ebpf));
     decoding.clock = Clock { hz: tick_rate.clone().and_then(Result::ok) };
-    let mut attached: Vec<&'static str> = Vec::new();
+    // Each attached program, by the probe's place in ALL.
+    let mut attached: Vec<(usize, &'static str)> = Vec::new();
     for (idx, plan) in plans {
         let mut notes = plan.notes;
         let mut unavailable = plan.unavailable;
@@ -217,7 +219,7 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
         match result {
             Ok((programs, hook)) => {
                 tracing::info!(probe = ALL[idx].name(), hook = %hook, "probe attached");
-                attached.extend(programs.iter().map(|p| p.program));
+                attached.extend(programs.iter().map(|p| (idx, p.program)));
                 statuses[idx] = ProbeStatus {
                     name: ALL[idx].name().to_string(),
                     up: true,
@@ -234,8 +236,17 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
         }
     }
     for (idx, completion) in &mut completions {
+        let was_up = statuses[*idx].up;
         completion.on_load(&mut ebpf, &mut statuses[*idx]);
+        if was_up && !statuses[*idx].up {
+            // Its completion found it cannot run: fully off, as a probe that failed to attach.
+            for (_, program) in attached.iter().filter(|(of, _)| of == idx) {
+                unload(&mut ebpf, program);
+            }
+            attached.retain(|(of, _)| of != idx);
+        }
     }
+    let attached = attached.into_iter().map(|(_, program)| program).collect();
     if let Some(rate) = &tick_rate {
         for (probe, status) in ALL.iter().zip(statuses.iter_mut()).filter(|(_, s)| s.up) {
             let Some(field) = probe.jiffies_field() else { continue };
@@ -338,7 +349,7 @@ fn measure_tick_rate(ebpf: &mut Ebpf) -> Result<u64, String> {
 }
 
 /// Detaches (drops the links) and unloads one program.
-pub(crate) fn unload(ebpf: &mut Ebpf, name: &str) {
+fn unload(ebpf: &mut Ebpf, name: &str) {
     let result = match ebpf.program_mut(name) {
         Some(Program::BtfTracePoint(p)) => p.unload(),
         Some(Program::FEntry(p)) => p.unload(),

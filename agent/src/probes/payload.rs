@@ -5,13 +5,13 @@
 use serde::Serialize;
 
 use super::{
+    cleared::HungTaskCleared,
     hung_task::event::HungTask,
     kind::{EventData, EventKind},
     nfs::event::{Nfs, NfsCount},
     oom::event::{OomKill, OomKillCount},
     stuck_task::event::StuckTaskSample,
     tcp_reset::event::{ResetCount, TcpReset},
-    wait::HungTaskCleared,
 };
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -97,7 +97,8 @@ impl From<Plan> for Planned {
 /// kernel modules to attach when the modules load (sunrpc with the first NFS mount, nf_conntrack
 /// with the first NAT rule), without a restart.
 pub trait Completion: Send {
-    /// Right after loading and attaching; `status` is the probe's, up or not.
+    /// Right after loading and attaching; `status` is the probe's, up or not. Marking it down
+    /// unloads the programs it had attached.
     fn on_load(&mut self, ebpf: &mut Ebpf, status: &mut ProbeStatus);
 
     /// Whether it still waits for a kernel module (the module watcher runs while one does).

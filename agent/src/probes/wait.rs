@@ -1,12 +1,12 @@
 //! What a stuck task waits for, from its kernel stack: the wait class tells an NFS stall from a
-//! slow disk or a lock. Shared by the two probes that find stuck tasks (hung-task, stuck-task).
+//! slow disk or a lock; and a stuck task as one report of it tells it ([`Stuck`]). Shared by the
+//! two probes that find stuck tasks (hung-task, stuck-task).
 
 use std::sync::LazyLock;
 
-use kstall_common::metrics;
 use serde::Serialize;
 
-use super::kind::{Change, EventData, EventKind, Source, Subject, Update};
+use crate::symbols::Stack;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -39,6 +39,16 @@ impl WaitClass {
             WaitClass::Other => "other",
         }
     }
+}
+
+/// A stuck task as one report of it tells it.
+pub struct Stuck<'a> {
+    /// `None` when the kernel's tick rate could not be determined.
+    pub blocked_secs: Option<u64>,
+    pub wait: WaitClass,
+    pub wait_kind: WaitKind,
+    pub exiting: bool,
+    pub stack: &'a Stack,
 }
 
 /// How the task sleeps: `killable` sleeps (`TASK_KILLABLE`) are the ones the kernel's hung-task
@@ -192,50 +202,9 @@ fn frame_signs(name: &str) -> u8 {
         .fold(0, |signs, (_, _, sign)| signs | sign)
 }
 
-/// A stuck task, however found, that left D state or exited: not from the kernel but from the
-/// agent's look at `/proc` (`stuck.rs`), told as an event so everything downstream sees it in
-/// order. Both stuck-task probes emit it, under their name.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct HungTaskCleared {
-    pub wait: WaitClass,
-    pub wait_kind: WaitKind,
-    /// The longest blocked time reported while it was hung.
-    pub blocked_secs: Option<u64>,
-    /// `left_d_state` or `exited`.
-    pub why: &'static str,
-}
-
-pub(super) const CLEARED: EventKind = EventKind {
-    name: "hung_task_cleared",
-    subject: Subject::Task,
-    families: &[&metrics::STUCK_TASK_BLOCKED],
-    text: |e| format!("no longer hung ({}) {}", e.s("why"), e.task()),
-};
-
-impl EventData for HungTaskCleared {
-    fn kind(&self) -> &'static EventKind {
-        &CLEARED
-    }
-
-    fn updates(&self, _: &Source) -> Vec<Update> {
-        let Some(secs) = self.blocked_secs else { return Vec::new() };
-        let labels = [self.wait.as_str(), self.wait_kind.as_str()];
-        vec![Update::new(&metrics::STUCK_TASK_BLOCKED, &labels, Change::Observe(secs as f64))]
-    }
-}
-
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
-
-    pub(crate) fn cleared() -> crate::probes::Payload {
-        crate::probes::Payload::HungTaskCleared(HungTaskCleared {
-            wait: WaitClass::Nfs,
-            wait_kind: WaitKind::Killable,
-            blocked_secs: Some(42),
-            why: "exited",
-        })
-    }
 
     fn class(frames: &[&str]) -> WaitClass {
         classify(frames.iter().copied())

@@ -5,8 +5,8 @@ use serde::Serialize;
 
 use crate::{
     probes::{
-        kind::{Change, EventData, EventKind, Source, Stuck, Subject, Update},
-        wait::{WaitClass, WaitKind},
+        kind::{Change, EventData, EventKind, Source, Subject, Update},
+        wait::{Stuck, WaitClass, WaitKind},
     },
     symbols::Stack,
 };

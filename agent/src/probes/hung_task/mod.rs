@@ -113,7 +113,7 @@ impl Probe for HungTaskProbe {
     }
 
     fn events(&self) -> &'static [EventKind] {
-        &[HUNG, super::wait::CLEARED]
+        &[HUNG, super::cleared::CLEARED]
     }
 
     fn jiffies_field(&self) -> Option<&'static str> {
@@ -147,7 +147,7 @@ impl Probe for HungTaskProbe {
     fn samples(&self) -> Vec<Payload> {
         let hung =
             decode(&tests::event(&[0xffff_ffff_8100_0000]), &Symbols::default(), Clock { hz: Some(250) });
-        vec![Payload::HungTask(hung.expect("sample")), super::wait::tests::cleared()]
+        vec![Payload::HungTask(hung.expect("sample")), super::cleared::tests::cleared()]
     }
 }
 

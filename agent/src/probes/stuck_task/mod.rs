@@ -120,7 +120,6 @@ impl Completion for Linking {
         match Sampler::new(ebpf, self.interval) {
             Ok(sampler) => self.sampler = Some(sampler),
             Err(e) => {
-                super::unload(ebpf, PROGRAM);
                 *status = ProbeStatus {
                     notes: std::mem::take(&mut status.notes),
                     unavailable: std::mem::take(&mut status.unavailable),
@@ -267,7 +266,7 @@ impl Probe for StuckTaskProbe {
     }
 
     fn events(&self) -> &'static [EventKind] {
-        &[STUCK, super::wait::CLEARED]
+        &[STUCK, super::cleared::CLEARED]
     }
 
     fn plan(
@@ -297,7 +296,7 @@ impl Probe for StuckTaskProbe {
         let raw = tests::event(kstall_common::stuck_task::TASK_UNINTERRUPTIBLE | TASK_WAKEKILL, &[1]);
         vec![
             Payload::StuckTask(decode(&raw, &Symbols::default()).expect("sample")),
-            super::wait::tests::cleared(),
+            super::cleared::tests::cleared(),
         ]
     }
 }
