@@ -6,9 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
-use crate::{
-    attribution::flags::PodMetadata, export::kubernetes::conditions::Condition, kubelet, probes, setting,
-};
+use crate::{attribution::flags::PodMetadata, kubelet, probes, setting};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9700";
 pub const DEFAULT_API_SOCKET: &str = "/run/kstall/kstall.sock";
@@ -45,10 +43,9 @@ pub struct AgentArgs {
     /// Log filter in tracing's env-filter syntax, e.g. `info` or `kstall=debug` [default: info].
     #[arg(long, env = "KSTALL_LOG_LEVEL", value_name = "FILTER")]
     pub log_level: Option<String>,
-    /// Series one metric family may have; past it, new series are counted in the family's
-    /// overflow series and in kstall_metric_series_dropped_total [default: 5000].
-    #[arg(long, env = "KSTALL_MAX_SERIES_PER_METRIC", value_name = "N")]
-    pub max_series_per_metric: Option<String>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub series: crate::export::series::Flags,
     /// Append every raw kernel record to FILE, one `<kind> <hex>` line each: for bug reports,
     /// and how the decoders' test samples are recorded on real kernels.
     #[arg(long, env = "KSTALL_RECORD_RAW", value_name = "FILE")]
@@ -59,15 +56,9 @@ pub struct AgentArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub incidents: crate::incidents::flags::Flags,
-    /// Post each incident as a Kubernetes Event on its pod (node-wide ones on the Node): on or
-    /// off [default: on with the Kubernetes API pod source, else off].
-    #[arg(long, env = "KSTALL_KUBERNETES_EVENTS", value_name = "on|off")]
-    pub kubernetes_events: Option<String>,
-    /// Node conditions kstall keeps on its Node (True while their incident fires): any of
-    /// NFSClientStalled, KernelSystemOOM, KubeletDegraded, comma-separated, or none [default:
-    /// none]. Needs the API pod source and patch on nodes/status.
-    #[arg(long, env = "KSTALL_NODE_CONDITIONS", value_name = "LIST", value_delimiter = ',')]
-    pub node_conditions: Option<Vec<String>>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub kubernetes: crate::export::kubernetes::flags::Flags,
     #[command(flatten)]
     #[serde(flatten)]
     pub kubelet: kubelet::Flags,
@@ -109,10 +100,8 @@ pub struct Config {
     pub incidents: crate::incidents::Settings,
     pub metrics: crate::export::series::Settings,
     pub alertmanager: crate::export::alertmanager::Settings,
-    /// Incidents become Kubernetes Events (needs the API pod source).
-    pub kubernetes_events: bool,
-    /// The node conditions kstall keeps (needs the API pod source).
-    pub node_conditions: Vec<Condition>,
+    /// What kstall writes to the Kubernetes API (needs the API pod source).
+    pub kubernetes: crate::export::kubernetes::flags::Settings,
     /// The kubelet's health checks, when on.
     pub kubelet: Option<kubelet::Settings>,
 }
@@ -130,6 +119,13 @@ pub struct ConfigError {
 
 fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
     ConfigError { field, origin: field.to_string(), message: one_line(&message.into()) }
+}
+
+/// A subsystem's bad value; where it came from is added by [`Config::resolve`].
+impl From<setting::Invalid> for ConfigError {
+    fn from((field, message): setting::Invalid) -> Self {
+        invalid(field, message)
+    }
 }
 
 /// One line, always: errors from parsers (TOML) can span several, and a path or a key the user
@@ -311,46 +307,28 @@ impl Config {
             port: args.capture_port.unwrap_or(0),
             _pad: 0,
         };
-        let mut probes = args.probes.settings(capture).map_err(|(field, e)| invalid(field, e))?;
-        let metrics = match args.max_series_per_metric {
-            Some(text) => crate::export::series::Settings::max_series_per_metric(&text)
-                .map_err(|e| invalid("max_series_per_metric", e))?,
-            None => crate::export::series::Settings::default(),
-        };
+        let mut probes = args.probes.settings(capture)?;
+        let metrics = args.series.settings()?;
 
         let crate::attribution::flags::Attribution { pod_metadata, node_name, pod_labels, pod_retention } =
-            args.attribution.settings().map_err(|(field, e)| invalid(field, e))?;
+            args.attribution.settings()?;
 
-        let incidents = args.incidents.settings().map_err(|(field, e)| invalid(field, e))?;
+        let incidents = args.incidents.settings()?;
 
         // The signatures match redirected resets by their original port: it must keep its number.
         probes.kept_ports.extend(incidents.nfs_ports.iter().map(|&port| port..=port));
 
-        let alertmanager = args.alertmanager.settings().map_err(|(field, e)| invalid(field, e))?;
+        let alertmanager = args.alertmanager.settings()?;
 
         let api = matches!(pod_metadata, PodMetadata::Api { .. });
-        let needs_api = |field| {
-            invalid(field, "needs the Kubernetes API pod source (--pod-metadata api, or a kubeconfig)")
-        };
-        let kubernetes_events = match setting::on_off("kubernetes_events", args.kubernetes_events)
-            .map_err(|(field, e)| invalid(field, e))?
-        {
-            Some(true) if !api => return Err(needs_api("kubernetes_events")),
-            Some(on) => on,
-            None => api,
-        };
-        let node_conditions = node_conditions(args.node_conditions.unwrap_or_default())?;
-        if !node_conditions.is_empty() && !api {
-            return Err(needs_api("node_conditions"));
-        }
-        let kubelet = args.kubelet.settings(api).map_err(|(field, e)| invalid(field, e))?;
+        let kubernetes = args.kubernetes.settings(api)?;
+        let kubelet = args.kubelet.settings(api)?;
 
         Ok(Config {
             probes,
             metrics,
             alertmanager,
-            kubernetes_events,
-            node_conditions,
+            kubernetes,
             kubelet,
             incidents,
             pod_metadata,
@@ -368,29 +346,19 @@ impl Config {
     }
 }
 
-/// `NFSClientStalled,KubeletDegraded`, or `none`.
-fn node_conditions(names: Vec<String>) -> Result<Vec<Condition>, ConfigError> {
-    let mut conditions = Vec::new();
-    for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty() && *n != "none") {
-        let condition = Condition::parse(name).ok_or_else(|| {
-            let known: Vec<&str> = Condition::ALL.iter().map(|c| c.type_name()).collect();
-            invalid("node_conditions", format!("{name:?} is not one of {}, none", known.join(", ")))
-        })?;
-        if !conditions.contains(&condition) {
-            conditions.push(condition);
-        }
-    }
-    Ok(conditions)
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::Write as _;
 
     use super::*;
     use crate::{
-        attribution::flags::Flags as AttributionFlags, export::alertmanager::Flags as AlertmanagerFlags,
-        incidents::flags::Flags as IncidentFlags, kubelet::Flags as KubeletFlags,
+        attribution::flags::Flags as AttributionFlags,
+        export::{
+            alertmanager::Flags as AlertmanagerFlags, kubernetes::conditions::Condition,
+            kubernetes::flags::Flags as KubernetesFlags, series::Flags as SeriesFlags,
+        },
+        incidents::flags::Flags as IncidentFlags,
+        kubelet::Flags as KubeletFlags,
         probes::flags::Flags as ProbeFlags,
     };
 
@@ -701,11 +669,17 @@ mod tests {
                 "metric_ports",
             ),
             (
-                AgentArgs { max_series_per_metric: Some("0".into()), ..Default::default() },
+                AgentArgs {
+                    series: SeriesFlags { max_series_per_metric: Some("0".into()) },
+                    ..Default::default()
+                },
                 "max_series_per_metric",
             ),
             (
-                AgentArgs { max_series_per_metric: Some("lots".into()), ..Default::default() },
+                AgentArgs {
+                    series: SeriesFlags { max_series_per_metric: Some("lots".into()) },
+                    ..Default::default()
+                },
                 "max_series_per_metric",
             ),
             (
@@ -742,18 +716,22 @@ mod tests {
             attribution: AttributionFlags { kubeconfig: Some("/k".into()), ..Default::default() },
             ..Default::default()
         };
-        assert!(resolve(api()).unwrap().node_conditions.is_empty(), "none by default");
+        assert!(resolve(api()).unwrap().kubernetes.node_conditions.is_empty(), "none by default");
         let some = |list: &[&str]| AgentArgs {
-            node_conditions: Some(list.iter().map(|s| s.to_string()).collect()),
+            kubernetes: KubernetesFlags {
+                node_conditions: Some(list.iter().map(|s| s.to_string()).collect()),
+                ..Default::default()
+            },
             ..api()
         };
         assert_eq!(
             resolve(some(&["KubeletDegraded", " NFSClientStalled", "KubeletDegraded"]))
                 .unwrap()
+                .kubernetes
                 .node_conditions,
             [Condition::KubeletDegraded, Condition::NfsClientStalled]
         );
-        assert!(resolve(some(&["none"])).unwrap().node_conditions.is_empty());
+        assert!(resolve(some(&["none"])).unwrap().kubernetes.node_conditions.is_empty());
         let err = resolve(some(&["NFSClientStalled", "Ready"])).unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -914,18 +892,19 @@ mod tests {
             attribution: AttributionFlags { kubeconfig: Some("/k".into()), ..Default::default() },
             ..Default::default()
         };
-        assert!(resolve(api()).unwrap().kubernetes_events, "on with the API by default");
-        let off = resolve(AgentArgs { kubernetes_events: Some("off".into()), ..api() }).unwrap();
-        assert!(!off.kubernetes_events);
+        assert!(resolve(api()).unwrap().kubernetes.events, "on with the API by default");
+        let kubernetes = KubernetesFlags { kubernetes_events: Some("off".into()), ..Default::default() };
+        let off = resolve(AgentArgs { kubernetes, ..api() }).unwrap();
+        assert!(!off.kubernetes.events);
         let none = AgentArgs {
             attribution: AttributionFlags { pod_metadata: Some("none".into()), ..Default::default() },
             ..Default::default()
         };
-        assert!(!resolve(none).unwrap().kubernetes_events, "off without the API");
+        assert!(!resolve(none).unwrap().kubernetes.events, "off without the API");
         for (value, says) in [("on", "needs the Kubernetes API"), ("yes", "\"yes\" is not on or off")] {
             let args = AgentArgs {
                 attribution: AttributionFlags { pod_metadata: Some("none".into()), ..Default::default() },
-                kubernetes_events: Some(value.into()),
+                kubernetes: KubernetesFlags { kubernetes_events: Some(value.into()), ..Default::default() },
                 ..Default::default()
             };
             let err = resolve(args).unwrap_err();
@@ -992,7 +971,7 @@ mod tests {
                 ..Default::default()
             },
             incidents: IncidentFlags { nfs_ports: Some(vec!["2050".into()]), ..Default::default() },
-            max_series_per_metric: Some("200".into()),
+            series: SeriesFlags { max_series_per_metric: Some("200".into()) },
             ..Default::default()
         })
         .unwrap();
@@ -1210,7 +1189,7 @@ mod tests {
         // One value where a list is taken is a list of one.
         let f = file("probes = \"oom\"\nkubernetes_events = false\n");
         let c = resolve(AgentArgs { config: Some(f.path().into()), ..Default::default() }).unwrap();
-        assert_eq!((c.probes.enabled, c.kubernetes_events), (vec!["oom".to_string()], false));
+        assert_eq!((c.probes.enabled, c.kubernetes.events), (vec!["oom".to_string()], false));
     }
 
     #[test]

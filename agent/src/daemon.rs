@@ -147,7 +147,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     if let Some(client) = &attribution.client {
         let node = config.node_name.clone();
-        if config.kubernetes_events {
+        if config.kubernetes.events {
             let settings = kubernetes::events::Settings::default();
             let (writer, feed) = kubernetes::events::writer(
                 client.clone(),
@@ -159,9 +159,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             writers.push(tokio::spawn(writer));
             subscribers.push(Box::new(feed));
         }
-        if !config.node_conditions.is_empty() {
+        if !config.kubernetes.node_conditions.is_empty() {
             let (enabled, settings) =
-                (config.node_conditions.clone(), kubernetes::conditions::Settings::default());
+                (config.kubernetes.node_conditions.clone(), kubernetes::conditions::Settings::default());
             let (writer, feed) = kubernetes::conditions::writer(
                 client.clone(),
                 node,

@@ -5,6 +5,7 @@
 
 pub mod conditions;
 pub mod events;
+pub mod flags;
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 

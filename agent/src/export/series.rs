@@ -10,6 +10,27 @@ use serde::{Deserialize, Serialize};
 
 use crate::attribution::Attribution;
 
+/// The series cap as users give it: the flag, the `KSTALL_*` variable and the file's key at once.
+#[derive(Debug, Default, clap::Args, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+// A group id of its own: clap names a flattened struct's group after the type.
+#[group(id = "series_settings")]
+pub struct Flags {
+    /// Series one metric family may have; past it, new series are counted in the family's
+    /// overflow series and in kstall_metric_series_dropped_total [default: 5000].
+    #[arg(long, env = "KSTALL_MAX_SERIES_PER_METRIC", value_name = "N")]
+    pub max_series_per_metric: Option<String>,
+}
+
+impl Flags {
+    pub fn settings(self) -> Result<Settings, crate::setting::Invalid> {
+        match self.max_series_per_metric {
+            Some(text) => Settings::max_series_per_metric(&text).map_err(|e| ("max_series_per_metric", e)),
+            None => Ok(Settings::default()),
+        }
+    }
+}
+
 /// The series cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
