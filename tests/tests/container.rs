@@ -5,10 +5,7 @@
 //! be reported with a symbolized stack, its wait class and its blocked time — with no warning in
 //! the agent's log. Then each capability is taken away in turn, and the agent must name it.
 
-use std::{
-    net::{Ipv4Addr, SocketAddr},
-    time::Duration,
-};
+use std::time::Duration;
 
 use kstall_tests::{
     agent::{pod_json, sample_with, subscribe},
@@ -18,7 +15,7 @@ use kstall_tests::{
     host::{Sysctl, wait_for},
     kernel_tests_can_run,
     kubelet::FakeKubelet,
-    netns::{NetNs, refused_connects},
+    netns::{NetNs, NfsReconnects},
     writeback::FreezableDisk,
 };
 use serde_json::Value;
@@ -141,8 +138,8 @@ fn loses_nothing(overlay: &str) {
         agent.logs()
     );
 
-    // A redirected reset: the pod's connects to 2049, REDIRECTed to 15001 where nothing listens.
-    netns.run_inside(|| refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)), 5));
+    // Redirected resets: the pod's client retrying 2049, REDIRECTed to 15001 where nothing listens.
+    let mut client = NfsReconnects::start(&netns);
     let counted = wait_for(Duration::from_secs(15), || {
         let labels = [("namespace", "shop"), ("pod", POD), ("direction", "sent"), ("original_port", "2049")];
         sample_with(&agent.metrics()?, "kstall_tcp_resets_total", &labels).filter(|&n| n >= 5.0)
@@ -168,6 +165,7 @@ fn loses_nothing(overlay: &str) {
         (&"Warning".into(), &"NFSSidecarRedirect".into(), &"Pod".into(), &POD.into()),
         "{event}"
     );
+    client.stop();
 
     // A hung task of the pod: a writer stuck in writeback on a frozen disk.
     disk.freeze();

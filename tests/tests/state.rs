@@ -3,17 +3,13 @@
 //! agent on the same state directory has the history, and the incident that was firing goes on
 //! from when it first fired. A state file that is not a history is moved aside, never a crash.
 
-use std::{
-    net::{Ipv4Addr, SocketAddr},
-    path::Path,
-    time::Duration,
-};
+use std::{path::Path, time::Duration};
 
 use kstall_tests::{
     agent::Agent,
     host::wait_for,
     kernel_tests_can_run,
-    netns::{NetNs, NfsReconnects, refused_connects},
+    netns::{NetNs, NfsReconnects},
 };
 use serde_json::Value;
 
@@ -50,8 +46,11 @@ fn the_incident_history_survives_a_kill_9() {
     let (gone, going_on) = (NetNs::new("state-gone"), NetNs::new("state-on"));
     gone.redirect_tcp("iptables", 2049, 15001);
     going_on.redirect_tcp("iptables", 2049, 15001);
-    gone.run_inside(|| refused_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)), 3));
+    let mut gone_client = NfsReconnects::start(&gone);
     let mut client = NfsReconnects::start(&going_on);
+    let fired = first.wait_incident(redirect_of(&gone, "firing"), Duration::from_secs(30));
+    assert!(fired.is_some(), "no firing redirect: {:#?}", first.incidents());
+    gone_client.stop();
     let resolved = first.wait_incident(redirect_of(&gone, "resolved"), Duration::from_secs(30));
     let resolved = resolved.unwrap_or_else(|| panic!("no resolved redirect: {:#?}", first.incidents()));
     let firing = first.wait_incident(redirect_of(&going_on, "firing"), Duration::from_secs(30));

@@ -15,7 +15,7 @@ use kstall_tests::{
     alerting::{Service, alertmanager_behind, prometheus_with_config},
     host::wait_for,
     kernel_tests_can_run,
-    netns::{NetNs, refused_connects},
+    netns::{NetNs, NfsReconnects},
     tls::make_certificates,
 };
 
@@ -213,7 +213,7 @@ fn incidents_are_pushed_to_an_alertmanager_over_https_with_basic_auth() {
     // Incident 1 for real: SYNs to 2049 redirected by the sidecar's rule and reset.
     let ns = NetNs::new("am-tls");
     ns.redirect_tcp("iptables", 2049, 15001);
-    ns.run_inside(|| refused_connects(std::net::SocketAddr::from(([127, 0, 0, 1], 2049)), 3));
+    let mut client = NfsReconnects::start(&ns);
     let pushed = wait_for(Duration::from_secs(30), || {
         let out = curl(
             &[
@@ -227,6 +227,7 @@ fn incidents_are_pushed_to_an_alertmanager_over_https_with_basic_auth() {
     });
     let pushed = pushed
         .unwrap_or_else(|| panic!("no alert in Alertmanager:\n{}\n{}", agent.log(), alertmanager.log()));
+    client.stop();
     assert_eq!(pushed["labels"]["signature"], "nfs-sidecar-redirect", "{pushed}");
     let ok = agent.metric(&format!(r#"kstall_alertmanager_posts_total{{result="ok",url="{am_url}"}}"#));
     assert!(ok.is_some_and(|n| n >= 1.0), "{}", agent.metrics());

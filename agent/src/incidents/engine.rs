@@ -233,9 +233,10 @@ mod tests {
         let mut engine = Engine::new("node-a".into(), &Settings::default());
         let who = pod("u1", "web-1");
         let mut stuck = stuck(&[hung(100 * SEC, 4243, WaitClass::Nfs, 120, &who)]);
+        // A hard mount's first tries, 3 s apart.
         engine.observe(&redirected_reset(101 * SEC, 2049, &who));
-        engine.observe(&redirected_reset(102 * SEC, 2049, &who));
-        let changes = engine.evaluate(103 * SEC, &node(&stuck));
+        engine.observe(&redirected_reset(104 * SEC, 2049, &who));
+        let changes = engine.evaluate(105 * SEC, &node(&stuck));
         let mut fired: Vec<&str> = changes.fired.iter().map(|i| i.signature.as_str()).collect();
         fired.sort();
         assert_eq!(fired, [nfs_sidecar_redirect::NAME, pod_termination_blocked::NAME]);
@@ -246,7 +247,7 @@ mod tests {
         assert_eq!(redirect.severity, Severity::Critical);
 
         // Still firing: nothing new, nothing resolved.
-        let again = engine.evaluate(104 * SEC, &node(&stuck));
+        let again = engine.evaluate(106 * SEC, &node(&stuck));
         assert!(again.fired.is_empty() && again.resolved.is_empty(), "{again:?}");
         assert_eq!(engine.firing().count(), 2);
 
@@ -270,13 +271,13 @@ mod tests {
         let (first, second) = (pod("u1", "export-1"), pod("u2", "sync-1"));
         let quiet = crate::stuck::StuckSet::default();
         engine.observe(&redirected_reset(101 * SEC, 2049, &first));
-        engine.observe(&redirected_reset(102 * SEC, 2049, &first));
-        let fired = engine.evaluate(103 * SEC, &node(&quiet)).fired;
+        engine.observe(&redirected_reset(104 * SEC, 2049, &first));
+        let fired = engine.evaluate(105 * SEC, &node(&quiet)).fired;
         assert_eq!((fired.len(), fired[0].pod.as_str()), (1, "export-1"));
         // Same namespace inode, another pod.
         engine.observe(&redirected_reset(110 * SEC, 2049, &second));
-        engine.observe(&redirected_reset(111 * SEC, 2049, &second));
-        let changes = engine.evaluate(112 * SEC, &node(&quiet));
+        engine.observe(&redirected_reset(113 * SEC, 2049, &second));
+        let changes = engine.evaluate(114 * SEC, &node(&quiet));
         assert_eq!(changes.fired.len(), 1, "{changes:?}");
         assert_eq!(changes.fired[0].pod, "sync-1");
         assert_eq!(changes.fired[0].first_seen_unix_ns, 110 * SEC, "the second pod's own first reset");
@@ -289,12 +290,12 @@ mod tests {
         let who = pod("u1", "web-1");
         let mut before = Engine::new("node-a".into(), &Settings::default());
         before.observe(&redirected_reset(101 * SEC, 2049, &who));
-        before.observe(&redirected_reset(102 * SEC, 2049, &who));
+        before.observe(&redirected_reset(104 * SEC, 2049, &who));
         let empty = stuck(&[]);
-        assert_eq!(before.evaluate(103 * SEC, &node(&empty)).fired.len(), 1);
+        assert_eq!(before.evaluate(105 * SEC, &node(&empty)).fired.len(), 1);
         let mut resolved = crate::incidents::tests::incident(Some(50 * SEC));
         resolved.state = State::Resolved;
-        let mut saved = before.saved(104 * SEC);
+        let mut saved = before.saved(106 * SEC);
         saved.resolved.push(resolved.clone());
 
         // Restarted: found again, it goes on from when it first fired, not fired anew.
@@ -302,8 +303,8 @@ mod tests {
         after.restore(saved.clone(), 200 * SEC);
         assert_eq!(after.firing().count(), 1);
         after.observe(&redirected_reset(201 * SEC, 2049, &who));
-        after.observe(&redirected_reset(202 * SEC, 2049, &who));
-        let again = after.evaluate(203 * SEC, &node(&empty));
+        after.observe(&redirected_reset(204 * SEC, 2049, &who));
+        let again = after.evaluate(205 * SEC, &node(&empty));
         assert!(again.fired.is_empty() && again.resolved.is_empty(), "{again:?}");
         assert_eq!(after.firing().next().unwrap().first_seen_unix_ns, 101 * SEC);
         assert_eq!(after.incidents().last(), Some(&resolved), "the history is back");

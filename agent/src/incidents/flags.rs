@@ -15,7 +15,8 @@ pub struct Flags {
     /// [default: 2049,111,20048].
     #[arg(long, env = "KSTALL_NFS_PORTS", value_name = "LIST", value_delimiter = ',')]
     pub nfs_ports: Option<Vec<String>>,
-    /// Redirected NFS resets within --redirect-window that fire nfs-sidecar-redirect [default: 2].
+    /// Redirected NFS resets within --redirect-window that fire nfs-sidecar-redirect, once they
+    /// persist for 2 s: at least 2 [default: 2].
     #[arg(long, env = "KSTALL_REDIRECT_MIN_RESETS", value_name = "N")]
     pub redirect_min_resets: Option<String>,
     /// [default: 10m].

@@ -182,8 +182,8 @@ impl Default for Settings {
 }
 
 impl Settings {
-    /// One redirected reset is a pattern only if asked for; fewer is not a setting.
-    pub const MIN_REDIRECT_RESETS: u32 = 1;
+    /// One redirected reset is what a sidecar restart gives: no pattern.
+    pub const MIN_REDIRECT_RESETS: u32 = 2;
     /// One OOM kill is not a loop.
     pub const MIN_OOM_LOOP_COUNT: u32 = 2;
     /// One pod's stuck tasks are `pod-termination-blocked`, not a node-wide stall.

@@ -3,10 +3,22 @@
 //! client's connection was captured by a sidecar proxy (Istio's `ISTIO_OUTPUT -> ISTIO_REDIRECT`)
 //! that is gone. A hard mount then retries forever and a task flushing to it never finishes.
 //!
-//! Fires on `redirect_min_resets` such resets within `redirect_window`; evidence adds the NFS
-//! timeouts and retransmits of that namespace and the pod's tasks stuck in NFS. Resolves once no
-//! reset came for `quiet_window`, RPCs to the server completed again (or none timed out since),
-//! and no task of the pod is stuck in NFS.
+//! Fires on `redirect_min_resets` such resets within `redirect_window` that show the redirect
+//! persisting: each within a minute of the one before, going on for two seconds at least; evidence
+//! adds the NFS timeouts and retransmits of that namespace and the pod's tasks stuck in NFS.
+//! Resolves once no reset came for `quiet_window`, RPCs to the server completed again (or none
+//! timed out since), and no task of the pod is stuck in NFS.
+//!
+//! What healthy traffic looks like to it, and why none of it fires:
+//! - A mesh pod whose sidecar is alive: its connections to :2049 are redirected to the proxy,
+//!   which accepts them. No reset.
+//! - The proxy closing connections it accepted (idle timeouts, a request left unread, its own
+//!   exit): reset from a socket, with no original destination. Not a redirect's reset.
+//! - The sidecar restarting: the SYNs sent in the second it takes are redirected and reset, and
+//!   the client's next try (a hard mount retries after 3 s) gets through. Resets within a second
+//!   or so do not persist; two restarts minutes apart are two blips, not one run.
+//! - Port scans, clients refused by a live server, resets to redirected non-NFS ports (8080):
+//!   not redirected, or not an NFS port.
 
 use std::{
     collections::{BTreeSet, VecDeque},
@@ -30,8 +42,17 @@ use crate::{
 };
 
 pub const NAME: &str = "nfs-sidecar-redirect";
-/// Reset timestamps kept per namespace (the count beyond it is still exact in `total`).
+/// Times of resets kept per namespace (a count's resets share one); past it the oldest go, the
+/// count in `total` staying exact.
 const MAX_TIMES: usize = 4096;
+const SECOND_NS: u64 = 1_000_000_000;
+/// A sidecar restart is over within a second or so (the proxy is back before the client's next
+/// try): a redirect persists when its resets go on at least this long ...
+const PERSISTS: u64 = 2 * SECOND_NS;
+/// ... each within this long of the one before. A hard-mounted client retries after 3 s, doubling
+/// (the kernel's `XS_TCP_INIT_REEST_TO`), so its first tries are well within it; two restarts
+/// minutes apart are not one run.
+const RETRY_GAP: u64 = 60 * SECOND_NS;
 
 pub struct NfsSidecarRedirect {
     nfs_ports: Vec<u16>,
@@ -45,8 +66,8 @@ pub struct NfsSidecarRedirect {
 struct Namespace {
     who: Arc<Attribution>,
     netns: u32,
-    /// Times of redirected NFS resets within the window.
-    resets: VecDeque<u64>,
+    /// Redirected NFS resets within the window: (time, how many).
+    resets: VecDeque<(u64, u64)>,
     total: u64,
     first_reset: u64,
     last_reset: u64,
@@ -132,7 +153,7 @@ impl Signature for NfsSidecarRedirect {
         let stuck = node.stuck;
         let mut findings = Vec::new();
         self.by_netns.retain(|_, ns| {
-            while ns.resets.front().is_some_and(|&r| now.saturating_sub(r) > window) {
+            while ns.resets.front().is_some_and(|&(r, _)| now.saturating_sub(r) > window) {
                 ns.resets.pop_front();
             }
             let tasks: Vec<StuckTask> = ns
@@ -142,7 +163,7 @@ impl Signature for NfsSidecarRedirect {
                 .map(|uid| stuck.of_pod(uid, now).into_iter().filter(|t| t.wait == WaitClass::Nfs).collect())
                 .unwrap_or_default();
             match ns.firing_since {
-                None if ns.resets.len() as u32 >= min => ns.firing_since = ns.resets.front().copied(),
+                None => ns.firing_since = persisting(&ns.resets, min),
                 Some(_) => {
                     let quiet_now = now.saturating_sub(ns.last_reset) >= quiet;
                     let rpcs_ok = ns.last_responding > ns.last_reset || ns.last_timeout <= ns.last_reset;
@@ -152,7 +173,6 @@ impl Signature for NfsSidecarRedirect {
                         ns.resets.clear();
                     }
                 }
-                None => {}
             }
             if ns.firing_since.is_some() {
                 findings.push(ns.finding(&tasks));
@@ -166,6 +186,22 @@ impl Signature for NfsSidecarRedirect {
     fn evicted(&self) -> u64 {
         self.by_netns.evicted()
     }
+}
+
+/// The first reset of the latest run of resets that shows the redirect persisting: at least `min`
+/// of them, each within [`RETRY_GAP`] of the one before, the run spanning [`PERSISTS`]. (A count's
+/// resets carry the time of its interval: times are in arrival order, not quite sorted.)
+fn persisting(resets: &VecDeque<(u64, u64)>, min: u32) -> Option<u64> {
+    let mut times = resets.iter().rev().copied();
+    let (last, n) = times.next()?;
+    let (mut first, mut latest, mut n) = (last, last, n);
+    for (t, more) in times {
+        if first.saturating_sub(t) > RETRY_GAP {
+            break;
+        }
+        (first, latest, n) = (first.min(t), latest.max(t), n + more);
+    }
+    (n >= u64::from(min) && latest - first >= PERSISTS).then_some(first)
 }
 
 impl NfsSidecarRedirect {
@@ -188,12 +224,10 @@ impl NfsSidecarRedirect {
 impl Namespace {
     /// `n` redirected resets at `t` of NFS port `nfs_port`, refused by `local` (when known).
     fn add_resets(&mut self, t: u64, n: u64, nfs_port: u16, local: Option<u16>) {
-        for _ in 0..n.min(MAX_TIMES as u64) {
-            if self.resets.len() >= MAX_TIMES {
-                self.resets.pop_front();
-            }
-            self.resets.push_back(t);
+        if self.resets.len() >= MAX_TIMES {
+            self.resets.pop_front();
         }
+        self.resets.push_back((t, n));
         self.total += n;
         if self.first_reset == 0 {
             self.first_reset = t;
@@ -201,6 +235,10 @@ impl Namespace {
         self.last_reset = self.last_reset.max(t);
         self.nfs_port = nfs_port;
         self.redirect_ports.extend(local);
+    }
+
+    fn in_window(&self) -> u64 {
+        self.resets.iter().map(|(_, n)| n).sum()
     }
 
     fn new(netns: u32, who: Arc<Attribution>) -> Self {
@@ -233,7 +271,7 @@ impl Namespace {
             pod_name(&self.who),
             self.nfs_port,
             ports.join(", "),
-            self.resets.len(),
+            self.in_window(),
             self.total,
         );
         if self.timeouts > 0 {
@@ -261,7 +299,7 @@ impl Namespace {
                 server: self.server,
                 nfs_port: self.nfs_port,
                 redirect_ports: &self.redirect_ports,
-                resets_in_window: self.resets.len(),
+                resets_in_window: self.in_window(),
                 resets_total: self.total,
                 nfs_retransmits: self.retransmits,
                 nfs_timeouts: self.timeouts,
@@ -344,7 +382,7 @@ struct Evidence<'a> {
     server: Option<IpAddr>,
     nfs_port: u16,
     redirect_ports: &'a BTreeSet<u16>,
-    resets_in_window: usize,
+    resets_in_window: u64,
     resets_total: u64,
     nfs_retransmits: u64,
     nfs_timeouts: u64,
@@ -384,7 +422,7 @@ mod tests {
             resets: 5000,
             suppressed: 4998,
         };
-        let mut counted = redirected_reset(102 * SEC, 2049, &who);
+        let mut counted = redirected_reset(103 * SEC, 2049, &who);
         counted.event.payload = Payload::TcpResetCount(count.clone());
         s.observe(&counted);
         // Another port's count is not this signature's.
@@ -394,10 +432,10 @@ mod tests {
             ..count
         });
         s.observe(&other);
-        let f = s.evaluate(102 * SEC, &node(&StuckSet::default()));
+        let f = s.evaluate(103 * SEC, &node(&StuckSet::default()));
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].evidence["resets_total"], 5000, "{:#}", f[0].evidence);
-        assert_eq!(f[0].evidence["resets_in_window"], 4096, "{:#}", f[0].evidence);
+        assert_eq!(f[0].evidence["resets_in_window"], 5000, "{:#}", f[0].evidence);
     }
 
     #[test]
@@ -482,13 +520,36 @@ mod tests {
         assert_eq!(f[0].evidence["resets_total"], 2, "{:#}", f[0].evidence);
     }
 
+    /// A sidecar restart that completes within a second: every SYN sent meanwhile (several
+    /// mounts, a quick retry) is reset, the next try gets through. Twice, minutes apart.
+    #[test]
+    fn a_sidecar_restart_within_a_second_does_not_fire_nor_do_two_minutes_apart() {
+        let who = pod(UID, "web-1");
+        let mut s = signature();
+        let stuck = StuckSet::default();
+        let ms = |n: u64| n * SEC / 1000;
+        for t in [ms(100_000), ms(100_100), ms(100_600), ms(101_050)] {
+            s.observe(&redirected_reset(t, 2049, &who));
+        }
+        assert!(s.evaluate(ms(101_100), &node(&stuck)).is_empty(), "one restart");
+        assert!(s.evaluate(ms(160_000), &node(&stuck)).is_empty());
+        s.observe(&redirected_reset(ms(400_000), 2049, &who));
+        s.observe(&redirected_reset(ms(400_400), 2049, &who));
+        assert!(s.evaluate(ms(400_500), &node(&stuck)).is_empty(), "a second restart, five minutes on");
+        // The proxy does not come back: the client's next tries are reset too.
+        s.observe(&redirected_reset(ms(403_400), 2049, &who));
+        let f = s.evaluate(ms(403_500), &node(&stuck));
+        assert_eq!(f.len(), 1, "a persisting redirect");
+        assert_eq!(f[0].first_seen_unix_ns, ms(400_000), "since the run's first reset");
+    }
+
     #[test]
     fn resolves_once_rpcs_complete_quiet_and_no_task_is_stuck() {
         let who = pod(UID, "web-1");
         let mut s = signature();
         let mut stuck = stuck(&[hung(100 * SEC, 4243, WaitClass::Nfs, 120, &who)]);
         s.observe(&redirected_reset(101 * SEC, 111, &who));
-        s.observe(&redirected_reset(102 * SEC, 111, &who));
+        s.observe(&redirected_reset(104 * SEC, 111, &who));
         s.observe(&nfs(103 * SEC, What::Timeout, &who));
         assert_eq!(s.evaluate(104 * SEC, &node(&stuck)).len(), 1);
         // Quiet, but the task is still stuck and RPCs have not completed: still firing.
@@ -500,8 +561,8 @@ mod tests {
         assert!(s.evaluate(204 * SEC, &node(&stuck)).is_empty());
         // Fires anew on new resets.
         s.observe(&redirected_reset(300 * SEC, 111, &who));
-        s.observe(&redirected_reset(301 * SEC, 111, &who));
-        let f = s.evaluate(302 * SEC, &node(&stuck));
+        s.observe(&redirected_reset(303 * SEC, 111, &who));
+        let f = s.evaluate(304 * SEC, &node(&stuck));
         assert_eq!((f.len(), f[0].severity), (1, Severity::Warning));
     }
 }
