@@ -4,7 +4,7 @@
 //! that is gone. A hard mount then retries forever and a task flushing to it never finishes.
 //!
 //! Fires on `redirect_min_resets` such resets within `redirect_window` that show the redirect
-//! persisting: each within a minute of the one before, going on for two seconds at least; evidence
+//! persisting: each within 15 s of the one before, going on for two seconds at least; evidence
 //! adds the NFS timeouts and retransmits of that namespace and the pod's tasks stuck in NFS.
 //! Resolves once no reset came for `quiet_window`, RPCs to the server completed again (or none
 //! timed out since), and no task of the pod is stuck in NFS.
@@ -16,7 +16,7 @@
 //!   exit): reset from a socket, with no original destination. Not a redirect's reset.
 //! - The sidecar restarting: the SYNs sent in the second it takes are redirected and reset, and
 //!   the client's next try (a hard mount retries after 3 s) gets through. Resets within a second
-//!   or so do not persist; two restarts minutes apart are two blips, not one run.
+//!   or so do not persist; two restarts half a minute apart are two blips, not one run.
 //! - Port scans, clients refused by a live server, resets to redirected non-NFS ports (8080):
 //!   not redirected, or not an NFS port.
 
@@ -49,10 +49,11 @@ const SECOND_NS: u64 = 1_000_000_000;
 /// A sidecar restart is over within a second or so (the proxy is back before the client's next
 /// try): a redirect persists when its resets go on at least this long ...
 const PERSISTS: u64 = 2 * SECOND_NS;
-/// ... each within this long of the one before. A hard-mounted client retries after 3 s, doubling
-/// (the kernel's `XS_TCP_INIT_REEST_TO`), so its first tries are well within it; two restarts
-/// minutes apart are not one run.
-const RETRY_GAP: u64 = 60 * SECOND_NS;
+/// ... each within this long of the one before. A refused client tries again within seconds (the
+/// kernel's NFS client after 3 s, then 6: `XS_TCP_INIT_REEST_TO`, doubling), so its first tries
+/// are within it; a client that got through has no reason to, so two restarts of the sidecar half
+/// a minute apart are two blips, not one run.
+const RETRY_GAP: u64 = 15 * SECOND_NS;
 
 pub struct NfsSidecarRedirect {
     nfs_ports: Vec<u16>,
@@ -521,9 +522,9 @@ mod tests {
     }
 
     /// A sidecar restart that completes within a second: every SYN sent meanwhile (several
-    /// mounts, a quick retry) is reset, the next try gets through. Twice, minutes apart.
+    /// mounts, a quick retry) is reset, the next try gets through. Twice, 40 s apart.
     #[test]
-    fn a_sidecar_restart_within_a_second_does_not_fire_nor_do_two_minutes_apart() {
+    fn a_sidecar_restart_within_a_second_does_not_fire_nor_do_two_half_a_minute_apart() {
         let who = pod(UID, "web-1");
         let mut s = signature();
         let stuck = StuckSet::default();
@@ -533,14 +534,14 @@ mod tests {
         }
         assert!(s.evaluate(ms(101_100), &node(&stuck)).is_empty(), "one restart");
         assert!(s.evaluate(ms(160_000), &node(&stuck)).is_empty());
-        s.observe(&redirected_reset(ms(400_000), 2049, &who));
-        s.observe(&redirected_reset(ms(400_400), 2049, &who));
-        assert!(s.evaluate(ms(400_500), &node(&stuck)).is_empty(), "a second restart, five minutes on");
+        s.observe(&redirected_reset(ms(140_000), 2049, &who));
+        s.observe(&redirected_reset(ms(140_400), 2049, &who));
+        assert!(s.evaluate(ms(140_500), &node(&stuck)).is_empty(), "a second restart, 40 s on");
         // The proxy does not come back: the client's next tries are reset too.
-        s.observe(&redirected_reset(ms(403_400), 2049, &who));
-        let f = s.evaluate(ms(403_500), &node(&stuck));
+        s.observe(&redirected_reset(ms(143_400), 2049, &who));
+        let f = s.evaluate(ms(143_500), &node(&stuck));
         assert_eq!(f.len(), 1, "a persisting redirect");
-        assert_eq!(f[0].first_seen_unix_ns, ms(400_000), "since the run's first reset");
+        assert_eq!(f[0].first_seen_unix_ns, ms(140_000), "since the run's first reset");
     }
 
     #[test]
