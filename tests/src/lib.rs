@@ -23,6 +23,7 @@ pub mod cluster;
 pub mod container;
 pub mod dashboards;
 pub mod deploy;
+pub mod healthy;
 pub mod host;
 pub mod kubelet;
 pub mod netns;

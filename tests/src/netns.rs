@@ -32,6 +32,20 @@ impl NetNs {
         run("ip", &full)
     }
 
+    /// [`NetNs::exec`] with `input` on its stdin (`iptables-restore`).
+    pub fn exec_stdin(&self, cmd: &str, args: &[&str], input: &str) {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.name, cmd])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+        std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), input.as_bytes())
+            .expect("write stdin");
+        let status = child.wait().expect("wait");
+        assert!(status.success(), "{cmd} {args:?} in {} failed", self.name);
+    }
+
     /// The sidecar's rule: nat OUTPUT REDIRECT of tcp/`from` to local port `to` (`iptables` or
     /// `ip6tables`).
     pub fn redirect_tcp(&self, iptables: &str, from: u16, to: u16) {

@@ -82,8 +82,12 @@ enum Command {
     },
     /// The soak (root): pods churned through the pods file with real cgroups, network namespaces,
     /// resets and OOM kills, the agent under the DaemonSet's memory limit; fails if RSS, fds,
-    /// series or the attribution index are not back within 10% of their baseline.
+    /// series or the attribution index are not back within 10% of their baseline. With
+    /// `--healthy`: the healthy node instead (a mesh pod and its restarting proxy, scans, memory
+    /// churn, writeback, one OOM) for `--secs`; fails on any incident.
     Soak {
+        #[arg(long)]
+        healthy: bool,
         #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
         pods: u64,
         /// How long the churn lasts at least.
@@ -124,7 +128,8 @@ fn main() -> ExitCode {
         Command::Bench { storms } => bench::run(&storms),
         Command::Dashboards => dashboards::run(),
         Command::Fuzz { secs, targets } => fuzz::run(secs, &targets),
-        Command::Soak { pods, secs } => soak::run(pods, secs),
+        Command::Soak { healthy: false, pods, secs } => soak::run(pods, secs),
+        Command::Soak { healthy: true, secs, .. } => soak::healthy(secs),
         Command::Cluster { action } => cluster::run(action),
         Command::VmTest { kernels, repeat, scenario } => vm::run(&kernels, repeat, scenario.as_deref()),
     };

@@ -1,6 +1,14 @@
 //! `container-oom-loop`: the same container OOM-killed `oom_loop_count` times within
 //! `oom_loop_window` — its limit is below what it needs, and every restart ends the same way.
 //! A container is its pod and name: its runtime id changes with every restart.
+//!
+//! What healthy traffic looks like to it, and why none of it fires:
+//! - One OOM kill of a container (a spike past its limit): one kill is no loop.
+//! - One OOM of a container of several processes under `memory.oom.group` (what the kubelet sets
+//!   on cgroup v2 since 1.28): every process is killed in one go, one kill event each. Kills of
+//!   one container within 10 ms are one OOM.
+//! - OOM kills of different containers, or of one container hours apart: counted apart, or aged
+//!   out of the window.
 
 use std::{collections::VecDeque, sync::Arc};
 
@@ -23,8 +31,14 @@ pub struct ContainerOomLoop {
 
 struct Container {
     who: Arc<Attribution>,
-    kills: VecDeque<(u64, u32, Option<u64>)>,
+    /// One entry per OOM of the container: its first kill's time, pid and RSS, and how many
+    /// processes it killed.
+    kills: VecDeque<Kill>,
 }
+
+/// Kills of one container this close are one OOM: a group kill marks every process of the cgroup
+/// in one pass (microseconds each), while another OOM needs a process started and grown again.
+const ONE_OOM: u64 = 10_000_000;
 
 impl ContainerOomLoop {
     pub fn new(settings: &Settings) -> Self {
@@ -57,7 +71,15 @@ impl Signature for ContainerOomLoop {
             .by_container
             .touch(&(uid, container), t, || Container { who: who.clone(), kills: VecDeque::new() });
         c.who = who;
-        c.kills.push_back((t, event.header.tgid, kill.anon_rss_bytes));
+        match c.kills.back_mut() {
+            Some(last) if t.abs_diff(last.time_unix_ns) < ONE_OOM => last.processes += 1,
+            _ => c.kills.push_back(Kill {
+                time_unix_ns: t,
+                pid: event.header.tgid,
+                anon_rss_bytes: kill.anon_rss_bytes,
+                processes: 1,
+            }),
+        }
         if c.kills.len() > self.count * 4 {
             c.kills.pop_front();
         }
@@ -67,21 +89,17 @@ impl Signature for ContainerOomLoop {
         let (count, window) = (self.count, self.window);
         let mut findings = Vec::new();
         self.by_container.retain(|(uid, name), c| {
-            while c.kills.front().is_some_and(|k| now.saturating_sub(k.0) > window) {
+            while c.kills.front().is_some_and(|k| now.saturating_sub(k.time_unix_ns) > window) {
                 c.kills.pop_front();
             }
             if c.kills.len() >= count {
-                let kills = c
-                    .kills
-                    .iter()
-                    .map(|&(time_unix_ns, pid, anon_rss_bytes)| Kill { time_unix_ns, pid, anon_rss_bytes })
-                    .collect();
+                let kills = c.kills.iter().cloned().collect();
                 findings.push(Finding {
                     key: format!("{uid}/{name}"),
                     severity: Severity::Warning,
                     who: c.who.clone(),
-                    first_seen_unix_ns: c.kills.front().map_or(now, |k| k.0),
-                    last_seen_unix_ns: c.kills.back().map_or(now, |k| k.0),
+                    first_seen_unix_ns: c.kills.front().map_or(now, |k| k.time_unix_ns),
+                    last_seen_unix_ns: c.kills.back().map_or(now, |k| k.time_unix_ns),
                     summary: format!(
                         "Container {name} of {} was OOM-killed {} times within {} min: its memory limit is \
                          below what it uses.",
@@ -119,11 +137,14 @@ struct Evidence {
     kills: Vec<Kill>,
 }
 
-#[derive(Serialize)]
+/// One OOM of the container.
+#[derive(Clone, Serialize)]
 struct Kill {
     time_unix_ns: u64,
     pid: u32,
     anon_rss_bytes: Option<u64>,
+    /// Processes killed in it (a group kill takes them all).
+    processes: u32,
 }
 
 #[cfg(test)]
@@ -148,5 +169,27 @@ mod tests {
         assert!(f[0].summary.contains("3 times"), "{}", f[0].summary);
         // An hour after the first kill it no longer counts.
         assert!(s.evaluate(3602 * SEC, &node(&stuck)).is_empty());
+    }
+
+    /// Healthy: one OOM of a container of four processes under memory.oom.group, each killed
+    /// within the same millisecond or so; then, once, a single kill of another container.
+    #[test]
+    fn one_group_kill_and_one_single_kill_are_no_loop() {
+        let web = pod("u1", "web-1");
+        let other = pod("u2", "batch-1");
+        let mut s = ContainerOomLoop::new(&Settings::default());
+        let stuck = StuckSet::default();
+        for (i, pid) in [20, 21, 22, 23].into_iter().enumerate() {
+            s.observe(&oom(500 * SEC + i as u64 * 1_000_000, pid, "nginx", Scope::Memcg, false, &web));
+        }
+        s.observe(&oom(600 * SEC, 30, "python3", Scope::Memcg, false, &other));
+        assert!(s.evaluate(601 * SEC, &node(&stuck)).is_empty(), "one OOM each");
+        // Two more OOMs of the first container: a loop, each OOM counted once.
+        s.observe(&oom(700 * SEC, 24, "nginx", Scope::Memcg, false, &web));
+        s.observe(&oom(900 * SEC, 25, "nginx", Scope::Memcg, false, &web));
+        let f = s.evaluate(901 * SEC, &node(&stuck));
+        assert_eq!(f.len(), 1);
+        assert!(f[0].summary.contains("3 times"), "{}", f[0].summary);
+        assert_eq!(f[0].evidence["kills"][0]["processes"], 4, "{:#}", f[0].evidence);
     }
 }

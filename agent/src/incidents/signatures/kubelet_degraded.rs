@@ -9,6 +9,13 @@
 //! the pile reaches `kubelet_image_pull_pods`, or `kubelet_stuck_terminating_pods` pods are
 //! `kubelet_termination_overdue` past their deadline. Critical unless the pile alone fired it:
 //! a pile is what comes before, a kubelet that cannot terminate pods is the incident.
+//!
+//! What healthy traffic looks like to it, and why none of it fires: a kubelet restart fails its
+//! checks for seconds (under `kubelet_unhealthy_after`); a typo'd image leaves a pod or two in
+//! `ImagePullBackOff` (under the pile's 20); pods terminating within their grace period are not
+//! overdue; a pod's own process named `kubelet` (a kind node) is not the node's kubelet; a check
+//! pointed at the wrong address never passed and fires nothing. See
+//! `each_part_fires_alone_past_its_threshold_and_not_before` and the tests after it.
 
 use serde::Serialize;
 

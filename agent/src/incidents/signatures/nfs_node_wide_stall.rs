@@ -3,6 +3,12 @@
 //! every mount to that server on the node blocks with it — not one bad volume, the node. One
 //! critical incident instead of one per pod, with "drain this node" guidance.
 //!
+//! What healthy traffic looks like to it, and why none of it fires: NFS calls wait in the kernel
+//! for milliseconds, and during a server restart inside its grace period for seconds — below the
+//! sampler's threshold, so no task of any pod is in the stuck set; one pod's stuck tasks are
+//! `pod-termination-blocked`, and tasks of several pods stuck in anything but NFS are not this.
+//! See `two_pods_stuck_on_one_server_are_one_node_incident`.
+//!
 //! Which server: the one the stuck pods' namespaces talked to when known; else the one server
 //! this node has seen RPC errors from (volumes mounted by the kubelet use the host's namespace);
 //! else the one whose NFSv4 state manager is stuck.

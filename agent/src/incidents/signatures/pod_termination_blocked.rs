@@ -2,6 +2,11 @@
 //! `termination_blocked_after` — the cause of "Terminating forever": the container runtime cannot
 //! reap a task the kernel will not wake. The evidence is each task's wait class and stack; the
 //! engine links the incident to an NFS incident of the same pod or node that explains it.
+//!
+//! What healthy traffic looks like to it, and why none of it fires: writeback bursts and fsyncs
+//! put tasks in D state for milliseconds to seconds, a slow disk or NFS server for longer; the
+//! sampler reports a task only after its threshold (30 s) and this signature only past 60 s, and
+//! a task that runs again leaves the set before either.
 
 use serde::Serialize;
 
@@ -124,6 +129,17 @@ mod tests {
         assert!(f[0].summary.contains("shop/web-1"), "{}", f[0].summary);
         stuck.clear(&[((10, 10), TaskState::Other)], 140 * SEC);
         assert!(s.evaluate(141 * SEC, &node(&stuck)).is_empty());
+    }
+
+    /// Healthy: an fsync that waited 50 s on a slow disk, then returned.
+    #[test]
+    fn a_long_wait_that_ends_below_the_threshold_fires_nothing() {
+        let web = pod("u1", "web-1");
+        let mut s = PodTerminationBlocked::new(&Settings::default());
+        let mut stuck = stuck(&[hung(100 * SEC, 10, WaitClass::Writeback, 30, &web)]);
+        assert!(s.evaluate(120 * SEC, &node(&stuck)).is_empty(), "50 s blocked");
+        stuck.clear(&[((10, 10), TaskState::Other)], 121 * SEC);
+        assert!(s.evaluate(200 * SEC, &node(&stuck)).is_empty());
     }
 
     #[test]

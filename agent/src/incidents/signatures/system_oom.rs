@@ -2,6 +2,10 @@
 //! chose a victim — not a container hitting its own limit. Critical when the victim is
 //! node-critical (kubelet, the runtime, node daemons): the node goes NotReady next. The evidence
 //! counts this node's system OOMs over 24 h, which is what made incident 2 visible (16 in 6 days).
+//!
+//! What healthy traffic looks like to it, and why none of it fires: a container killed at its own
+//! limit (one process, or all of them under `memory.oom.group`), whatever its processes are
+//! called, is a memcg OOM — the node had memory to spare. Only the global OOM killer fires it.
 
 use std::collections::VecDeque;
 
@@ -155,6 +159,23 @@ struct Evidence<'a> {
 mod tests {
     use super::*;
     use crate::{attribution::NodeMemory, incidents::signatures::tests::*, stuck::StuckSet};
+
+    /// Healthy: containers at their own limits, one of them a kind node running its own kubelet
+    /// (a node-critical name, in a pod), killed together under memory.oom.group.
+    #[test]
+    fn containers_killed_at_their_own_limits_are_no_system_oom() {
+        let (web, kind) = (pod("u1", "web-1"), pod("u2", "kind-control-plane"));
+        let mut s = SystemOom::new(&Settings::default());
+        let stuck = StuckSet::default();
+        for (i, (comm, critical, who)) in
+            [("java", false, &web), ("kubelet", true, &kind), ("containerd", true, &kind)]
+                .into_iter()
+                .enumerate()
+        {
+            s.observe(&oom(SEC + i as u64, 40 + i as u32, comm, Scope::Memcg, critical, who));
+        }
+        assert!(s.evaluate(2 * SEC, &crate::incidents::signatures::tests::node(&stuck)).is_empty());
+    }
 
     #[test]
     fn global_kills_fire_critical_for_kubelet_and_count_over_a_day() {

@@ -1,0 +1,146 @@
+//! The mesh pod's sidecar in the healthy soak (`tests/src/healthy.rs`): does with the connections
+//! Istio's rules send it what Envoy does. Outbound (15001): the pod's connections, relayed to their
+//! original destination, connected as the proxy's own user, which the rules let through. Inbound
+//! (15006): connections to the pod, relayed to the app from 127.0.0.6, which the rules let through
+//! too. A connection idle for the idle timeout is closed (FIN); one whose first bytes are `REJECT`
+//! is refused there and closed with the rest of its request unread, so the kernel resets it (the
+//! proxy's own reset, from an accepted socket). Run as uid 1337 in the pod's network namespace.
+//!
+//! `mesh-proxy <idle timeout ms>`
+
+use std::{
+    io::{Read, Write},
+    net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream},
+    os::fd::{AsRawFd, FromRawFd},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+const OUTBOUND: u16 = 15001;
+const INBOUND: u16 = 15006;
+/// Envoy's source for inbound passthrough: the rules return it untouched.
+const INBOUND_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 6);
+
+fn main() {
+    let idle = std::env::args()
+        .nth(1)
+        .and_then(|ms| ms.parse().ok())
+        .map(Duration::from_millis)
+        .expect("usage: mesh-proxy <idle timeout ms>");
+    let outbound = TcpListener::bind((Ipv4Addr::UNSPECIFIED, OUTBOUND)).expect("listen on 15001");
+    let inbound = TcpListener::bind((Ipv4Addr::UNSPECIFIED, INBOUND)).expect("listen on 15006");
+    thread::spawn(move || serve(inbound, idle, true));
+    serve(outbound, idle, false);
+}
+
+fn serve(listener: TcpListener, idle: Duration, inbound: bool) {
+    for downstream in listener.incoming().flatten() {
+        thread::spawn(move || {
+            let _ = relay(downstream, idle, inbound);
+        });
+    }
+}
+
+fn relay(mut downstream: TcpStream, idle: Duration, inbound: bool) -> std::io::Result<()> {
+    let destination = original_destination(&downstream)?;
+    let mut first = [0u8; 6];
+    let n = downstream.peek(&mut first)?;
+    if first[..n].starts_with(b"REJECT") {
+        // Refused with its request unread: the kernel answers the close with RST.
+        downstream.read_exact(&mut first)?;
+        return Ok(());
+    }
+    let upstream =
+        if inbound { connect_from(INBOUND_SOURCE, destination)? } else { TcpStream::connect(destination)? };
+    let last = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let pipe = move |mut from: TcpStream, mut to: TcpStream, last: Arc<AtomicU64>| {
+        let mut buf = [0u8; 16 << 10];
+        from.set_read_timeout(Some(idle / 4)).ok();
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    last.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                Err(e)
+                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+                {
+                    let quiet = started.elapsed().as_millis() as u64 - last.load(Ordering::Relaxed);
+                    if quiet >= idle.as_millis() as u64 {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        // Either side done or idle: both closed, as Envoy closes an idle connection.
+        let _ = from.shutdown(Shutdown::Both);
+        let _ = to.shutdown(Shutdown::Both);
+    };
+    let (down2, up2, last2) = (downstream.try_clone()?, upstream.try_clone()?, last.clone());
+    let back = thread::spawn(move || pipe(up2, down2, last2));
+    pipe(downstream, upstream, last);
+    let _ = back.join();
+    Ok(())
+}
+
+/// Where the connection was going before the rules redirected it (`SO_ORIGINAL_DST`).
+fn original_destination(stream: &TcpStream) -> std::io::Result<SocketAddr> {
+    const SO_ORIGINAL_DST: libc::c_int = 80;
+    // SAFETY: a zeroed sockaddr_in is valid; getsockopt writes at most `len` bytes into it.
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: the fd is the stream's, open; addr and len are valid for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_IP,
+            SO_ORIGINAL_DST,
+            (&mut addr as *mut libc::sockaddr_in).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let ip = Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr));
+    Ok(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(addr.sin_port))))
+}
+
+/// A connection to `to` from address `from` (any port).
+fn connect_from(from: Ipv4Addr, to: SocketAddr) -> std::io::Result<TcpStream> {
+    let SocketAddr::V4(to) = to else { return Err(std::io::Error::other("IPv4 only")) };
+    let sockaddr = |ip: Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(ip).to_be() },
+        sin_zero: [0; 8],
+    };
+    let len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: plain socket calls on a descriptor this function owns; the addresses live through
+    // each call.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stream = TcpStream::from_raw_fd(fd);
+        let local = sockaddr(from, 0);
+        if libc::bind(fd, (&local as *const libc::sockaddr_in).cast(), len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let remote = sockaddr(*to.ip(), to.port());
+        if libc::connect(fd, (&remote as *const libc::sockaddr_in).cast(), len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stream)
+    }
+}
