@@ -161,6 +161,16 @@ impl MemoryLimit {
         &self.procs
     }
 
+    /// Makes an OOM at this limit kill every process below it together (`memory.oom.group`, what
+    /// the kubelet sets on cgroup v2); false on cgroup v1, which has no such thing.
+    pub fn kill_as_a_group(&self) -> bool {
+        if self.v1.is_some() {
+            return false;
+        }
+        std::fs::write(self.dir.join("memory.oom.group"), "1").expect("memory.oom.group");
+        true
+    }
+
     /// How many processes the OOM killer has killed at this limit.
     pub fn oom_kills(&self) -> u64 {
         let events = if self.v1.is_some() { "memory.oom_control" } else { "memory.events" };

@@ -12,8 +12,8 @@
 //! - **scanner**: a port scan of the service, 2,000 closed ports a minute, and a client that a
 //!   live server refuses (accepts and resets).
 //! - **batch**: memory churn under its limit, writeback bursts with fsync, and, once, its worker
-//!   container OOM-killed at its own limit: its three processes together, as the kubelet's
-//!   `memory.oom.group` has it.
+//!   container OOM-killed at its own limit: on cgroup v2 its three processes together, as the
+//!   kubelet's `memory.oom.group` has it (v1 has no group kill: the one process).
 //!
 //! Every network namespace, cgroup, process and file made here is removed on drop.
 
@@ -94,6 +94,9 @@ pub struct Report {
     /// Events the agent streamed, by kind.
     pub events: BTreeMap<String, u64>,
     pub resets: Resets,
+    /// Resets the agent counted (exact, from the kernel's counters) received by the scanner pod:
+    /// its scan's and the refusing server's.
+    pub scanner_resets_counted: f64,
     /// Every incident the agent has, firing or resolved: none on a healthy node.
     pub incidents: Vec<Value>,
     /// What the events of each incident's pod were (its network namespace's resets, its kills).
@@ -122,7 +125,7 @@ impl Report {
         let work: Vec<String> = self.work.iter().map(|(k, n)| format!("{k} {n}")).collect();
         let r = &self.resets;
         format!(
-            "healthy node, {:.0} s: {} incident(s)\n  work: {}\n  events: {}\n  resets: {} ({} redirected NFS, {} redirected other, {} from a socket, {} plain)\n  agent: {:.2}% of a core, RSS {:.1} MiB\n",
+            "healthy node, {:.0} s: {} incident(s)\n  work: {}\n  events: {}\n  reset events: {} ({} redirected NFS, {} redirected other, {} from a socket, {} plain); the scanner's counted: {}\n  agent: {:.2}% of a core, RSS {:.1} MiB\n",
             self.length.as_secs_f64(),
             self.incidents.len(),
             work.join(", "),
@@ -132,6 +135,7 @@ impl Report {
             r.redirected_other,
             r.from_a_socket,
             r.plain,
+            self.scanner_resets_counted,
             self.cpu_percent,
             self.rss_mib,
         )
@@ -202,15 +206,19 @@ pub fn soak(proxy: &Path, length: Duration) -> Report {
     )));
     // The batch pod: memory churn and writeback bursts in its app container.
     let limit = MemoryLimit::new(&batch.cgroup, BATCH_MEMORY_LIMIT);
-    let mut churn = Script::start(limit.procs(), MEMORY_CHURN, &[]);
-    let mut writeback =
-        Script::start(&batch.cgroup.procs(), WRITEBACK, &[scratch.path().join("burst").to_str().unwrap()]);
-    // Its worker container: three processes, killed together by the kubelet's memory.oom.group.
+    let batch_procs = [batch.cgroup.procs(), limit.procs().to_path_buf()];
+    let mut churn = Script::start(&batch_procs, MEMORY_CHURN, &[]);
+    let burst = scratch.path().join("burst");
+    let mut writeback = Script::start(&batch_procs, WRITEBACK, &[burst.to_str().unwrap()]);
+    // Its worker container: on cgroup v2 three processes, killed together by the kubelet's
+    // memory.oom.group; on v1 (no group kill) the one.
     let oom_container = Cgroup::kubepods_container("burstable", &batch.uid, &format!("{:064x}", 0xb0b));
     let oom_limit = MemoryLimit::new(&oom_container, OOM_LIMIT);
-    std::fs::write(oom_container.path.join("memory.oom.group"), "1").expect("memory.oom.group");
-    let mut workers: Vec<Script> =
-        (0..2).map(|_| Script::start(oom_limit.procs(), "import time; time.sleep(3600)", &[])).collect();
+    let worker_procs = [oom_container.procs(), oom_limit.procs().to_path_buf()];
+    let workers_too = if oom_limit.kill_as_a_group() { 2 } else { 0 };
+    let mut workers: Vec<Script> = (0..workers_too)
+        .map(|_| Script::start(&worker_procs, "import time; time.sleep(3600)", &[]))
+        .collect();
 
     let started = Instant::now();
     let ticks_before = cpu_ticks(agent.pid());
@@ -223,7 +231,7 @@ pub fn soak(proxy: &Path, length: Duration) -> Report {
             next_restart += RESTART_EVERY;
         }
         if !oom_done && started.elapsed() >= length / 3 {
-            oom_kill(&[oom_limit.procs()], |_| {});
+            oom_kill(&[worker_procs[0].as_path(), worker_procs[1].as_path()], |_| {});
             work.add("ooms", 1);
             work.add("oom_victims", 1 + workers.len() as u64);
             workers.iter_mut().for_each(Script::stop);
@@ -250,6 +258,8 @@ pub fn soak(proxy: &Path, length: Duration) -> Report {
     // waiting can only find more.
     thread::sleep(Duration::from_secs(3));
     let incidents = agent.incidents();
+    let scanner_resets_counted =
+        agent.metric_sum("kstall_tcp_resets_total", &[("pod", "scanner"), ("direction", "received")]);
     let streamed = events.collect(|_| true, usize::MAX, Duration::ZERO);
     let mut by_kind = BTreeMap::new();
     let mut resets = Resets::default();
@@ -269,6 +279,7 @@ pub fn soak(proxy: &Path, length: Duration) -> Report {
         work: work.figures(),
         events: by_kind,
         resets,
+        scanner_resets_counted,
         incidents,
         incident_events,
         cpu_percent,
@@ -427,15 +438,16 @@ with open(sys.argv[1], 'wb') as f:
         time.sleep(2)
 ";
 
-/// A python3 script run in cgroup `procs`, each line it prints one unit of work.
+/// A python3 script run in the cgroups of `procs`, each line it prints one unit of work.
 struct Script {
     child: Child,
     lines: Arc<AtomicU64>,
 }
 
 impl Script {
-    fn start(procs: &Path, script: &str, args: &[&str]) -> Self {
-        let join = format!("echo $$ > {} && exec python3 -c \"$0\" \"$@\"", procs.display());
+    fn start(procs: &[std::path::PathBuf], script: &str, args: &[&str]) -> Self {
+        let joins: String = procs.iter().map(|p| format!("echo $$ > {} && ", p.display())).collect();
+        let join = format!("{joins}exec python3 -c \"$0\" \"$@\"");
         let mut child = Command::new("sh")
             .args(["-c", &join, script])
             .args(args)
