@@ -18,7 +18,7 @@ use kstall_tests::{
     cgroup::{Cgroup, PodProcess},
     host::{child_pids, wait_for},
     kernel_tests_can_run,
-    netns::{NetNs, refused_connects},
+    netns::{NetNs, NfsReconnects, refused_connects},
 };
 use serde_json::Value;
 
@@ -79,8 +79,11 @@ fn trace_captures_the_pods_redirected_nfs_resets_only() {
     assert!(text.iter().any(|l| l.contains("(dialled 127.0.0.1:2049, redirected)")), "{text:#?}");
 
     // `kstall explain pod` puts it together: cgroups, namespace, the resets, the incident.
+    // The pod's client goes on retrying: the redirect persists, and fires.
+    let mut client = NfsReconnects::start(&netns);
     let fired = |i: &Value| i["signature"] == "nfs-sidecar-redirect" && i["state"] == "firing";
     assert!(agent.wait_incident(fired, Duration::from_secs(30)).is_some(), "{:#?}", agent.incidents());
+    client.stop();
     let explain = |args: &[&str]| {
         let out = Command::new(agent_binary())
             .args(["explain", "pod", "--api-socket", agent.socket.to_str().unwrap()])
