@@ -178,6 +178,7 @@ mod tests {
             severity: Severity::Critical,
             state: State::Firing,
             first_seen_unix_ns: now - 600_000_000_000,
+            fired_unix_ns: Some(now - 588_000_000_000),
             last_seen_unix_ns: now,
             resolved_unix_ns: None,
             node: "node-a".into(),

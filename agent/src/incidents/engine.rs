@@ -81,7 +81,7 @@ impl Engine {
         let mut current: HashMap<String, Incident> = HashMap::new();
         for s in &mut self.signatures {
             for finding in s.evaluate(now_unix_ns, node) {
-                let incident = incident(&self.node, s.name(), finding);
+                let incident = incident(&self.node, s.name(), finding, now_unix_ns);
                 current.insert(incident.id.clone(), incident);
             }
         }
@@ -104,7 +104,8 @@ impl Engine {
                     changes.fired.push(incident.clone());
                 }
                 Some(known) => {
-                    incident.first_seen_unix_ns = known.first_seen_unix_ns.min(incident.first_seen_unix_ns)
+                    incident.first_seen_unix_ns = known.first_seen_unix_ns.min(incident.first_seen_unix_ns);
+                    incident.fired_unix_ns = known.fired_unix_ns;
                 }
                 None => changes.fired.push(incident.clone()),
             }
@@ -177,13 +178,15 @@ impl Engine {
     }
 }
 
-fn incident(node: &str, signature: &str, f: Finding) -> Incident {
+/// `f` as an incident that fires at `now_unix_ns` unless it already fires.
+fn incident(node: &str, signature: &str, f: Finding, now_unix_ns: u64) -> Incident {
     Incident {
         id: format!("{signature}/{node}/{}", f.key),
         signature: signature.to_string(),
         severity: f.severity,
         state: State::Firing,
         first_seen_unix_ns: f.first_seen_unix_ns,
+        fired_unix_ns: Some(now_unix_ns),
         last_seen_unix_ns: f.last_seen_unix_ns,
         resolved_unix_ns: None,
         node: node.to_string(),
@@ -245,11 +248,14 @@ mod tests {
         let redirect = changes.fired.iter().find(|i| i.signature == nfs_sidecar_redirect::NAME).unwrap();
         assert_eq!((redirect.namespace.as_str(), redirect.pod.as_str()), ("shop", "web-1"));
         assert_eq!(redirect.severity, Severity::Critical);
+        // Named 4 s after its first reset: fired at this evaluation.
+        assert_eq!((redirect.first_seen_unix_ns, redirect.fired_unix_ns), (101 * SEC, Some(105 * SEC)));
 
-        // Still firing: nothing new, nothing resolved.
+        // Still firing: nothing new, nothing resolved, still fired when it was.
         let again = engine.evaluate(106 * SEC, &node(&stuck));
         assert!(again.fired.is_empty() && again.resolved.is_empty(), "{again:?}");
         assert_eq!(engine.firing().count(), 2);
+        assert!(engine.firing().all(|i| i.fired_unix_ns == Some(105 * SEC)));
 
         // The writer finishes, the server answers, resets stop: both resolve.
         engine.observe(&nfs(110 * SEC, crate::probes::nfs::What::ServerResponding, &who));
@@ -281,6 +287,7 @@ mod tests {
         assert_eq!(changes.fired.len(), 1, "{changes:?}");
         assert_eq!(changes.fired[0].pod, "sync-1");
         assert_eq!(changes.fired[0].first_seen_unix_ns, 110 * SEC, "the second pod's own first reset");
+        assert_eq!(changes.fired[0].fired_unix_ns, Some(114 * SEC), "fired anew");
         assert_eq!(changes.fired[0].evidence["resets_total"], 2, "not the first pod's resets");
         assert_eq!((changes.resolved.len(), changes.resolved[0].pod.as_str()), (1, "export-1"));
     }
@@ -306,7 +313,8 @@ mod tests {
         after.observe(&redirected_reset(204 * SEC, 2049, &who));
         let again = after.evaluate(205 * SEC, &node(&empty));
         assert!(again.fired.is_empty() && again.resolved.is_empty(), "{again:?}");
-        assert_eq!(after.firing().next().unwrap().first_seen_unix_ns, 101 * SEC);
+        let going_on = after.firing().next().unwrap();
+        assert_eq!((going_on.first_seen_unix_ns, going_on.fired_unix_ns), (101 * SEC, Some(105 * SEC)));
         assert_eq!(after.incidents().last(), Some(&resolved), "the history is back");
 
         // Restarted, and nothing shows it again: firing through the grace, resolved after.

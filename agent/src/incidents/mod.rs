@@ -91,7 +91,13 @@ pub struct Incident {
     pub signature: String,
     pub severity: Severity,
     pub state: State,
+    /// When the condition began: its first kernel signal (the first reset, error or kill, or
+    /// when the longest-stuck task began to wait).
     pub first_seen_unix_ns: u64,
+    /// When kstall fired it; less `first_seen_unix_ns`, its time to name. `None` only in a
+    /// history written by a kstall that did not record it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fired_unix_ns: Option<u64>,
     pub last_seen_unix_ns: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resolved_unix_ns: Option<u64>,
@@ -210,6 +216,7 @@ pub(crate) mod tests {
             severity: Severity::Critical,
             state: if resolved.is_some() { State::Resolved } else { State::Firing },
             first_seen_unix_ns: 1_796_000_000_000_000_000,
+            fired_unix_ns: Some(1_796_000_002_000_000_000),
             last_seen_unix_ns: 1_796_000_010_000_000_000,
             resolved_unix_ns: resolved,
             node: "node-a".into(),

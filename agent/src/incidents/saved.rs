@@ -153,6 +153,22 @@ mod tests {
         assert_eq!(files, [FILE], "no temporary file stays");
     }
 
+    /// Written by a kstall before incidents recorded when they fired: still this version's.
+    #[test]
+    fn a_history_without_fired_times_is_taken_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut saved = history(1);
+        let mut text = serde_json::to_value(&saved).unwrap();
+        for list in ["firing", "resolved"] {
+            for incident in text[list].as_array_mut().unwrap() {
+                incident.as_object_mut().unwrap().remove("fired_unix_ns").expect("written today");
+            }
+        }
+        std::fs::write(dir.path().join(FILE), text.to_string()).unwrap();
+        saved.firing.iter_mut().chain(&mut saved.resolved).for_each(|i| i.fired_unix_ns = None);
+        assert_eq!(load(dir.path(), "node-a").unwrap(), Loaded::History(saved));
+    }
+
     #[test]
     fn a_file_that_is_not_a_history_is_moved_aside_with_the_reason() {
         let cases: [(&[u8], &str); 5] = [
