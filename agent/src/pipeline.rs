@@ -72,9 +72,18 @@ pub struct Pipeline {
 /// carry, such as an OOM kill's scope) and as they go out (whom they were attributed to). A key's
 /// first events in an interval are always sent in full, so a count finds its key here unless all
 /// of them were lost; it is attributed by its cgroup when no event of its key has gone out.
-#[derive(Default)]
 pub struct CountKeys {
     by_key: std::collections::HashMap<CountKey, LastEvent>,
+    /// The probes whose counts follow their events, asked of the registry once: the event path
+    /// compares a name, it does not look the probe up.
+    following: Vec<&'static str>,
+}
+
+impl Default for CountKeys {
+    fn default() -> Self {
+        let following = probes::ALL.iter().filter(|p| p.counts_follow_events()).map(|p| p.name()).collect();
+        Self { by_key: Default::default(), following }
+    }
 }
 
 /// Probe, cgroup id, process name: how the kernel keys a count by task.
@@ -90,17 +99,19 @@ struct LastEvent {
 /// between an event and its count.
 const COUNT_KEY_MEMORY: Duration = Duration::from_secs(60);
 
-/// The key of `event` if its probe's counts follow its events; with whether it is a count.
-fn count_key(event: &Event) -> Option<(CountKey, bool)> {
-    let header = &event.header;
-    probes::by_name(header.probe).filter(|p| p.counts_follow_events())?;
-    let is_count = event.payload.data().suppressed().is_some();
-    Some(((header.probe, header.cgroup_id, header.comm.clone()), is_count))
-}
-
 impl CountKeys {
+    /// The key of `event` if its probe's counts follow its events; with whether it is a count.
+    fn key_of(&self, event: &Event) -> Option<(CountKey, bool)> {
+        let header = &event.header;
+        if !self.following.contains(&header.probe) {
+            return None;
+        }
+        let is_count = event.payload.data().suppressed().is_some();
+        Some(((header.probe, header.cgroup_id, header.comm.clone()), is_count))
+    }
+
     fn decoded(&mut self, event: &Event, now: Instant) {
-        if let Some((key, false)) = count_key(event) {
+        if let Some((key, false)) = self.key_of(event) {
             let last = self.by_key.entry(key).or_insert(LastEvent {
                 payload: event.payload.clone(),
                 who: None,
@@ -111,7 +122,7 @@ impl CountKeys {
     }
 
     fn attributed(&mut self, attributed: &Attributed) {
-        if let Some((key, false)) = count_key(&attributed.event)
+        if let Some((key, false)) = self.key_of(&attributed.event)
             && let Some(last) = self.by_key.get_mut(&key)
         {
             last.who = Some(attributed.who.clone());
@@ -125,7 +136,7 @@ impl CountKeys {
 
     /// A count takes what its key's last event showed and the counter key cannot carry.
     fn settle(&self, event: &mut Event) {
-        if let Some((key, true)) = count_key(event)
+        if let Some((key, true)) = self.key_of(event)
             && let Some(last) = self.by_key.get(&key)
             && let Some(probe) = probes::by_name(event.header.probe)
         {
@@ -135,7 +146,7 @@ impl CountKeys {
 
     /// Whether the key of count `event` has seen an event, and whom its last one went out to.
     fn seen(&self, event: &Event) -> Option<(CountKey, Option<Arc<Attribution>>)> {
-        let (key, _) = count_key(event).filter(|(_, is_count)| *is_count)?;
+        let (key, _) = self.key_of(event).filter(|(_, is_count)| *is_count)?;
         let who = self.by_key.get(&key)?.who.clone();
         Some((key, who))
     }
@@ -164,9 +175,9 @@ impl Held {
     }
 
     /// The attribution key a held event of count key `key` waits for, if one does.
-    fn event_of(&self, key: &CountKey) -> Option<Key> {
+    fn event_of(&self, key: &CountKey, keys: &CountKeys) -> Option<Key> {
         self.events.iter().find_map(|held| {
-            count_key(&held.event).filter(|(k, is_count)| !is_count && k == key).map(|_| held.key)
+            keys.key_of(&held.event).filter(|(k, is_count)| !is_count && k == key).map(|_| held.key)
         })
     }
 }
@@ -197,7 +208,7 @@ impl Pipeline {
         match self.count_keys.seen(event) {
             Some((_, Some(who))) => return Resolution::Found(who),
             Some((key, None)) => {
-                if let Some(key) = self.held.event_of(&key) {
+                if let Some(key) = self.held.event_of(&key, &self.count_keys) {
                     return Resolution::Missing { key, fallback: None };
                 }
             }
