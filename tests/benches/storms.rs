@@ -60,7 +60,7 @@ fn main() {
     }
 }
 
-/// The heading of `bench/results.md`: when, on what, and what was measured.
+/// The heading of the storms' section of `bench/results.md`: when, on what, and what was measured.
 fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
@@ -74,7 +74,7 @@ fn machine() -> String {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0);
     format!(
-        "# Storm benchmark results\n\n\
+        "## Storms\n\n\
          Written by `cargo xtask bench` (`tests/benches/storms.rs`); every figure is from one run.\n\n\
          - When: {}\n- kstall: {}\n- Machine: {} cores, {} ({:.0} GiB)\n- Kernel: {}\n- bpftrace: {}\n\n\
          eBPF run time is the kernel's own (`kernel.bpf_stats_enabled`), per run of each program that \

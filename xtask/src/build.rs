@@ -21,6 +21,13 @@ pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
+/// The checkout's revision (`git describe --always --dirty`), for the figures written from it.
+pub fn revision() -> String {
+    let described =
+        Command::new("git").args(["describe", "--always", "--dirty"]).current_dir(workspace_root()).output();
+    described.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default()
+}
+
 pub fn release_binary() -> PathBuf {
     workspace_root().join("target/release/kstall")
 }

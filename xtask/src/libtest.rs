@@ -10,6 +10,9 @@ pub struct Results {
     pub unfinished: Option<String>,
     /// The VM scenarios' `vm-scenario` report lines.
     pub reports: Vec<String>,
+    /// The VM scenarios' `vm-time-to-name <signature> <seconds>` lines: how long each incident
+    /// took from its first kernel signal to firing.
+    pub times_to_name: Vec<(String, f64)>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -29,6 +32,12 @@ impl Results {
         for line in log.lines() {
             if let Some(report) = line.strip_prefix("vm-scenario ") {
                 results.reports.push(report.to_string());
+            } else if let Some((signature, secs)) =
+                line.strip_prefix("vm-time-to-name ").and_then(|l| l.split_once(' '))
+            {
+                if let Ok(secs) = secs.trim().parse() {
+                    results.times_to_name.push((signature.to_string(), secs));
+                }
             } else if let Some((name, result)) = line.strip_prefix("test ").and_then(|l| l.split_once(" ..."))
             {
                 results.unfinished = None;
@@ -89,7 +98,8 @@ mod tests {
                    test a_scenario ... ok\n\
                    test b_scenario ... FAILED\n\
                    test c_scenario ... FAILED\n\
-                   \nsuccesses:\n\n---- a_scenario stdout ----\nvm-scenario a: fired\n\n\
+                   \nsuccesses:\n\n---- a_scenario stdout ----\nvm-scenario a: fired\n\
+                   vm-time-to-name nfs-sidecar-redirect 4.25\nvm-time-to-name garbled\n\n\
                    \nfailures:\n\n---- b_scenario stdout ----\nsome output\n\
                    thread 'b_scenario' (812) panicked at tests/tests/vm_scenarios.rs:161:9:\n\
                    assertion `left == right` failed: {\n  \"comm\": \"socat\"\n}\n  left: Null\n right: Number(2049)\n\
@@ -100,6 +110,7 @@ mod tests {
         let r = Results::parse(log);
         assert_eq!(r.passed, ["a_scenario"]);
         assert_eq!(r.reports, ["a: fired"]);
+        assert_eq!(r.times_to_name, [("nfs-sidecar-redirect".to_string(), 4.25)]);
         assert_eq!(r.unfinished, None);
         assert_eq!(
             r.failed,

@@ -10,6 +10,7 @@ mod cluster;
 mod dashboards;
 mod deploy;
 mod fuzz;
+mod generated;
 mod image;
 mod imports;
 mod libtest;

@@ -7,12 +7,14 @@
 //! - runs the incident scenarios of `tests/tests/vm_scenarios.rs` (real NFS server and client,
 //!   a real global OOM), which only a throw-away VM may run.
 //!
-//! Prints per kernel: boot seconds, each probe's hooks, each scenario's result, wall time, and a
-//! line per failure naming the scenario and its assertion. `--repeat N` runs it N times back to
+//! Prints per kernel: boot seconds, each probe's hooks, each scenario's result, each incident's
+//! time to name (first kernel signal to firing), wall time, and a line per failure naming the
+//! scenario and its assertion. `--repeat N` runs it N times back to
 //! back and ends with each run's wall time and the pass rate of every test that failed;
 //! `--scenario FILTER` runs only the scenarios whose name contains FILTER. (The
 //! host's 6.18 is the ordinary kernel tests'.) A full run that passes checks the README's kernel
-//! support table against what the agents reported (`support.rs`).
+//! support table against what the agents reported (`support.rs`) and writes the times to name
+//! into `bench/results.md`.
 //!
 //! Installs what it needs first, idempotently: the bookworm-backports suite (a qemu matching the
 //! preinstalled qemu-utils, the 6.12 kernel), the bullseye-security and trixie-backports suites
@@ -30,7 +32,7 @@ use anyhow::{Context as _, bail};
 
 use crate::{
     bootstrap::{self, BuildEnv},
-    build,
+    build, generated,
     libtest::{Failure, Results},
     repeat::Tally,
     support,
@@ -138,6 +140,7 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
         let started = Instant::now();
         let (mut passed, mut failed) = (Vec::new(), Vec::new());
         let mut tested = Vec::new();
+        let mut times_to_name = Vec::new();
         let runs = boot_all(&selected, |booted| {
             boot_and_check(&vng, &vm_dir, &guest, &scenarios, scenario.unwrap_or(""), booted)
         })?;
@@ -157,8 +160,10 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
                 kernel.failed.into_iter().map(|f| Failure { test: format!("{version} {}", f.test), ..f }),
             );
             tested.push((booted.label, kernel.status));
+            times_to_name.push((version.clone(), kernel.times_to_name));
         }
         println!("vm-test: {} kernel(s) in {:.0} s", selected.len(), started.elapsed().as_secs_f64());
+        print!("{}", time_to_name_summary(&times_to_name));
         let full_and_green = failed.is_empty() && kernels.is_empty() && scenario.is_none();
         tally.record(started.elapsed(), passed, failed);
         if full_and_green {
@@ -172,6 +177,9 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
                 );
             }
             println!("vm-test: README.md's kernel support table is what this run saw");
+            let results = build::workspace_root().join("bench/results.md");
+            generated::write(&results, "time-to-name", &time_to_name_table(&times_to_name))?;
+            println!("vm-test: the times to name are in {}", results.display());
         }
     }
     if repeat > 1 {
@@ -181,6 +189,93 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
         bail!("vm-test failed: see the FAILED lines above");
     }
     Ok(())
+}
+
+/// An incident should be named within this long of its first kernel signal (issue 37).
+const TIME_TO_NAME_GOAL_SECS: f64 = 30.0;
+
+/// Each kernel's times to name, in kernel order: `(version, [(signature, seconds)])`.
+type TimesToName = [(String, Vec<(String, f64)>)];
+
+/// The signatures the scenarios fired, in the order they first fired.
+fn signatures(times: &TimesToName) -> Vec<&str> {
+    let mut seen: Vec<&str> = Vec::new();
+    for (signature, _) in times.iter().flat_map(|(_, t)| t) {
+        if !seen.contains(&signature.as_str()) {
+            seen.push(signature);
+        }
+    }
+    seen
+}
+
+/// The times past the goal, as `signature on version (N s)`.
+fn past_the_goal(times: &TimesToName) -> Vec<String> {
+    let mut past = Vec::new();
+    for (version, kernel) in times {
+        for (signature, secs) in kernel.iter().filter(|(_, secs)| *secs >= TIME_TO_NAME_GOAL_SECS) {
+            past.push(format!("{signature} on {version} ({secs:.1} s)"));
+        }
+    }
+    past
+}
+
+/// One line for the run's end: the slowest time to name and what missed the goal.
+fn time_to_name_summary(times: &TimesToName) -> String {
+    let slowest = times
+        .iter()
+        .flat_map(|(v, t)| t.iter().map(move |(s, secs)| (v, s, secs)))
+        .max_by(|a, b| a.2.total_cmp(b.2));
+    let Some((version, signature, secs)) = slowest else { return String::new() };
+    let past = past_the_goal(times);
+    let goal = if past.is_empty() {
+        format!("every one under the {TIME_TO_NAME_GOAL_SECS:.0} s goal")
+    } else {
+        format!("past the {TIME_TO_NAME_GOAL_SECS:.0} s goal: {}", past.join(", "))
+    };
+    format!("vm-test: time to name: slowest {signature} on {version}, {secs:.1} s; {goal}\n")
+}
+
+/// `bench/results.md`'s time-to-name section: a row per incident, a column per kernel.
+fn time_to_name_table(times: &TimesToName) -> String {
+    let mut out = format!(
+        "## Time to name\n\n\
+         Written by `cargo xtask vm-test` after a full run that passed; every figure is from that run.\n\n\
+         - When: {}\n- kstall: {}\n\n\
+         From each incident's first kernel signal to kstall firing it, as the agent recorded both: the \
+         incident's `first_seen_unix_ns` (the first redirected reset, NFS error or OOM kill, or when \
+         the longest-stuck task began to wait) and `fired_unix_ns`, in the VM matrix's incident \
+         scenarios (`tests/tests/vm_scenarios.rs`; one-CPU guests under software emulation). Goal: under \
+         {TIME_TO_NAME_GOAL_SECS:.0} s.\n\n| incident |",
+        Command::new("date")
+            .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default(),
+        build::revision(),
+    );
+    for (version, _) in times {
+        out.push_str(&format!(" {version} |"));
+    }
+    out.push_str(&format!("\n|---|{}\n", "---|".repeat(times.len())));
+    for signature in signatures(times) {
+        out.push_str(&format!("| {signature} |"));
+        for (_, kernel) in times {
+            let secs: Vec<String> = kernel
+                .iter()
+                .filter(|(s, _)| s == signature)
+                .map(|(_, secs)| format!("{secs:.1} s"))
+                .collect();
+            out.push_str(&format!(" {} |", if secs.is_empty() { "—".to_string() } else { secs.join(", ") }));
+        }
+        out.push('\n');
+    }
+    let past = past_the_goal(times);
+    out.push_str(&if past.is_empty() {
+        format!("\nEvery one under {TIME_TO_NAME_GOAL_SECS:.0} s.\n")
+    } else {
+        format!("\nPast {TIME_TO_NAME_GOAL_SECS:.0} s: {}.\n", past.join(", "))
+    });
+    out
 }
 
 /// Boots `kernels` [`GUESTS_AT_ONCE`] at a time, the next kernel in the list into the first free
@@ -368,6 +463,8 @@ struct KernelRun {
     passed: Vec<String>,
     failed: Vec<Failure>,
     status: serde_json::Value,
+    /// Each incident's time from its first kernel signal to firing, in seconds.
+    times_to_name: Vec<(String, f64)>,
 }
 
 /// Boots `version` and reads what the guest left. Errs only when the VM cannot be started at all.
@@ -443,6 +540,7 @@ fn boot_and_check(
                 passed: Vec::new(),
                 failed: vec![Failure { test: "boot".into(), why }],
                 status: serde_json::Value::Null,
+                times_to_name: Vec::new(),
             });
         }
         println!("vm-test {version}: the VM did not finish ({ran}), booting again");
@@ -498,6 +596,14 @@ fn boot_and_check(
     for line in &results.reports {
         report.push_str(&format!("    {line}\n"));
     }
+    if !results.times_to_name.is_empty() {
+        let times: Vec<String> = results
+            .times_to_name
+            .iter()
+            .map(|(signature, secs)| format!("{signature} {secs:.1} s"))
+            .collect();
+        report.push_str(&format!("  time to name: {}\n", times.join(", ")));
+    }
     failed.extend(results.failed);
     let rc = std::fs::read_to_string(out.join("scenarios.rc")).unwrap_or_default();
     if let Some(test) = results.unfinished {
@@ -508,7 +614,7 @@ fn boot_and_check(
         let why = format!("did not run to the end (exit {}); see {}", rc.trim(), log_path.display());
         failed.push(Failure { test: "scenarios".into(), why });
     }
-    Ok(KernelRun { report, passed: results.passed, failed, status })
+    Ok(KernelRun { report, passed: results.passed, failed, status, times_to_name: results.times_to_name })
 }
 
 /// Runs inside the VM as root: `guest.sh OUT KSTALL SCENARIOS TIMEOUT [FILTER]`. Loads the modules the NFS
@@ -543,3 +649,39 @@ awk -v start="$START" '{ print $1 - start }' /proc/uptime > "$OUT/scenarios_secs
 dmesg > "$OUT/dmesg.log"
 touch "$OUT/done"
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn times() -> Vec<(String, Vec<(String, f64)>)> {
+        let named = |t: &[(&str, f64)]| t.iter().map(|(s, secs)| (s.to_string(), *secs)).collect();
+        vec![
+            ("5.10.0-46-amd64".into(), named(&[("nfs-sidecar-redirect", 4.25), ("system-oom", 31.0)])),
+            ("6.1.0-44-amd64".into(), named(&[("nfs-sidecar-redirect", 3.0), ("nfs-node-wide-stall", 12.5)])),
+        ]
+    }
+
+    #[test]
+    fn a_row_per_incident_a_column_per_kernel_and_what_missed_the_goal() {
+        let table = time_to_name_table(&times());
+        let rows: Vec<&str> = table.lines().filter(|l| l.starts_with('|')).collect();
+        assert_eq!(
+            rows,
+            [
+                "| incident | 5.10.0-46-amd64 | 6.1.0-44-amd64 |",
+                "|---|---|---|",
+                "| nfs-sidecar-redirect | 4.2 s | 3.0 s |",
+                "| system-oom | 31.0 s | — |",
+                "| nfs-node-wide-stall | — | 12.5 s |",
+            ]
+        );
+        assert!(table.ends_with("\nPast 30 s: system-oom on 5.10.0-46-amd64 (31.0 s).\n"), "{table}");
+        assert_eq!(
+            time_to_name_summary(&times()),
+            "vm-test: time to name: slowest system-oom on 5.10.0-46-amd64, 31.0 s; past the 30 s goal: \
+             system-oom on 5.10.0-46-amd64 (31.0 s)\n"
+        );
+        assert_eq!(time_to_name_summary(&[]), "", "nothing fired, nothing to say");
+    }
+}
