@@ -12,7 +12,8 @@ pub const WHAT_TIMEOUT: u32 = 2;
 pub const WHAT_SOCKET_CONNECT: u32 = 3;
 pub const WHAT_SOCKET_ERROR: u32 = 4;
 pub const WHAT_SOCKET_RESET: u32 = 5;
-/// A reply arrived on a transport that had timed out: the kernel's "server ... OK".
+/// A reply arrived on a transport that had timed out (the kernel's "server ... OK") or failed to
+/// connect.
 pub const WHAT_SERVER_RESPONDING: u32 = 6;
 /// NFSv4 state recovery failed (`nfs4_state_mgr_failed`): the stuck-recovery of incident 3.
 pub const WHAT_STATE_MGR_FAILED: u32 = 7;

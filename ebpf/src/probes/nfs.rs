@@ -46,7 +46,8 @@ use crate::{
 #[map]
 static NFS_CONFIG: Array<NfsConfig> = Array::with_max_entries(1, 0);
 
-/// Transports (`struct rpc_xprt *`) that had a major timeout and have not answered since.
+/// Transports (`struct rpc_xprt *`) that had a major timeout or a failed connection and have not
+/// answered since: their next reply is the server answering again.
 #[map]
 static NFS_UNRESPONSIVE: HashMap<u64, u8> = HashMap::with_max_entries(1024, 0);
 
@@ -63,6 +64,7 @@ static NFS_KEY: PerCpuArray<NfsCountKey> = PerCpuArray::with_max_entries(1, 0);
 static NFS_OVERFLOW: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 const AF_INET: u16 = 2;
+const EINPROGRESS: i32 = 115;
 const AF_INET6: u16 = 10;
 
 #[inline(always)]
@@ -136,6 +138,14 @@ fn socket_event(ctx: &RawTracePointContext, what: u32) -> i32 {
     let mut ev = new_event(ctx, what);
     ev.error = error as i32;
     fill_xprt(&cfg, &mut ev, xprt);
+    // A failed connection marks the transport (every TCP connect first reports "in progress"):
+    // the next reply says this client got through again, as after a server restart, which has no
+    // major timeout and so no "server ... OK" from the kernel.
+    let failed = what == WHAT_SOCKET_ERROR
+        || (what == WHAT_SOCKET_CONNECT && ev.error != 0 && ev.error != -EINPROGRESS);
+    if failed && !xprt.is_null() {
+        let _ = NFS_UNRESPONSIVE.insert(xprt as u64, 1, 0);
+    }
     count_and_emit(&ev);
     0
 }

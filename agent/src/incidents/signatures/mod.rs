@@ -62,6 +62,7 @@ pub(crate) mod tests {
     };
 
     pub const SEC: u64 = 1_000_000_000;
+    pub const MS: u64 = 1_000_000;
     pub const NETNS: u32 = 4026532999;
     pub const SERVER: &str = "10.55.0.1";
 

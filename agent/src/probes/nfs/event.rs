@@ -16,7 +16,8 @@ pub enum What {
     SocketConnect,
     SocketError,
     SocketReset,
-    /// A reply on a transport that had timed out: the kernel's "server ... OK".
+    /// A reply on a transport that had timed out (the kernel's "server ... OK") or failed to
+    /// connect: the server answers this client again.
     ServerResponding,
     StateManagerFailed,
 }
