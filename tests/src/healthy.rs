@@ -21,7 +21,6 @@ use std::{
     collections::BTreeMap,
     io::{Read, Write},
     net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream},
-    os::unix::process::CommandExt as _,
     path::Path,
     process::{Child, Command},
     sync::{
@@ -40,6 +39,7 @@ use crate::{
     host::{cpu_ticks, memory_kib, run, wait_for},
     netns::NetNs,
     oom::{OOM_LIMIT, oom_kill},
+    sidecar::SidecarProcess,
 };
 
 /// The nat table `istio-iptables` writes for a default sidecar injection (outbound capture of
@@ -372,46 +372,25 @@ impl Pod {
 /// The mesh pod's proxy process, in its network namespace and app container's cgroup, as uid
 /// 1337. Killed with its connections on drop.
 struct Sidecar {
-    child: Child,
+    process: Option<SidecarProcess>,
 }
 
 impl Sidecar {
     fn start(proxy: &Path, pod: &Pod) -> Self {
-        let child = Command::new("nsenter")
-            .arg(format!("--net={}", pod.netns.path().display()))
-            .args(["setpriv", "--reuid=1337", "--regid=1337", "--clear-groups"])
-            .arg(proxy)
-            .arg(IDLE_TIMEOUT.as_millis().to_string())
-            .process_group(0)
-            .spawn()
-            .expect("start the mesh proxy");
-        std::fs::write(pod.cgroup.procs(), child.id().to_string()).expect("the proxy joins the pod");
-        let sidecar = Sidecar { child };
-        let listening = wait_for(Duration::from_secs(10), || {
-            let out = pod.netns.exec("ss", &["-Hltn", "sport = :15001 or sport = :15006"]);
-            (out.lines().count() == 2).then_some(())
-        });
-        assert!(listening.is_some(), "the mesh proxy does not listen on 15001 and 15006");
-        sidecar
+        Sidecar { process: Some(Self::process(proxy, pod)) }
+    }
+
+    fn process(proxy: &Path, pod: &Pod) -> SidecarProcess {
+        let idle = IDLE_TIMEOUT.as_millis().to_string();
+        let proxy = proxy.to_str().expect("a UTF-8 path");
+        SidecarProcess::start(&pod.netns, &pod.cgroup.procs(), 1337, proxy, &[&idle], &[15001, 15006])
     }
 
     /// Killed, and back after [`RESTART_GAP`], as a sidecar container restarted.
     fn restart(&mut self, proxy: &Path, pod: &Pod) {
-        self.kill();
+        self.process = None;
         thread::sleep(RESTART_GAP);
-        *self = Sidecar::start(proxy, pod);
-    }
-
-    fn kill(&mut self) {
-        // SAFETY: signals the process group the proxy leads; not reaped yet, so not reused.
-        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        self.kill();
+        self.process = Some(Self::process(proxy, pod));
     }
 }
 

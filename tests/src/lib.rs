@@ -29,6 +29,7 @@ pub mod kubelet;
 pub mod netns;
 pub mod nfs;
 pub mod oom;
+pub mod sidecar;
 pub mod soak;
 pub mod storms;
 pub mod tls;

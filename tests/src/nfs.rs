@@ -6,7 +6,6 @@
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
-    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Command, Stdio},
     sync::{OnceLock, mpsc},
@@ -21,6 +20,7 @@ use crate::{
     cgroup::{Cgroup, PodProcess},
     host::{run, wait_for},
     netns::NetNs,
+    sidecar::SidecarProcess,
 };
 
 pub const SERVER: &str = "10.55.0.1";
@@ -72,7 +72,14 @@ const NFSD: [&str; 9] = ["-N", "3", "-V", "4", "-L", "10", "-G", "10", "4"];
 /// The server restarts, as in a failover: nfsd forgets every client's state and comes back in its
 /// grace period, so a client must establish a new client ID and session and reclaim what it held.
 pub fn restart_server() {
+    restart_server_down_for(Duration::ZERO);
+}
+
+/// [`restart_server`], nfsd down for `gap` in between, as `systemctl restart nfs-server` takes a
+/// few seconds: clients that reconnect then are refused.
+pub fn restart_server_down_for(gap: Duration) {
     run("rpc.nfsd", &["0"]);
+    thread::sleep(gap);
     run("rpc.nfsd", &NFSD);
 }
 
@@ -99,8 +106,10 @@ pub struct NfsPod {
     pub uid: String,
     pub container_id: String,
     pub mountpoint: PathBuf,
-    // Dropped in this order: the mount goes before the namespace it was made in.
+    // Dropped in this order: the mount goes (in `drop`) before the sidecar it may go through, and
+    // both before the namespace they are in.
     mounted: bool,
+    sidecar: Option<Sidecar>,
     _sandbox: PodProcess,
     pub container: Cgroup,
     pub netns: NetNs,
@@ -131,6 +140,7 @@ impl NfsPod {
             container_id,
             mountpoint,
             mounted: false,
+            sidecar: None,
             _sandbox: sandbox,
             container,
             netns,
@@ -146,10 +156,24 @@ impl NfsPod {
     /// pod's namespace (`nsenter`, not `ip netns exec`, which would hide the mount in a new mount
     /// namespace).
     pub fn mount(&mut self) {
+        self.mount_with("vers=4.1,hard,proto=tcp,timeo=10,retrans=2");
+    }
+
+    /// Mounts the export with `options` from inside the pod's namespace, as [`NfsPod::mount`].
+    /// The mount runs under the pod's host name, in a UTS namespace of its own as a pod's is: the
+    /// NFSv4 client's identity comes from it, and clients of one name in several namespaces
+    /// take each other's lease over and over (seen here: a state recovery per write).
+    pub fn mount_with(&mut self, options: &str) {
         let status = Command::new("timeout")
             .args(["90", "nsenter", &format!("--net={}", self.netns.path().display())])
-            .args(["mount", "-t", "nfs4", "-o", "vers=4.1,hard,proto=tcp,timeo=10,retrans=2"])
-            .arg(format!("{SERVER}:/"))
+            .args([
+                "unshare",
+                "--uts",
+                "sh",
+                "-c",
+                "hostname \"$0\" && exec mount -t nfs4 -o \"$1\" \"$2\" \"$3\"",
+            ])
+            .args([&self.name, options, &format!("{SERVER}:/")])
             .arg(&self.mountpoint)
             .status()
             .expect("mount");
@@ -163,8 +187,13 @@ impl NfsPod {
     /// minutes (`actimeo`, a common PV mount option): an open of a file looked up before goes
     /// straight to its OPEN, not to a revalidation of the directory first.
     pub fn mount_from_node(&mut self) {
+        self.mount_from_node_with("vers=4.1,hard,proto=tcp,timeo=10,retrans=2,actimeo=300");
+    }
+
+    /// Mounts the pod's directory from the node's namespace with `options`, as
+    /// [`NfsPod::mount_from_node`].
+    pub fn mount_from_node_with(&mut self, options: &str) {
         std::fs::create_dir_all(self.on_server("")).expect("the pod's directory on the server");
-        let options = "vers=4.1,hard,proto=tcp,timeo=10,retrans=2,actimeo=300";
         let status = Command::new("timeout")
             .args(["90", "mount", "-t", "nfs4", "-o", options])
             .arg(format!("{SERVER}:/{}", self.name))
@@ -194,48 +223,47 @@ impl NfsPod {
     }
 }
 
+impl NfsPod {
+    /// Starts the pod's sidecar: it relays the redirected NFS connections until
+    /// [`NfsPod::stop_sidecar`], or until the pod's mount is gone.
+    pub fn start_sidecar(&mut self) {
+        let sidecar = Sidecar::start(self);
+        self.sidecar = Some(sidecar);
+    }
+
+    /// The sidecar killed with its connections, as when its container is gone.
+    pub fn stop_sidecar(&mut self) {
+        self.sidecar = None;
+    }
+}
+
 impl Drop for NfsPod {
     fn drop(&mut self) {
         if self.mounted {
-            // Lazy and forced: never waits for a server that is gone.
-            let _ = Command::new("umount").args(["-f", "-l"]).arg(&self.mountpoint).status();
+            // Forced (pending RPCs end) and lazy, by the system call: umount(8) first resolves
+            // the path, and the NFS root's attributes then wait for a server that may be gone (the
+            // healthy scenario's teardown waited 2 × 180 s for a pod whose sidecar was gone).
+            let path =
+                std::ffi::CString::new(self.mountpoint.as_os_str().as_encoded_bytes()).expect("no NUL");
+            // SAFETY: a NUL-terminated path that outlives the call.
+            unsafe { libc::umount2(path.as_ptr(), libc::MNT_FORCE | libc::MNT_DETACH) };
         }
     }
 }
 
 /// The envoy stand-in: relays the pod's local port 15001 to the NFS server, as uid 65534 (which
 /// the redirect exempts), in the pod's namespace and cgroup. Killed with its connections on drop.
-pub struct Sidecar {
-    child: Child,
+struct Sidecar {
+    _process: SidecarProcess,
 }
 
 impl Sidecar {
-    pub fn start(pod: &NfsPod) -> Self {
-        let child = Command::new("nsenter")
-            .arg(format!("--net={}", pod.netns.path().display()))
-            .args(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
-            .args(["socat", "TCP-LISTEN:15001,reuseaddr,fork"])
-            .arg(format!("TCP:{SERVER}:2049"))
-            .process_group(0)
-            .spawn()
-            .expect("start socat");
-        std::fs::write(pod.container.procs(), child.id().to_string()).expect("sidecar joins the pod");
-        let sidecar = Sidecar { child };
-        let listening = wait_for(Duration::from_secs(10), || {
-            (!pod.netns.exec("ss", &["-Hltn", "sport = :15001"]).trim().is_empty()).then_some(())
-        });
-        assert!(listening.is_some(), "the sidecar does not listen on 15001");
-        sidecar
-    }
-}
-
-impl Drop for Sidecar {
-    /// SIGKILL to the proxy and every connection it forked, as when the sidecar container is gone.
-    fn drop(&mut self) {
-        // SAFETY: signals the process group socat leads (its forked connections are in it); the
-        // group cannot have been reused, socat is not reaped yet.
-        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
-        let _ = self.child.wait();
+    fn start(pod: &NfsPod) -> Self {
+        let relay = format!("TCP:{SERVER}:2049");
+        let args = ["TCP-LISTEN:15001,reuseaddr,fork", relay.as_str()];
+        let process =
+            SidecarProcess::start(&pod.netns, &pod.container.procs(), 65534, "socat", &args, &[15001]);
+        Sidecar { _process: process }
     }
 }
 
@@ -279,7 +307,8 @@ impl Drop for InitContainer {
 }
 
 /// A process of a pod's container with a file open on NFS: each `sync` writes 1 MiB and fsyncs
-/// it, each `write` only writes it (dirty pages its exit must flush). Opened while the server is
+/// it, each `rewrite` does so over the file's first MiB (a database's steady state: the file does
+/// not grow), each `write` only writes it (dirty pages its exit must flush). Opened while the server is
 /// reachable: an OPEN that cannot reach the server waits killable and the hung-task detector
 /// would not report it; a flush waits uninterruptibly.
 pub struct Writer {
@@ -294,8 +323,11 @@ fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 print("open", flush=True)
 block = b"k" * (1 << 20)
 for line in sys.stdin:
+    command = line.strip()
+    if command == "rewrite":
+        os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, block)
-    if line.strip() == "sync":
+    if command in ("sync", "rewrite"):
         os.fsync(fd)
     print("done", flush=True)
 "#;
@@ -356,6 +388,15 @@ impl Writer {
     pub fn sync(&mut self, timeout: Duration) {
         self.request_sync();
         assert!(self.synced(timeout), "the writer's fsync did not finish within {timeout:?}");
+    }
+
+    /// The file's first MiB written again and fsynced, which must finish within `timeout`; how
+    /// long it took.
+    pub fn rewrite(&mut self, timeout: Duration) -> Duration {
+        let started = Instant::now();
+        self.send("rewrite");
+        assert!(self.synced(timeout), "the writer's rewrite did not finish within {timeout:?}");
+        started.elapsed()
     }
 
     /// 1 MiB written to the page cache, not flushed.
