@@ -82,7 +82,9 @@ fn the_incident_history_survives_a_kill_9() {
     let carried =
         find(&firing["id"]).unwrap_or_else(|| panic!("the firing incident is gone: {incidents:#?}"));
     assert_eq!(carried["state"], "firing", "{carried:#}");
-    assert!(second.log().contains("incident history restored"), "{}", second.log());
+    // Logged before the agent serves (its reader may be behind it).
+    let restored = second.log_once_it_has("incident history restored", Duration::from_secs(10));
+    assert!(restored.is_some(), "{}", second.log());
 
     // The redirect still resets: found again, it goes on from when it first fired.
     let found_again = second.wait_incident(

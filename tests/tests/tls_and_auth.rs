@@ -141,7 +141,9 @@ fn a_real_prometheus_scrapes_over_tls_with_basic_auth_and_no_credentials_are_ref
         status(&[&client[..], &["--cacert", ca, "--user", &credentials, &url("/metrics")]].concat()),
         Ok(200)
     );
-    assert!(agent.log().contains("web configuration read again"), "{}", agent.log());
+    // Its reader may be behind the agent.
+    let reread = agent.log_once_it_has("web configuration read again", Duration::from_secs(10));
+    assert!(reread.is_some(), "{}", agent.log());
     // Prometheus has the client certificate: its scrapes since go on.
     let enforced_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let query = format!(
