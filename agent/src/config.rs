@@ -1053,6 +1053,8 @@ mod tests {
             ("kubelet_termination_overdue", "300".into(), one("5m")),
             ("kubelet_stuck_terminating_pods", "3".into(), one("3")),
             ("kubelet_unhealthy_after", "30".into(), one("30s")),
+            ("nfs_slow_threshold", s("750ms"), one("750ms")),
+            ("nfs_slow_for", "90".into(), one("90s")),
         ]
     }
 

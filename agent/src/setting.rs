@@ -7,12 +7,13 @@ use std::time::Duration;
 /// A bad value: the key of its setting and why.
 pub type Invalid = (&'static str, String);
 
-/// `90s`, `30m`, `1h`, `1d`, or plain seconds.
+/// `500ms`, `90s`, `30m`, `1h`, `1d`, or plain seconds.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let n: u64 = t[..split].parse().ok()?;
     let unit = match &t[split..] {
+        "ms" => return Some(Duration::from_millis(n)),
         "" | "s" => 1,
         "m" => 60,
         "h" => 3600,
@@ -26,7 +27,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
 pub fn duration(key: &'static str, text: &str) -> Result<Duration, Invalid> {
     parse_duration(text)
         .filter(|d| !d.is_zero())
-        .ok_or_else(|| (key, format!("{text:?} is not a duration like 90s, 30m, 1h")))
+        .ok_or_else(|| (key, format!("{text:?} is not a duration like 500ms, 90s, 30m, 1h")))
 }
 
 /// A whole number of at least `min`.
@@ -55,6 +56,7 @@ mod tests {
     #[test]
     fn durations() {
         assert_eq!(parse_duration("90s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
         assert_eq!(parse_duration("30m"), Some(Duration::from_secs(1800)));
         assert_eq!(parse_duration("2h"), Some(Duration::from_secs(7200)));
         assert_eq!(parse_duration("1d"), Some(Duration::from_secs(86400)));

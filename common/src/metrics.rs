@@ -107,6 +107,13 @@ pub const NFS_SERVER_RESPONDING: Metric = pod(
     "0 after a major RPC timeout to the server (the kernel's \"server not responding\"), 1 again once \
      a reply arrives (\"server OK\").",
 );
+pub const NFS_RPC_DURATION: Metric = pod(
+    "kstall_nfs_rpc_duration_seconds",
+    Histogram,
+    &["server", "operation"],
+    "NFS RPCs by how long their caller waited for them (queued, sent and answered), by server and \
+     procedure; the pod is the one whose task started the RPC.",
+);
 
 // Stuck tasks now and when they ended.
 
@@ -320,6 +327,7 @@ pub const ALL: &[&Metric] = &[
     &NFS_CONNECT_ERRORS,
     &NFS_STATE_MANAGER_FAILURES,
     &NFS_SERVER_RESPONDING,
+    &NFS_RPC_DURATION,
     &STUCK_TASKS,
     &STUCK_TASK_LONGEST_BLOCKED,
     &STUCK_TASK_BLOCKED,

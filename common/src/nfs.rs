@@ -78,6 +78,9 @@ pub struct NfsConfig {
     pub xprt_net: u32,
     pub net_ns_inum: u32,
     pub nfs_client_addr: u32,
+    /// `rpc_clnt.cl_prog`: the RPC program number, to time only NFS's RPCs.
+    pub clnt_prog: u32,
+    pub _pad: u32,
 }
 
 /// A key of the in-kernel NFS counters (`NFS_COUNTS`): one series of the NFS counters before
@@ -109,8 +112,70 @@ const _: () = assert!(size_of::<NfsCountKey>() == 72);
 /// in `NFS_OVERFLOW` and not sent.
 pub const COUNT_KEYS: u32 = 4096;
 
+/// The RPC program number of NFS (RFC 1813, 7530): the RPCs whose latency is timed.
+pub const NFS_PROGRAM: u32 = 100003;
+
+/// Upper bounds (ns) of the RPC latency buckets, as the histogram's `le` bounds in seconds:
+/// 0.5 ms (a LAN round trip) to 30 s (past every default timeout); a last bucket counts the rest.
+pub const LATENCY_BOUNDS_NS: [u64; 15] = [
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
+    30_000_000_000,
+];
+
+/// Buckets of [`NfsLatency`]: one per bound and one past the last.
+pub const LATENCY_BUCKETS: usize = LATENCY_BOUNDS_NS.len() + 1;
+
+/// A key of the in-kernel RPC latency histograms (`NFS_LATENCY`): who started the RPCs (the
+/// cgroup of the task that ran `rpc_execute`, also for an RPC that rpciod completes), the
+/// server, and the procedure.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NfsLatencyKey {
+    pub cgroup_id: u64,
+    pub server_addr: [u8; 16],
+    pub server_family: u16,
+    /// See `crate::counter`.
+    pub generation: u8,
+    pub _pad: [u8; 5],
+    /// The procedure's name (`READ`, `WRITE`, `GETATTR`, ...), NUL-padded.
+    pub operation: [u8; OPERATION_LEN],
+}
+
+pub const OPERATION_LEN: usize = 24;
+
+const _: () = assert!(size_of::<NfsLatencyKey>() == 8 + 16 + 8 + OPERATION_LEN);
+
+/// One key's RPCs in an interval, per CPU: how many, their summed execute time (queued, sent,
+/// answered: what the caller waited), and how many fell in each bucket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NfsLatency {
+    pub rpcs: u64,
+    pub sum_ns: u64,
+    pub buckets: [u64; LATENCY_BUCKETS],
+}
+
+/// Entries of `NFS_LATENCY`: two intervals' keys. An RPC whose key finds the map full is
+/// counted in `NFS_LATENCY_OVERFLOW`.
+pub const LATENCY_KEYS: u32 = 4096;
+
 #[cfg(feature = "user")]
 mod user {
+    unsafe impl aya::Pod for super::NfsLatencyKey {}
+    unsafe impl aya::Pod for super::NfsLatency {}
     // SAFETY: repr(C), integers only, no implicit padding (the padding is written out).
     unsafe impl aya::Pod for super::NfsCountKey {}
     unsafe impl aya::Pod for super::NfsConfig {}

@@ -169,5 +169,5 @@ pub fn count<K>(counts: &PerCpuHashMap<K, Counter>, overflow: &PerCpuArray<u64>,
     false
 }
 
-const BPF_NOEXIST: u64 = 1;
-const EEXIST: i32 = 17;
+pub const BPF_NOEXIST: u64 = 1;
+pub const EEXIST: i32 = 17;

@@ -32,6 +32,11 @@ pub const NODE_WIDE_STALL: &[Key] = &[
     ("kstall-incidents", "Alerts firing now", "KstallNfsNodeWideStall"),
     ("kstall-nfs", "Tasks stuck in NFS waits", "A"),
 ];
+pub const NFS_SLOW: &[Key] = &[
+    ("kstall-incidents", "Alerts firing now", "KstallNfsSlow"),
+    ("kstall-nfs", "RPC latency p99", "A"),
+    ("kstall-nfs", "Slowest operations (p99)", "A"),
+];
 pub const SYSTEM_OOM: &[Key] = &[
     ("kstall-incidents", "Alerts firing now", "KstallSystemOom"),
     ("kstall-memory-oom", "System (global) OOM kills by victim", "A"),
@@ -39,7 +44,7 @@ pub const SYSTEM_OOM: &[Key] = &[
 
 /// Every query a VM scenario shows data for.
 pub fn fed_by_the_vm_scenarios() -> impl Iterator<Item = Key> {
-    [NFS_PROBES, NODE_WIDE_STALL, SYSTEM_OOM].into_iter().flatten().copied()
+    [NFS_PROBES, NODE_WIDE_STALL, NFS_SLOW, SYSTEM_OOM].into_iter().flatten().copied()
 }
 
 pub fn root() -> PathBuf {

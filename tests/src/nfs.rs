@@ -100,9 +100,48 @@ impl Drop for ServerBlocked {
     }
 }
 
+/// RPCs of procedure `operation` (`WRITE`, ...) that the kernel counted for the mounts of
+/// `pods`, as `/proc/self/mountstats` has them (served from memory: no RPC). The kernel counts
+/// them where it fires `rpc_stats_latency`, so kstall must count as many.
+pub fn rpcs_of(pods: &[&NfsPod], operation: &str) -> u64 {
+    let stats = std::fs::read_to_string("/proc/self/mountstats").expect("mountstats");
+    let mut counting = false;
+    let mut total = 0;
+    for line in stats.lines() {
+        if line.starts_with("device ") {
+            counting =
+                pods.iter().any(|p| line.contains(&format!(" mounted on {} ", p.mountpoint.display())));
+        } else if counting && let Some(counts) = line.trim_start().strip_prefix(&format!("{operation}:")) {
+            total += counts.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+        }
+    }
+    total
+}
+
+/// The server's replies to `pod` delayed by `delay` (tc netem on the host end of its veth), as a
+/// slow or congested server link; undone when the guard drops.
+pub fn delay_replies(pod: &NfsPod, delay: Duration) -> RepliesDelayed {
+    run("modprobe", &["sch_netem"]);
+    let delay = format!("{}ms", delay.as_millis());
+    run("tc", &["qdisc", "add", "dev", &pod.host_if, "root", "netem", "delay", &delay]);
+    RepliesDelayed { host_if: pod.host_if.clone() }
+}
+
+pub struct RepliesDelayed {
+    host_if: String,
+}
+
+impl Drop for RepliesDelayed {
+    fn drop(&mut self) {
+        let _ = Command::new("tc").args(["qdisc", "del", "dev", &self.host_if, "root"]).status();
+    }
+}
+
 /// A pod with a hard NFS v4.1 mount of the server, made in the pod's network namespace.
 pub struct NfsPod {
     pub name: String,
+    /// The host end of the pod's veth pair: the server's replies leave through it.
+    pub host_if: String,
     pub uid: String,
     pub container_id: String,
     pub mountpoint: PathBuf,
@@ -136,6 +175,7 @@ impl NfsPod {
         std::fs::create_dir_all(&mountpoint).expect("mount point");
         NfsPod {
             name: name.to_string(),
+            host_if,
             uid,
             container_id,
             mountpoint,

@@ -645,9 +645,9 @@ fn nfs() -> anyhow::Result<Dashboard> {
     Ok(Dashboard::new(
         "kstall-nfs",
         "kstall / NFS",
-        "The kernel NFS client, per server and per pod: RPC timeouts, retransmits, connect errors, \
-         whether the server responds, and the tasks stuck waiting for it. Compare nodes before \
-         blaming the server (incident 1).",
+        "The kernel NFS client, per server and per pod: RPC latency, timeouts, retransmits, connect \
+         errors, whether the server responds, and the tasks stuck waiting for it. Compare nodes \
+         before blaming the server (incident 1).",
     )
     .panel(
         Panel::state_timeline(
@@ -659,6 +659,32 @@ fn nfs() -> anyhow::Result<Dashboard> {
         )
         .size(24, 7),
     )
+    .panel(Panel::timeseries(
+        "RPC latency p99",
+        "How long 99% of each pod's NFS RPCs to each server took (queued, sent and answered), over the \
+         rate interval: the slowness users feel with no error anywhere (nfs-slow fires past 500 ms \
+         for a minute). The pod is the one whose process started the RPCs.",
+        "s",
+        vec![range(
+            "A",
+            "histogram_quantile(0.99, sum by (le, node, server, namespace, pod) \
+             (rate(kstall_nfs_rpc_duration_seconds_bucket[$__rate_interval])))",
+            per_pod,
+        )?],
+    ))
+    .panel(Panel::timeseries(
+        "Slowest operations (p99)",
+        "The 99th percentile per server and procedure (READ, WRITE, COMMIT, GETATTR, ...) over the \
+         selected pods: slow WRITE/COMMIT alone points at the server's storage, every operation slow \
+         at the network or the server's CPU.",
+        "s",
+        vec![range(
+            "A",
+            "histogram_quantile(0.99, sum by (le, node, server, operation) \
+             (rate(kstall_nfs_rpc_duration_seconds_bucket[$__rate_interval])))",
+            "{{node}} {{server}} {{operation}}",
+        )?],
+    ))
     .panel(Panel::timeseries(
         "Major RPC timeouts",
         "Major RPC timeouts per second, per server and pod (`server not responding`).",

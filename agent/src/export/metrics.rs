@@ -27,7 +27,10 @@ use crate::{
 
 use kstall_common::metrics::{self as catalogue, Metric, POD_LABELS};
 
-use super::series::{self, Admission, Family, FamilySeries, PodName, SeriesBook};
+use super::{
+    histogram::CountedHistogramVec,
+    series::{self, Admission, Family, FamilySeries, PodName, SeriesBook},
+};
 
 pub struct Metrics {
     registry: Registry,
@@ -68,6 +71,7 @@ pub struct Metrics {
     nfs_connect_errors_total: IntCounterVec,
     nfs_state_manager_failures_total: IntCounterVec,
     nfs_server_responding: IntGaugeVec,
+    nfs_rpc_duration: CountedHistogramVec,
     /// Read into `events_total` and `events_lost_total` when scraped.
     counts: std::sync::Arc<Counts>,
 }
@@ -146,6 +150,16 @@ impl Metrics {
             sweeps: Sweeps::new(&registry),
             stuck_untracked_total: counter(&registry, &catalogue::STUCK_TASKS_UNTRACKED),
             nfs_server_responding: gauge_vec(&registry, Family::NfsResponding.metric()),
+            nfs_rpc_duration: register(
+                &registry,
+                CountedHistogramVec::new(
+                    catalogue::NFS_RPC_DURATION.name,
+                    catalogue::NFS_RPC_DURATION.help,
+                    &labels_of(&catalogue::NFS_RPC_DURATION),
+                    &crate::probes::nfs::LATENCY_BOUNDS_SECONDS,
+                )
+                .expect("valid metric"),
+            ),
             pod_metadata_up: gauge(&registry, &catalogue::POD_METADATA_UP),
             attribution_pods: gauge_vec(&registry, &catalogue::ATTRIBUTION_PODS),
             node_pods: gauge_vec(&registry, &catalogue::NODE_PODS),
@@ -219,6 +233,9 @@ impl Metrics {
         match (Family::of(update.metric), &update.change) {
             (Some(family), Change::Add(n)) => self.inc_by(family, &with_pod_labels(&own, who), who, *n),
             (Some(family), Change::Set(v)) => self.set(family, &with_pod_labels(&own, who), who, *v),
+            (Some(Family::NfsRpcDuration), Change::Buckets { counts, sum }) => {
+                self.add_buckets(&with_pod_labels(&own, who), who, counts, *sum)
+            }
             (None, Change::Observe(v)) if update.metric == &catalogue::STUCK_TASK_BLOCKED => {
                 self.stuck_task_blocked.with_label_values(&own).observe(*v)
             }
@@ -295,6 +312,23 @@ impl Metrics {
         }
     }
 
+    /// A histogram's overflow series takes what the cap refused, as a counter's does.
+    fn add_buckets(&self, labels: &[&str], who: &Attribution, counts: &[u64], sum: f64) {
+        let family = Family::NfsRpcDuration;
+        let observed = counts.iter().fold(0u64, |total, n| total.saturating_add(*n));
+        let mut book = self.series.lock().expect("series book");
+        match book.admit(family, labels, who) {
+            Admission::Series(slot) => {
+                self.nfs_rpc_duration.add(labels, counts, sum);
+                book.update(slot, |v| *v = v.saturating_add(observed as i64));
+            }
+            Admission::Overflow { first } => {
+                self.nfs_rpc_duration.add(&family.overflow_labels(), counts, sum);
+                self.dropped(family, first);
+            }
+        }
+    }
+
     fn dropped(&self, family: Family, first: bool) {
         if first {
             self.series_dropped_total.with_label_values(&[family.name()]).inc();
@@ -310,7 +344,7 @@ impl Metrics {
             Family::NfsTimeouts => &self.nfs_timeouts_total,
             Family::NfsConnectErrors => &self.nfs_connect_errors_total,
             Family::NfsStateManager => &self.nfs_state_manager_failures_total,
-            Family::NfsResponding => return None,
+            Family::NfsResponding | Family::NfsRpcDuration => return None,
         })
     }
 
@@ -325,10 +359,15 @@ impl Metrics {
         let gone = self.series.lock().expect("series book").take_except(named);
         for series::Entry { family, labels, .. } in gone {
             let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
-            let _ = match self.counter(family) {
-                Some(counter) => counter.remove_label_values(&labels),
-                None => self.nfs_server_responding.remove_label_values(&labels),
-            };
+            match (self.counter(family), family) {
+                (Some(counter), _) => {
+                    let _ = counter.remove_label_values(&labels);
+                }
+                (None, Family::NfsRpcDuration) => self.nfs_rpc_duration.remove(&labels),
+                (None, _) => {
+                    let _ = self.nfs_server_responding.remove_label_values(&labels);
+                }
+            }
         }
     }
 
@@ -350,7 +389,9 @@ impl Metrics {
                     .collect();
                 own.sort_unstable();
                 let own: Vec<String> = own.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
-                format!("{}{{{}}} {}", s.family.name(), own.join(","), s.value)
+                // A histogram's book value is its count of observations.
+                let suffix = if s.family.metric().kind == catalogue::Type::Histogram { "_count" } else { "" };
+                format!("{}{suffix}{{{}}} {}", s.family.name(), own.join(","), s.value)
             })
             .collect();
         lines.sort_unstable();
@@ -631,6 +672,52 @@ mod tests {
         });
         let text = m.render();
         assert!(text.contains(r#"direction="sent",host="false",namespace="",original_port="",pod="",port="overflow",reason="",workload=""} 7"#), "{text}");
+    }
+
+    /// The kernel's histogram of a pod's RPCs, summed over intervals, per server and operation;
+    /// capped like any family; gone with the pod.
+    #[test]
+    fn rpc_latency_histograms_per_pod() {
+        let m = Metrics::new(Default::default(), series::Settings { max_series_per_metric: 1 });
+        let who = |pod: &str| {
+            std::sync::Arc::new(Attribution {
+                namespace: "shop".into(),
+                pod: pod.into(),
+                ..Default::default()
+            })
+        };
+        let writes = |pod: &str| Attributed {
+            event: Event {
+                payload: Payload::NfsLatency(crate::probes::nfs::tests::slow_writes()),
+                ..detail_event()
+            },
+            who: who(pod),
+        };
+        m.observe(&writes("catalog-0"));
+        m.observe(&writes("catalog-0"));
+        let text = m.render();
+        let labels = r#"container="",host="false",namespace="shop",operation="WRITE",pod="catalog-0",server="10.55.0.1",workload="""#;
+        for line in [
+            format!(r#"kstall_nfs_rpc_duration_seconds_bucket{{{labels},le="0.001"}} 16"#),
+            format!(r#"kstall_nfs_rpc_duration_seconds_bucket{{{labels},le="0.5"}} 16"#),
+            format!(r#"kstall_nfs_rpc_duration_seconds_bucket{{{labels},le="1"}} 20"#),
+            format!(r#"kstall_nfs_rpc_duration_seconds_bucket{{{labels},le="+Inf"}} 20"#),
+            format!("kstall_nfs_rpc_duration_seconds_count{{{labels}}} 20"),
+            format!("kstall_nfs_rpc_duration_seconds_sum{{{labels}}} 3.2112"),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        assert_eq!(
+            m.pod_activity("shop", "catalog-0"),
+            [r#"kstall_nfs_rpc_duration_seconds_count{operation="WRITE",server="10.55.0.1"} 20"#]
+        );
+        // Past the cap: the overflow series takes it.
+        m.observe(&writes("checkout-0"));
+        let text = m.render();
+        let overflow = r#"kstall_nfs_rpc_duration_seconds_count{container="",host="",namespace="",operation="overflow",pod="",server="overflow",workload=""} 10"#;
+        assert!(text.lines().any(|l| l == overflow), "{text}");
+        m.forget_pods_except(&Default::default());
+        assert!(!m.render().contains(r#"pod="catalog-0""#));
     }
 
     fn detail_event() -> Event {

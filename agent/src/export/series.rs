@@ -74,10 +74,11 @@ pub enum Family {
     NfsConnectErrors,
     NfsStateManager,
     NfsResponding,
+    NfsRpcDuration,
 }
 
 impl Family {
-    pub const ALL: [Family; 8] = [
+    pub const ALL: [Family; 9] = [
         Family::TcpResets,
         Family::StuckTasks,
         Family::OomKills,
@@ -86,6 +87,7 @@ impl Family {
         Family::NfsConnectErrors,
         Family::NfsStateManager,
         Family::NfsResponding,
+        Family::NfsRpcDuration,
     ];
 
     /// The family of the catalogue's `metric`, if it is one about events.
@@ -104,6 +106,7 @@ impl Family {
             Family::NfsConnectErrors => &catalogue::NFS_CONNECT_ERRORS,
             Family::NfsStateManager => &catalogue::NFS_STATE_MANAGER_FAILURES,
             Family::NfsResponding => &catalogue::NFS_SERVER_RESPONDING,
+            Family::NfsRpcDuration => &catalogue::NFS_RPC_DURATION,
         }
     }
 

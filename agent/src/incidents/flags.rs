@@ -54,6 +54,13 @@ pub struct Flags {
     /// A kubelet check failing this long fires kubelet-degraded [default: 30s].
     #[arg(long, env = "KSTALL_KUBELET_UNHEALTHY_AFTER", value_name = "DURATION")]
     pub kubelet_unhealthy_after: Option<String>,
+    /// A pod's NFS RPCs to a server slower than this at the 99th percentile (over the last 10 s)
+    /// make it slow [default: 500ms].
+    #[arg(long, env = "KSTALL_NFS_SLOW_THRESHOLD", value_name = "DURATION")]
+    pub nfs_slow_threshold: Option<String>,
+    /// Slow this long fires nfs-slow [default: 60s].
+    #[arg(long, env = "KSTALL_NFS_SLOW_FOR", value_name = "DURATION")]
+    pub nfs_slow_for: Option<String>,
 }
 
 impl Flags {
@@ -121,6 +128,8 @@ impl Flags {
         )?;
         s.kubelet_unhealthy_after =
             duration("kubelet_unhealthy_after", self.kubelet_unhealthy_after, s.kubelet_unhealthy_after)?;
+        s.nfs_slow_threshold = duration("nfs_slow_threshold", self.nfs_slow_threshold, s.nfs_slow_threshold)?;
+        s.nfs_slow_for = duration("nfs_slow_for", self.nfs_slow_for, s.nfs_slow_for)?;
         Ok(s)
     }
 }

@@ -165,6 +165,10 @@ pub struct Settings {
     pub kubelet_stuck_terminating_pods: u32,
     /// A kubelet check failing this long makes `kubelet-degraded` (a restart takes seconds).
     pub kubelet_unhealthy_after: Duration,
+    /// A client's NFS RPCs slower than this at the 99th percentile ...
+    pub nfs_slow_threshold: Duration,
+    /// ... for this long make `nfs-slow`.
+    pub nfs_slow_for: Duration,
 }
 
 impl Default for Settings {
@@ -183,6 +187,8 @@ impl Default for Settings {
             kubelet_termination_overdue: Duration::from_secs(300),
             kubelet_stuck_terminating_pods: 3,
             kubelet_unhealthy_after: Duration::from_secs(30),
+            nfs_slow_threshold: Duration::from_millis(500),
+            nfs_slow_for: Duration::from_secs(60),
         }
     }
 }

@@ -7,7 +7,12 @@ use aya::{
     Pod,
     maps::{Array, MapData, PerCpuArray, PerCpuHashMap},
 };
-use kstall_common::{counter::Counter, nfs::NfsCountKey, oom::OomCountKey, tcp_reset::ResetCountKey};
+use kstall_common::{
+    counter::Counter,
+    nfs::{NfsCountKey, NfsLatency, NfsLatencyKey},
+    oom::OomCountKey,
+    tcp_reset::ResetCountKey,
+};
 
 use super::probe::{Counting, Decoding, Drained};
 
@@ -81,16 +86,44 @@ impl CountKey for OomCountKey {
     }
 }
 
+impl CountKey for NfsLatencyKey {
+    fn generation(&self) -> u8 {
+        self.generation
+    }
+}
+
+/// A counter map's value: each CPU has its own, the agent adds them up.
+pub trait PerCpuSum: Pod + Default {
+    fn add(&mut self, other: &Self);
+}
+
+impl PerCpuSum for Counter {
+    fn add(&mut self, other: &Self) {
+        self.events = self.events.saturating_add(other.events);
+        self.emitted = self.emitted.saturating_add(other.emitted);
+    }
+}
+
+impl PerCpuSum for NfsLatency {
+    fn add(&mut self, other: &Self) {
+        self.rpcs = self.rpcs.saturating_add(other.rpcs);
+        self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
+        for (sum, n) in self.buckets.iter_mut().zip(other.buckets) {
+            *sum = sum.saturating_add(n);
+        }
+    }
+}
+
 /// One probe's per-CPU counter map and its overflow counters (cumulative, one per slot).
-pub struct CounterMap<K: CountKey> {
+pub struct CounterMap<K: CountKey, V: PerCpuSum = Counter> {
     name: &'static str,
-    counts: PerCpuHashMap<MapData, K, Counter>,
+    counts: PerCpuHashMap<MapData, K, V>,
     overflow: PerCpuArray<MapData, u64>,
     /// What of `overflow` was already read, by slot.
     overflow_read: Vec<u64>,
 }
 
-impl<K: CountKey> CounterMap<K> {
+impl<K: CountKey, V: PerCpuSum> CounterMap<K, V> {
     pub fn take(
         ebpf: &mut aya::Ebpf,
         name: &'static str,
@@ -111,7 +144,7 @@ impl<K: CountKey> CounterMap<K> {
     /// Moves the keys of `generation` into `counted`, summed over the CPUs, and returns what
     /// each overflow slot gained since the last drain. A failure stops the drain and leaves the
     /// rest for the next one.
-    pub fn drain(&mut self, generation: u8, counted: &mut Vec<(K, Counter)>) -> Result<Vec<u64>, String> {
+    pub fn drain(&mut self, generation: u8, counted: &mut Vec<(K, V)>) -> Result<Vec<u64>, String> {
         let keys: Vec<K> =
             self.counts.keys().filter_map(Result::ok).filter(|key| key.generation() == generation).collect();
         for key in keys {
@@ -119,9 +152,9 @@ impl<K: CountKey> CounterMap<K> {
             // it twice.
             let values = self.counts.get(&key, 0).map_err(|e| format!("reading {}: {e}", self.name))?;
             // Saturating: the values are the kernel's, and a corrupt one must not wrap the sum.
-            let counter = values.iter().fold(Counter::default(), |sum, c| Counter {
-                events: sum.events.saturating_add(c.events),
-                emitted: sum.emitted.saturating_add(c.emitted),
+            let counter = values.iter().fold(V::default(), |mut sum, c| {
+                sum.add(c);
+                sum
             });
             self.counts.remove(&key).map_err(|e| format!("deleting from {}: {e}", self.name))?;
             counted.push((key, counter));

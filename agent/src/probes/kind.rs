@@ -86,6 +86,9 @@ pub enum Change {
     Set(i64),
     /// A histogram observes this.
     Observe(f64),
+    /// A histogram observes what a histogram in the kernel counted: RPCs per bucket (not
+    /// cumulative; one per bound and the last past them) and their sum.
+    Buckets { counts: Vec<u64>, sum: f64 },
 }
 
 impl Update {

@@ -8,7 +8,7 @@ use super::{
     cleared::HungTaskCleared,
     hung_task::event::HungTask,
     kind::{EventData, EventKind},
-    nfs::event::{Nfs, NfsCount},
+    nfs::event::{Nfs, NfsCount, NfsLatency},
     oom::event::{OomKill, OomKillCount},
     stuck_task::event::StuckTaskSample,
     tcp_reset::event::{ResetCount, TcpReset},
@@ -34,6 +34,9 @@ pub enum Payload {
     Nfs(Nfs),
     /// One interval's NFS events of one series, from the kernel's counters, as `TcpResetCount`.
     NfsCount(NfsCount),
+    /// One interval's NFS RPC execute times of one caller, server and procedure, from the
+    /// kernel's histograms.
+    NfsLatency(NfsLatency),
 }
 
 impl Payload {
@@ -49,6 +52,7 @@ impl Payload {
             Payload::OomKillCount(p) => p,
             Payload::Nfs(p) => p,
             Payload::NfsCount(p) => p,
+            Payload::NfsLatency(p) => p,
         }
     }
 

@@ -18,12 +18,20 @@
 //! - `nfs4_state_mgr_failed`: `TP_PROTO(const struct nfs_client *clp, const char *section, int
 //!   status)`
 //!
+//! - `rpc_task_begin`: `TP_PROTO(const struct rpc_task *task, const void *action)` — fired by
+//!   `rpc_execute` in the task that starts the RPC, also for one rpciod runs (every READ/WRITE)
+//! - `rpc_stats_latency`: `TP_PROTO(const struct rpc_task *task, ktime_t backlog, ktime_t rtt,
+//!   ktime_t execute)` — an RPC with a reply ended (5.10 to 7.3; ns)
+//!
 //! Every event is counted in `NFS_COUNTS` by its series (netns, kind, server, error, section)
 //! before it is sent; only the first of a key in an interval are sent (`kstall_common::counter`).
+//! Every NFS RPC's execute time is counted in `NFS_LATENCY`, a histogram per caller's cgroup,
+//! server and procedure; no event is sent for it.
 
 use aya_ebpf::{
+    helpers::bpf_get_current_cgroup_id,
     macros::{map, raw_tracepoint},
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::RawTracePointContext,
 };
 use kstall_common::{
@@ -31,9 +39,9 @@ use kstall_common::{
     counter::Counter,
     kind,
     nfs::{
-        COUNT_KEYS, NAME_LEN, NfsConfig, NfsCountKey, NfsEvent, VERSION, WHAT_RETRANSMIT,
-        WHAT_SERVER_RESPONDING, WHAT_SOCKET_CONNECT, WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET,
-        WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
+        COUNT_KEYS, LATENCY_BOUNDS_NS, LATENCY_KEYS, NAME_LEN, NFS_PROGRAM, NfsConfig, NfsCountKey, NfsEvent,
+        NfsLatency, NfsLatencyKey, VERSION, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING, WHAT_SOCKET_CONNECT,
+        WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET, WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
     },
 };
 
@@ -62,6 +70,24 @@ static NFS_KEY: PerCpuArray<NfsCountKey> = PerCpuArray::with_max_entries(1, 0);
 /// Events whose key found `NFS_COUNTS` full.
 #[map]
 static NFS_OVERFLOW: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// The cgroup of the task that started each RPC (`struct rpc_task *` -> cgroup id): an
+/// asynchronous RPC ends in rpciod, whose cgroup is nobody's.
+#[map]
+static NFS_CALLER: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
+
+/// NFS RPC execute times by caller, server and procedure, per CPU; read and emptied by the agent
+/// once per interval.
+#[map]
+static NFS_LATENCY: PerCpuHashMap<NfsLatencyKey, NfsLatency> =
+    PerCpuHashMap::with_max_entries(LATENCY_KEYS, 0);
+
+#[map]
+static NFS_LATENCY_KEY: PerCpuArray<NfsLatencyKey> = PerCpuArray::with_max_entries(1, 0);
+
+/// RPCs whose key found `NFS_LATENCY` full.
+#[map]
+static NFS_LATENCY_OVERFLOW: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 const AF_INET: u16 = 2;
 const EINPROGRESS: i32 = 115;
@@ -183,6 +209,77 @@ pub fn nfs4_state_mgr_failed(ctx: RawTracePointContext) -> i32 {
     fill_sockaddr(&mut ev, clp, cfg.nfs_client_addr);
     string(section, &mut ev.procedure);
     count_and_emit(&ev);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "rpc_task_begin")]
+pub fn nfs_rpc_task_begin(ctx: RawTracePointContext) -> i32 {
+    let task: *const u8 = ctx.arg(0);
+    let _ = NFS_CALLER.insert(task as u64, unsafe { bpf_get_current_cgroup_id() }, 0);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "rpc_stats_latency")]
+pub fn nfs_rpc_stats_latency(ctx: RawTracePointContext) -> i32 {
+    let Some(cfg) = config() else { return 0 };
+    let task: *const u8 = ctx.arg(0);
+    let execute_ns: u64 = ctx.arg(3);
+    let clnt: *const u8 = field(task, cfg.task_client);
+    // rpcbind, lockd, mountd and the server's callbacks pass here too.
+    if field::<u32>(clnt, cfg.clnt_prog) != NFS_PROGRAM {
+        return 0;
+    }
+    let Some(key) = NFS_LATENCY_KEY.get_ptr_mut(0) else { return 0 };
+    // SAFETY: this CPU's scratch slot, written whole before it is read.
+    let key = unsafe { &mut *key };
+    key.cgroup_id = match unsafe { NFS_CALLER.get(task as u64) } {
+        Some(cgroup) => *cgroup,
+        None => unsafe { bpf_get_current_cgroup_id() },
+    };
+    let xprt: *const u8 = field(task, cfg.task_xprt);
+    let family: u16 = field(xprt, cfg.xprt_addr);
+    key.server_family = family;
+    key.server_addr = [0; 16];
+    if family == AF_INET {
+        key.server_addr[..4].copy_from_slice(&field::<[u8; 4]>(xprt, cfg.xprt_addr + 4));
+    } else if family == AF_INET6 {
+        key.server_addr = field(xprt, cfg.xprt_addr + 8);
+    }
+    key.generation = maps::generation();
+    key._pad = [0; 5];
+    key.operation = [0; kstall_common::nfs::OPERATION_LEN];
+    let proc_info: *const u8 = field(task, cfg.task_proc);
+    string(field(proc_info, cfg.procinfo_name), &mut key.operation);
+    let key: &NfsLatencyKey = key;
+    let mut bucket = LATENCY_BOUNDS_NS.len();
+    for (i, bound) in LATENCY_BOUNDS_NS.iter().enumerate() {
+        if execute_ns <= *bound {
+            bucket = i;
+            break;
+        }
+    }
+    // Twice: another CPU may insert the key between this CPU's lookup and insert.
+    for _ in 0..2 {
+        if let Some(latency) = NFS_LATENCY.get_ptr_mut(key) {
+            // SAFETY: this CPU's slot: no other writer races the increments.
+            let latency = unsafe { &mut *latency };
+            latency.rpcs += 1;
+            latency.sum_ns += execute_ns;
+            if let Some(n) = latency.buckets.get_mut(bucket) {
+                *n += 1;
+            }
+            return 0;
+        }
+        if NFS_LATENCY
+            .insert(key, NfsLatency::default(), maps::BPF_NOEXIST)
+            .is_err_and(|e| e != -maps::EEXIST)
+        {
+            break;
+        }
+    }
+    if let Some(n) = NFS_LATENCY_OVERFLOW.get_ptr_mut(0) {
+        unsafe { *n += 1 };
+    }
     0
 }
 

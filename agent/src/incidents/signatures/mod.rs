@@ -6,6 +6,7 @@ pub mod kubelet_degraded;
 pub mod nfs_node_wide_stall;
 pub mod nfs_server_unreachable;
 pub mod nfs_sidecar_redirect;
+pub mod nfs_slow;
 pub mod pod_termination_blocked;
 pub mod system_oom;
 

@@ -162,3 +162,81 @@ impl EventData for NfsCount {
         Some(self.suppressed)
     }
 }
+
+/// One interval's NFS RPCs of one caller (its cgroup), server and procedure, timed in the kernel:
+/// how many, their summed execute time (what the caller waited: queued, sent and answered), and
+/// how many ended within each bound of the histogram.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NfsLatency {
+    pub server_addr: Option<IpAddr>,
+    /// The RPC procedure (`READ`, `WRITE`, `GETATTR`, ...).
+    pub operation: String,
+    pub rpcs: u64,
+    pub seconds_sum: f64,
+    /// RPCs per bucket (not cumulative), one per bound of [`LATENCY_BOUNDS_SECONDS`] and the
+    /// last for the rest.
+    pub buckets: Vec<u64>,
+}
+
+/// The histogram's bounds (`le`), in seconds.
+pub const LATENCY_BOUNDS_SECONDS: [f64; kstall_common::nfs::LATENCY_BOUNDS_NS.len()] = {
+    let mut seconds = [0.0; kstall_common::nfs::LATENCY_BOUNDS_NS.len()];
+    let mut i = 0;
+    while i < seconds.len() {
+        seconds[i] = kstall_common::nfs::LATENCY_BOUNDS_NS[i] as f64 / 1e9;
+        i += 1;
+    }
+    seconds
+};
+
+impl NfsLatency {
+    /// The `q` quantile (0..=1) of its RPCs as Prometheus's `histogram_quantile` estimates it:
+    /// linear within the bucket it falls in, the last bound for one past every bound; `None`
+    /// without RPCs.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.buckets.iter().fold(0u64, |sum, n| sum.saturating_add(*n));
+        let rank = q * total as f64;
+        let mut seen = 0u64;
+        for (i, &n) in self.buckets.iter().enumerate() {
+            let below = seen as f64;
+            seen = seen.saturating_add(n);
+            if n == 0 || (seen as f64) < rank {
+                continue;
+            }
+            let Some(&upper) = LATENCY_BOUNDS_SECONDS.get(i) else { break };
+            let lower = i.checked_sub(1).map_or(0.0, |j| LATENCY_BOUNDS_SECONDS[j]);
+            return Some(lower + (upper - lower) * (rank - below) / n as f64);
+        }
+        (total > 0).then(|| LATENCY_BOUNDS_SECONDS[LATENCY_BOUNDS_SECONDS.len() - 1])
+    }
+}
+
+pub(super) const RPC_LATENCY: EventKind = EventKind {
+    name: "nfs_latency",
+    subject: Subject::Task,
+    families: &[&metrics::NFS_RPC_DURATION],
+    text: |e| {
+        let rpcs = e.get("rpcs").as_u64().unwrap_or(0);
+        let mean_ms = e.get("seconds_sum").as_f64().unwrap_or(0.0) * 1000.0 / rpcs.max(1) as f64;
+        format!("{} {} to {} in 1 s, {mean_ms:.1} ms mean", rpcs, e.s("operation"), e.s("server_addr"))
+    },
+};
+
+impl EventData for NfsLatency {
+    fn kind(&self) -> &'static EventKind {
+        &RPC_LATENCY
+    }
+
+    fn updates(&self, _: &Source) -> Vec<Update> {
+        let server = self.server_addr.map(|a| a.to_string()).unwrap_or_else(|| "local".into());
+        vec![Update::new(
+            &metrics::NFS_RPC_DURATION,
+            &[&server, &self.operation],
+            Change::Buckets { counts: self.buckets.clone(), sum: self.seconds_sum },
+        )]
+    }
+
+    fn filter_fields(&self) -> FilterFields {
+        FilterFields { ports: vec![], addrs: self.server_addr.iter().map(|a| a.to_string()).collect() }
+    }
+}

@@ -19,7 +19,7 @@ use kstall_common::{
     counter::Counter,
     kind,
     nfs::{
-        NAME_LEN, NfsConfig, NfsCountKey, NfsEvent, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING,
+        NAME_LEN, NfsConfig, NfsCountKey, NfsEvent, NfsLatencyKey, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING,
         WHAT_SOCKET_CONNECT, WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET, WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
     },
 };
@@ -50,6 +50,8 @@ pub const PROGRAMS: &[(&str, &str, &str)] = &[
     ("nfs_rpc_socket_error", "rpc_socket_error", "sunrpc"),
     ("nfs_rpc_socket_reset", "rpc_socket_reset_connection", "sunrpc"),
     ("nfs_xprt_lookup_rqst", "xprt_lookup_rqst", "sunrpc"),
+    ("nfs_rpc_task_begin", "rpc_task_begin", "sunrpc"),
+    ("nfs_rpc_stats_latency", "rpc_stats_latency", "sunrpc"),
     ("nfs4_state_mgr_failed", "nfs4_state_mgr_failed", "nfsv4"),
 ];
 
@@ -86,6 +88,7 @@ pub fn resolve(sunrpc: &KernelBtf, nfsv4: Option<&KernelBtf>) -> Result<NfsConfi
         task_proc: sunrpc.offset_of("rpc_task", "tk_msg.rpc_proc")?,
         clnt_clid: sunrpc.offset_of("rpc_clnt", "cl_clid")?,
         clnt_program: sunrpc.offset_of("rpc_clnt", "cl_program")?,
+        clnt_prog: sunrpc.offset_of("rpc_clnt", "cl_prog")?,
         program_name: sunrpc.offset_of("rpc_program", "name")?,
         procinfo_name: sunrpc.offset_of("rpc_procinfo", "p_name")?,
         xprt_addr: sunrpc.offset_of("rpc_xprt", "addr")?,
@@ -259,6 +262,8 @@ fn missing_tracepoint(tracepoint: &str) -> Unavailable {
     let events = match tracepoint {
         "xprt_retransmit" => "retransmit events",
         "nfs4_state_mgr_failed" => "state-manager failure events",
+        "rpc_stats_latency" => "RPC latency (kstall_nfs_rpc_duration_seconds)",
+        "rpc_task_begin" => "the caller of an RPC that rpciod runs (its latency goes to the kworker)",
         other => other,
     };
     Unavailable::new(events, format!("the kernel has no {tracepoint} tracepoint"))
@@ -297,6 +302,17 @@ fn is_not_found(e: &aya::programs::ProgramError) -> bool {
         source = err.source();
     }
     false
+}
+
+/// A latency key's interval: its series and what its RPCs took.
+pub fn decode_latency(key: &NfsLatencyKey, latency: &kstall_common::nfs::NfsLatency) -> NfsLatency {
+    NfsLatency {
+        server_addr: server_addr(key.server_family, &key.server_addr),
+        operation: crate::decode::comm_string(&key.operation),
+        rpcs: latency.rpcs,
+        seconds_sum: latency.sum_ns as f64 / 1e9,
+        buckets: latency.buckets.to_vec(),
+    }
 }
 
 pub fn decode_count(key: &NfsCountKey, counter: &Counter) -> Result<NfsCount, DecodeError> {
@@ -404,7 +420,7 @@ impl Probe for NfsProbe {
     }
 
     fn events(&self) -> &'static [EventKind] {
-        &[RPC, RPC_COUNT]
+        &[RPC, RPC_COUNT, RPC_LATENCY]
     }
 
     fn jiffies_field(&self) -> Option<&'static str> {
@@ -421,7 +437,11 @@ impl Probe for NfsProbe {
 
     /// Taken whether or not sunrpc is loaded yet: the programs count once they attach.
     fn counting(&self, ebpf: &mut Ebpf) -> Result<Option<Box<dyn Counting>>, String> {
-        Ok(Some(Box::new(RpcCounts(CounterMap::take(ebpf, "NFS_COUNTS", "NFS_OVERFLOW", 1)?))))
+        Ok(Some(Box::new(RpcCounts {
+            events: CounterMap::take(ebpf, "NFS_COUNTS", "NFS_OVERFLOW", 1)?,
+            latency: CounterMap::take(ebpf, "NFS_LATENCY", "NFS_LATENCY_OVERFLOW", 1)?,
+            warned_untimed: false,
+        })))
     }
 
     fn decode(
@@ -446,18 +466,40 @@ impl Probe for NfsProbe {
         ] {
             samples.push(Payload::NfsCount(tests::count_of(&tests::event(what, error), 2)));
         }
+        samples.push(Payload::NfsLatency(tests::slow_writes()));
         samples
     }
 }
 
 /// The RPC events counted in the kernel, by series; those counted without a key carry no kind,
-/// so they are only counted as suppressed.
-struct RpcCounts(CounterMap<NfsCountKey>);
+/// so they are only counted as suppressed. And the RPCs timed in the kernel, by caller.
+struct RpcCounts {
+    events: CounterMap<NfsCountKey>,
+    latency: CounterMap<NfsLatencyKey, kstall_common::nfs::NfsLatency>,
+    warned_untimed: bool,
+}
 
 impl Counting for RpcCounts {
     fn drain(&mut self, generation: u8, _: &Decoding, drained: &mut Drained) -> Result<(), String> {
+        let mut timed = Vec::new();
+        let latency_result = self.latency.drain(generation, &mut timed);
+        for (key, latency) in timed {
+            drained.counts.push(Counted {
+                probe: NAME,
+                netns: 0,
+                cgroup_id: key.cgroup_id,
+                comm: String::new(),
+                payload: Payload::NfsLatency(decode_latency(&key, &latency)),
+            });
+        }
+        // RPCs the full map could not time are no events: they are warned of, not counted.
+        let untimed = latency_result?.iter().fold(0u64, |sum, n| sum.saturating_add(*n));
+        if untimed > 0 && !self.warned_untimed {
+            self.warned_untimed = true;
+            tracing::warn!(untimed, "NFS RPCs not timed: the kernel's latency map is full (warned once)");
+        }
         let mut counted = Vec::new();
-        let result = self.0.drain(generation, &mut counted);
+        let result = self.events.drain(generation, &mut counted);
         for (key, counter) in counted {
             match decode_count(&key, &counter) {
                 Ok(count) => drained.counts.push(Counted {
@@ -574,6 +616,40 @@ pub(crate) mod tests {
             ..Default::default()
         };
         decode_count(&key, &Counter { events, emitted: events }).unwrap()
+    }
+
+    /// 10 WRITEs to 10.55.0.1 by cgroup 4242: 8 within 1 ms, 2 of 0.8 s.
+    pub(crate) fn slow_writes() -> NfsLatency {
+        let mut key = NfsLatencyKey { cgroup_id: 4242, server_family: 2, ..Default::default() };
+        key.server_addr[..4].copy_from_slice(&[10, 55, 0, 1]);
+        key.operation[..5].copy_from_slice(b"WRITE");
+        let mut latency = kstall_common::nfs::NfsLatency { rpcs: 10, ..Default::default() };
+        latency.buckets[1] = 8;
+        latency.buckets[10] = 2;
+        latency.sum_ns = 8 * 700_000 + 2 * 800_000_000;
+        decode_latency(&key, &latency)
+    }
+
+    #[test]
+    fn a_latency_key_reads_back_as_its_histogram() {
+        let writes = slow_writes();
+        assert_eq!(writes.server_addr, Some("10.55.0.1".parse().unwrap()));
+        assert_eq!((writes.operation.as_str(), writes.rpcs), ("WRITE", 10));
+        assert!((writes.seconds_sum - 1.6056).abs() < 1e-9);
+        assert_eq!(writes.buckets.len(), kstall_common::nfs::LATENCY_BUCKETS);
+        let near = |q: f64, expected: f64| {
+            let got = writes.quantile(q).unwrap();
+            assert!((got - expected).abs() < 1e-9, "q{q}: {got}, not {expected}");
+        };
+        // As Prometheus's histogram_quantile: linear within the bucket.
+        near(0.5, 0.0005 + 0.0005 * 5.0 / 8.0);
+        near(0.8, 0.001);
+        near(0.99, 0.5 + 0.5 * 1.9 / 2.0);
+        let text = (RPC_LATENCY.text)(&crate::probes::kind::Fields(&serde_json::to_value(&writes).unwrap()));
+        assert_eq!(text, "10 WRITE to 10.55.0.1 in 1 s, 160.6 ms mean");
+        let past = NfsLatency { buckets: vec![0; 15].into_iter().chain([3]).collect(), rpcs: 3, ..writes };
+        assert_eq!(past.quantile(0.99), Some(30.0), "past the last bound reads as the last");
+        assert_eq!(NfsLatency { buckets: vec![0; 16], rpcs: 0, ..past }.quantile(0.99), None);
     }
 
     #[test]
