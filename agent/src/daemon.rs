@@ -214,8 +214,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             loaded.wakeup.take().map(|map| pipeline::Wakeup::new(map, config.probes.ring_buffer_bytes));
         tokio::spawn(pipeline::run(ring, wakeup, counters, pipeline, states_rx, stop_intake.clone()))
     });
-    let loss =
-        loaded.lost.take().map(|lost| tokio::spawn(pipeline::poll_losses(lost, counts, stop_intake.clone())));
+    let loss = loaded.lost.take().map(|lost| {
+        tokio::spawn(pipeline::poll_losses(lost, loaded.misses.take(), counts, stop_intake.clone()))
+    });
     let loaded = Arc::new(Mutex::new(loaded));
     // Its own token: it must stop before the probes are detached, not with the readers after.
     let stop_module_watch = CancellationToken::new();

@@ -93,6 +93,8 @@ pub struct Counts {
     lost: [AtomicU64; probes::ALL.len()],
     /// Counted in the kernel and not sent in full (sampling).
     suppressed: [AtomicU64; probes::ALL.len()],
+    /// Runs of each program the kernel skipped, as it last said (`probes::misses`).
+    missed: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 impl Counts {
@@ -112,6 +114,16 @@ impl Counts {
         if let Some(i) = probes::position(probe) {
             self.suppressed[i].fetch_add(n, Ordering::Relaxed);
         }
+    }
+
+    /// What the kernel says program `program` missed so far.
+    pub fn set_missed(&self, program: &str, runs: u64) {
+        self.missed.lock().expect("missed runs").insert(program.to_string(), runs);
+    }
+
+    /// Each program's missed runs.
+    pub fn missed(&self) -> Vec<(String, u64)> {
+        self.missed.lock().expect("missed runs").iter().map(|(p, n)| (p.clone(), *n)).collect()
     }
 
     pub fn suppressed_of(&self, probe: &str) -> u64 {

@@ -582,7 +582,12 @@ fn record(out: &mut std::io::BufWriter<std::fs::File>, bytes: &[u8]) {
 }
 
 /// Adds the kernel's per-CPU loss counters to the agent's (`kstall_events_lost_total`).
-pub async fn poll_losses(lost: PerCpuArray<MapData, u64>, counts: Arc<Counts>, stop: CancellationToken) {
+pub async fn poll_losses(
+    lost: PerCpuArray<MapData, u64>,
+    misses: Option<probes::misses::ProgramMisses>,
+    counts: Arc<Counts>,
+    stop: CancellationToken,
+) {
     let mut reported = vec![0u64; probes::ALL.len()];
     let mut tick = tokio::time::interval(LOSS_POLL_INTERVAL);
     loop {
@@ -597,6 +602,9 @@ pub async fn poll_losses(lost: PerCpuArray<MapData, u64>, counts: Arc<Counts>, s
                 counts.add_lost(probe.name(), total - reported[i]);
                 reported[i] = total;
             }
+        }
+        for (program, runs) in misses.iter().flat_map(|m| m.read()) {
+            counts.set_missed(program, runs);
         }
         if stopping {
             break;

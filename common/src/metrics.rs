@@ -274,6 +274,14 @@ pub const EVENTS_LOST: Metric = node(
     &["probe"],
     "Events the kernel could not queue because the ring buffer was full.",
 );
+pub const PROGRAM_RUNS_MISSED: Metric = node(
+    "kstall_program_runs_missed_total",
+    Counter,
+    &["program"],
+    "Runs of a kstall eBPF program the kernel skipped because the program was already running on \
+     that CPU (from 6.18 a task preempted inside a tracepoint program makes the next one's run a \
+     miss): hook firings no counter or histogram saw. Absent before 5.12.",
+);
 pub const EVENTS_SUPPRESSED: Metric = node(
     "kstall_events_suppressed_total",
     Counter,
@@ -353,6 +361,7 @@ pub const ALL: &[&Metric] = &[
     &PROBE_UP,
     &EVENTS,
     &EVENTS_LOST,
+    &PROGRAM_RUNS_MISSED,
     &EVENTS_SUPPRESSED,
     &EVENT_DECODE_ERRORS,
     &EVENTS_UNATTRIBUTED,

@@ -80,6 +80,14 @@ pub struct NfsConfig {
     pub nfs_client_addr: u32,
     /// `rpc_clnt.cl_prog`: the RPC program number, to time only NFS's RPCs.
     pub clnt_prog: u32,
+    /// 1 when the nfs module's offsets below are valid: the superblock of an RPC client, learned
+    /// from the data operations' completions (`nfs_pgio_header.inode`, `nfs_commit_data.inode`,
+    /// then `inode.i_sb`, `super_block.s_dev`).
+    pub nfs_module: u32,
+    pub pgio_inode: u32,
+    pub commit_inode: u32,
+    pub inode_sb: u32,
+    pub sb_dev: u32,
     pub _pad: u32,
 }
 
@@ -149,14 +157,22 @@ pub struct NfsLatencyKey {
     pub server_family: u16,
     /// See `crate::counter`.
     pub generation: u8,
-    pub _pad: [u8; 5],
+    pub _pad: u8,
+    /// The NFS superblock's device (`s_dev`, the kernel's MKDEV: major << 20 | minor) the RPC
+    /// client serves, once a read, write or commit of it completed; 0 before. For an RPC that
+    /// a kernel thread started (writeback), the mount's pod is the one to blame.
+    pub dev: u32,
+    /// The transport's network namespace: the pod's own when it mounted for itself, whose RPCs
+    /// a kernel thread sends (state renewal, commits) are still that pod's.
+    pub netns_ino: u32,
+    pub _pad2: u32,
     /// The procedure's name (`READ`, `WRITE`, `GETATTR`, ...), NUL-padded.
     pub operation: [u8; OPERATION_LEN],
 }
 
 pub const OPERATION_LEN: usize = 24;
 
-const _: () = assert!(size_of::<NfsLatencyKey>() == 8 + 16 + 8 + OPERATION_LEN);
+const _: () = assert!(size_of::<NfsLatencyKey>() == 8 + 16 + 16 + OPERATION_LEN);
 
 /// One key's RPCs in an interval, per CPU: how many, their summed execute time (queued, sent,
 /// answered: what the caller waited), and how many fell in each bucket.

@@ -118,6 +118,27 @@ pub fn rpcs_of(pods: &[&NfsPod], operation: &str) -> u64 {
     total
 }
 
+/// `stat()`s of `file` on `pod`'s mount, in the pod's namespace and cgroup, for `length`: with
+/// `noac`, each is a GETATTR RPC. Returns how many it did.
+pub fn stat_storm(pod: &NfsPod, file: &str, length: Duration) -> u64 {
+    const STORM: &str = r#"
+import os, sys, time
+end, n = time.monotonic() + float(sys.argv[2]), 0
+while time.monotonic() < end:
+    os.stat(sys.argv[1])
+    n += 1
+print(n)
+"#;
+    let out = pod
+        .python(STORM)
+        .arg(pod.mountpoint.join(file))
+        .arg(length.as_secs_f64().to_string())
+        .output()
+        .expect("run the stat storm");
+    assert!(out.status.success(), "the stat storm failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("the storm's count")
+}
+
 /// The server's replies to `pod` delayed by `delay` (tc netem on the host end of its veth), as a
 /// slow or congested server link; undone when the guard drops.
 pub fn delay_replies(pod: &NfsPod, delay: Duration) -> RepliesDelayed {
@@ -187,6 +208,21 @@ impl NfsPod {
         }
     }
 
+    /// `python3 -c script` (its arguments to add) as a process of the pod's container: in its
+    /// network namespace and cgroup, as an app container's process is.
+    pub fn python(&self, script: &str) -> Command {
+        let mut command = Command::new("nsenter");
+        command
+            .arg(format!("--net={}", self.netns.path().display()))
+            .args([
+                "sh",
+                "-c",
+                &format!("echo $$ > {} && exec python3 -c \"$0\" \"$@\"", self.container.procs().display()),
+            ])
+            .arg(script);
+        command
+    }
+
     /// The pod as the pods file lists it.
     pub fn json(&self) -> Value {
         pod_json(&self.uid, &self.name, &self.container_id)
@@ -219,6 +255,17 @@ impl NfsPod {
             .expect("mount");
         assert!(status.success(), "mount the NFS export in pod {}: {status}", self.name);
         self.mounted = true;
+    }
+
+    /// Mounts where the kubelet mounts the pod's NFS volume (`<root>/pods/<uid>/volumes/
+    /// kubernetes.io~nfs/<name>`, the root here under the scenarios' directory), from now on.
+    pub fn as_kubelet_volume(&mut self) {
+        self.mountpoint = Path::new(WORK)
+            .join("kubelet/pods")
+            .join(&self.uid)
+            .join("volumes/kubernetes.io~nfs")
+            .join(&self.name);
+        std::fs::create_dir_all(&self.mountpoint).expect("the volume's mount point");
     }
 
     /// Mounts the pod's own directory of the export as the kubelet mounts a static NFS volume:
@@ -375,15 +422,8 @@ for line in sys.stdin:
 impl Writer {
     pub fn start(pod: &NfsPod, file: &str) -> Self {
         let path = pod.mountpoint.join(file);
-        // In the pod's network namespace and container cgroup, as an app container's process is.
-        let mut child = Command::new("nsenter")
-            .arg(format!("--net={}", pod.netns.path().display()))
-            .args([
-                "sh",
-                "-c",
-                &format!("echo $$ > {} && exec python3 -c \"$0\" \"$1\"", pod.container.procs().display()),
-            ])
-            .arg(WRITER)
+        let mut child = pod
+            .python(WRITER)
             .arg(&path)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -12,10 +12,12 @@ use std::{
 };
 
 use kstall_tests::{
-    agent::{Agent, COUNTED_WITHIN, EventStream, samples_with, write_pods_file},
+    agent::{Agent, COUNTED_WITHIN, EventStream, sample_with, samples_with, write_pods_file},
+    bpf::{ProgramRuns, program_runs_of},
+    bpftrace::Bpftrace,
     cgroup::Cgroup,
     dashboards::{self, Key, Panels, Selection},
-    host::{Sysctl, wait_for},
+    host::{Sysctl, cpu_ticks, wait_for},
     kernel_tests_can_run,
     nfs::{self, InitContainer, NfsPod, StateRecoveryTrace, Writer, block_server},
 };
@@ -244,47 +246,22 @@ fn a_slow_nfs_server_is_named_with_the_pod_it_slows_and_its_rpc_latency() {
         }
         (rounds, started.elapsed())
     };
-    // Each pod's WRITEs once kstall counted, for the two pods, every one the kernel did for their
-    // mounts (and no more): each attributed to its pod.
-    let settled = || {
-        let pods = [&slowed, &steady];
-        let kernel = nfs::rpcs_of(&pods, "WRITE") as f64;
-        let metrics = wait_for(COUNTED_WITHIN, || {
-            let metrics = agent.metrics();
-            let counted: f64 = pods.iter().map(|p| Latency::of(&metrics, p, SLOW).rpcs).sum();
-            (counted == kernel).then_some(metrics)
-        })
-        .unwrap_or_else(|| panic!("kstall did not count the kernel's {kernel} WRITEs:\n{}", agent.metrics()));
-        pods.map(|p| Latency::of(&metrics, p, SLOW))
-    };
+    let kernel_writes = |pod: &NfsPod| nfs::rpcs_of(&[pod], "WRITE") as f64;
     let slow_incident = |state: &str| {
         agent.incidents().into_iter().find(|i| i["signature"] == "nfs-slow" && i["state"] == state)
     };
-    // The first rewrites make both pods' series; what follows is measured from them.
+    // The first rewrites are the warm-up: fast, both pods' series made.
     let warm_up = std::cell::Cell::new(0);
     rewrite_until(&mut writers, &|| {
         warm_up.set(warm_up.get() + 1);
         warm_up.get() > WARM_UP_ROUNDS
     });
-    let before = settled();
+    let warmed = kernel_writes(&slowed);
 
     let delayed = nfs::delay_replies(&slowed, REPLY_DELAY);
     let (slow_rounds, slow_for) = rewrite_until(&mut writers, &|| slow_incident("firing").is_some());
     let incident = slow_incident("firing").expect("fired");
-    let during = settled();
-    let (slow, fast) = (during[0].since(&before[0]), during[1].since(&before[1]));
-    // Every rewrite is a WRITE at least, by the pod's own process.
-    assert!(
-        slow.rpcs >= slow_rounds as f64 && fast.rpcs >= slow_rounds as f64,
-        "WRITEs not the pods': {during:?}"
-    );
-    assert_eq!(
-        slow.within, 0.0,
-        "{}: a WRITE within {SLOW} s through an 800 ms delay: {slow:?}",
-        slowed.name
-    );
-    assert!(slow.sum / slow.rpcs >= 0.8, "{}: mean below the delay: {slow:?}", slowed.name);
-    assert_eq!(fast.within, fast.rpcs, "{}: a WRITE past {SLOW} s with no delay: {fast:?}", steady.name);
+    let slowed_writes = kernel_writes(&slowed) - warmed;
     let latency_events = events.collect(
         |e| e["kind"] == "nfs_latency" && e["operation"] == "WRITE" && e["pod"] == slowed.name.as_str(),
         1,
@@ -319,15 +296,37 @@ fn a_slow_nfs_server_is_named_with_the_pod_it_slows_and_its_rpc_latency() {
 
     drop(delayed);
     let (fast_rounds, resolved_in) = rewrite_until(&mut writers, &|| slow_incident("resolved").is_some());
-    let after = settled()[0].since(&during[0]);
-    assert_eq!(after.within, after.rpcs, "{}: still slow once the delay went: {after:?}", slowed.name);
+    // Every WRITE of the two pods' mounts, as the kernel counted them, in the pods' histograms:
+    // the delayed pod's during the delay all past 0.5 s, every other one within.
+    let pods = [&slowed, &steady];
+    let kernel = pods.map(kernel_writes);
+    let (metrics, missed) = settled(&agent, &pods, kernel.iter().sum());
+    let [slow, fast] = pods.map(|p| Latency::of(&metrics, p, SLOW));
+    let within_slack = |counted: f64, expected: f64| counted <= expected && counted + missed >= expected;
+    assert!(
+        within_slack(slow.rpcs - slow.within, slowed_writes),
+        "{}: {slowed_writes} WRITEs through the delay, {slow:?} counted ({missed} runs missed)",
+        slowed.name
+    );
+    assert!(
+        within_slack(slow.within, kernel[0] - slowed_writes),
+        "{}: its other WRITEs within {SLOW} s: {slow:?} of {} ({missed} runs missed)",
+        slowed.name,
+        kernel[0]
+    );
+    assert!(
+        within_slack(fast.within, kernel[1]) && fast.within == fast.rpcs,
+        "{}: every WRITE within {SLOW} s: {fast:?} of {} ({missed} runs missed)",
+        steady.name,
+        kernel[1]
+    );
     let others: Vec<Value> = agent.incidents().into_iter().filter(|i| i["signature"] != "nfs-slow").collect();
     assert!(others.is_empty(), "slow writes are no failure: {others:#?}");
     println!(
         "vm-scenario nfs-slow: the server's replies to {} delayed {} ms; nfs-slow fired after {slow_rounds} rounds \
-         of rewrites with fsync ({:.1} s) naming it, p99 {p99:.2} s ({}); its WRITEs {:.0} ms mean, none within \
-         {SLOW} s ({} RPCs); {}'s {:.1} ms mean, all within, not named; the delay gone, resolved after {fast_rounds} \
-         rounds ({:.1} s), WRITEs {:.1} ms mean; dashboards: data in {}",
+         of rewrites with fsync ({:.1} s) naming it, p99 {p99:.2} s ({}); its {slowed_writes} WRITEs meanwhile \
+         all past {SLOW} s, its {} others and {}'s {} all within ({missed} runs missed); the delay gone, resolved \
+         after {fast_rounds} rounds ({:.1} s); dashboards: data in {}",
         slowed.name,
         REPLY_DELAY.as_millis(),
         slow_for.as_secs_f64(),
@@ -340,15 +339,164 @@ fn a_slow_nfs_server_is_named_with_the_pod_it_slows_and_its_rpc_latency() {
             ))
             .collect::<Vec<_>>()
             .join(", "),
-        slow.sum / slow.rpcs * 1000.0,
-        slow.rpcs,
+        kernel[0] - slowed_writes,
         steady.name,
-        fast.sum / fast.rpcs * 1000.0,
+        kernel[1],
         resolved_in.as_secs_f64(),
-        after.sum / after.rpcs * 1000.0,
         shown.join(", "),
     );
 }
+
+/// Runs of kstall's RPC timer the kernel skipped so far, as `/metrics` says.
+fn missed_runs(metrics: &str) -> f64 {
+    sample_with(metrics, "kstall_program_runs_missed_total", &[("program", "nfs_rpc_stats_latency")])
+        .unwrap_or(0.0)
+}
+
+/// `/metrics` once the WRITEs kstall timed for `pods` and the runs of its RPC timer the kernel
+/// skipped (`kstall_program_runs_missed_total`, 0 before 6.18: see `agent/src/probes/misses.rs`)
+/// account for the kernel's `kernel` WRITEs to their mounts; and those missed runs.
+fn settled(agent: &Agent, pods: &[&NfsPod], kernel: f64) -> (String, f64) {
+    let missed = missed_runs;
+    let timed = |metrics: &str| pods.iter().map(|p| Latency::of(metrics, p, SLOW).rpcs).sum::<f64>();
+    let settled = wait_for(COUNTED_WITHIN, || {
+        let metrics = agent.metrics();
+        let (timed, missed) = (timed(&metrics), missed(&metrics));
+        (timed <= kernel && timed + missed >= kernel).then_some((metrics, missed))
+    });
+    settled.unwrap_or_else(|| {
+        let metrics = agent.metrics();
+        let per_pod: Vec<String> =
+            pods.iter().map(|p| format!("{} {}", p.name, nfs::rpcs_of(&[p], "WRITE"))).collect();
+        panic!(
+            "kstall's {} timed WRITEs and {} missed runs do not account for the kernel's {kernel} ({per_pod:?}):\n{metrics}",
+            timed(&metrics),
+            missed(&metrics),
+        )
+    })
+}
+
+/// Writeback is no pod's task (issue 38): an app writes to its NFS volume — mounted from the node
+/// where the kubelet mounts a pod's volume — and leaves the pages to the kernel, whose flusher
+/// (a kworker, in no pod's cgroup) sends the WRITEs. kstall gives them to the pod by the mount:
+/// the superblock the kernel names at each write's reply, and the host's mount table under the
+/// kubelet's pods directory (never a `stat()` of the mount). Every WRITE the kernel counted for
+/// the mount is the pod's, some of them by the mount.
+#[test]
+#[ignore = "runs inside the kernel-matrix VMs: cargo xtask vm-test"]
+fn writeback_to_a_pods_nfs_volume_is_the_pods() {
+    in_vm("writeback_to_a_pods_nfs_volume_is_the_pods");
+    let mut pod = NfsPod::new(10, "archive-0");
+    pod.as_kubelet_volume();
+    let (agent, _dir) = agent_with(&[&pod], &[]);
+    let events = agent.subscribe();
+    pod.mount_from_node_with(KUBELET_DEFAULTS);
+    let mut writer = Writer::start(&pod, "archive.tar");
+    // Its own write and fsync first: the kernel names the mount's superblock at a write's reply.
+    writer.sync(REWRITE_WITHIN);
+    for _ in 0..WRITTEN_BACK_MIB {
+        writer.write();
+    }
+    // The flusher writes them back; sync(2) returns once it has.
+    // SAFETY: no arguments, no memory of ours.
+    unsafe { libc::sync() };
+    let kernel = nfs::rpcs_of(&[&pod], "WRITE") as f64;
+    let (_, missed) = settled(&agent, &[&pod], kernel);
+    let by_mount = events.collect(
+        |e| e["kind"] == "nfs_latency" && e["pod"] == pod.name.as_str() && e["via"] == "mount",
+        1,
+        COUNTED_WITHIN,
+    );
+    assert!(
+        !by_mount.is_empty(),
+        "no RPC of {} was given to it by its mount:\n{:#?}",
+        pod.name,
+        events.collect(|e| e["kind"] == "nfs_latency", usize::MAX, Duration::ZERO)
+    );
+    println!(
+        "vm-scenario nfs-writeback: {} WRITEs to {}'s volume (mounted from the node under the kubelet's \
+         pods directory), the flusher's among them: all the pod's ({missed} runs missed); by the mount: {} {} of {}",
+        kernel,
+        pod.name,
+        text(&by_mount[0]["rpcs"].to_string().into()),
+        text(&by_mount[0]["operation"]),
+        text(&by_mount[0]["device"]),
+    );
+}
+
+/// MiB the app leaves to writeback.
+const WRITTEN_BACK_MIB: usize = 3;
+
+/// What timing NFS RPCs costs (issue 38), on each kernel of the matrix: a pod `stat()`s a file on
+/// a `noac` mount as fast as it can (a GETATTR RPC each) while kstall runs and, on the same hook,
+/// a bpftrace one-liner keeping a latency histogram per client. Prints one `vm-bench` line: the
+/// RPCs and their rate, kstall's eBPF run time per RPC (its two programs: the caller at
+/// `rpc_task_begin`, the histogram at `rpc_stats_latency`) beside bpftrace's, and the agent's
+/// CPU, also per 10,000 RPCs/s. Every RPC the kernel counted must be in kstall's histogram.
+/// One-CPU guests under software emulation: the figures compare, they do not predict hardware.
+#[test]
+#[ignore = "runs inside the kernel-matrix VMs: cargo xtask vm-test"]
+fn nfs_rpc_timing_costs_beside_bpftrace() {
+    in_vm("nfs_rpc_timing_costs_beside_bpftrace");
+    let _stats = Sysctl::set("kernel.bpf_stats_enabled", "1");
+    let mut pod = NfsPod::new(11, "bench-0");
+    let (agent, _dir) = agent_with(&[&pod], &[]);
+    pod.mount_with("vers=4.1,hard,proto=tcp,noac");
+    std::fs::write(pod.mountpoint.join("probe"), "x").expect("a file to stat");
+    let trace = Bpftrace::start(
+        "tracepoint:sunrpc:rpc_stats_latency { @us[args->client_id] = hist(args->execute); @rpcs = count(); }",
+    );
+    let getattrs = |metrics: &str| -> f64 {
+        let labels = [("pod", pod.name.as_str()), ("operation", "GETATTR")];
+        samples_with(metrics, "kstall_nfs_rpc_duration_seconds_count", &labels).sum()
+    };
+    let (kstall_before, bpftrace_before) = (program_runs_of(agent.pid()), trace.programs());
+    let before = agent.metrics();
+    let (kernel_before, counted_before) = (nfs::rpcs_of(&[&pod], "GETATTR"), getattrs(&before));
+    let (cpu_before, started) = (cpu_ticks(agent.pid()), Instant::now());
+    let stats = nfs::stat_storm(&pod, "probe", STAT_STORM);
+    let (cpu, elapsed) = (cpu_ticks(agent.pid()) - cpu_before, started.elapsed());
+    let (kstall, bpftrace) = (program_runs_of(agent.pid()), trace.programs());
+    let rpcs = nfs::rpcs_of(&[&pod], "GETATTR") - kernel_before;
+    assert!(rpcs >= stats, "{stats} stat()s on a noac mount made only {rpcs} GETATTRs");
+    let missed_before = missed_runs(&before);
+    // Every GETATTR timed, or its run counted as missed.
+    let accounted = wait_for(COUNTED_WITHIN, || {
+        let metrics = agent.metrics();
+        let (timed, missed) = (getattrs(&metrics) - counted_before, missed_runs(&metrics) - missed_before);
+        (timed <= rpcs as f64 && timed + missed >= rpcs as f64).then_some(missed)
+    });
+    let missed = accounted.unwrap_or_else(|| {
+        panic!("kstall did not account for the kernel's {rpcs} GETATTRs:\n{}", agent.metrics())
+    });
+    // A program shows as its hook (bpftool's attachments) or its kernel name (15 characters).
+    let per_rpc = |runs: &[ProgramRuns], before: &[ProgramRuns], hook: &str, program: &str| {
+        let run = runs
+            .iter()
+            .find(|p| p.name.ends_with(hook) || (!p.name.is_empty() && program.starts_with(&p.name)));
+        run.unwrap_or_else(|| panic!("no program on {hook} among {runs:?}")).since(before).ns_per_run()
+    };
+    let begin = per_rpc(&kstall, &kstall_before, "rpc_task_begin", "nfs_rpc_task_begin");
+    let latency = per_rpc(&kstall, &kstall_before, "rpc_stats_latency", "nfs_rpc_stats_latency");
+    let one_liner = per_rpc(&bpftrace, &bpftrace_before, "rpc_stats_latency", "");
+    let rate = rpcs as f64 / elapsed.as_secs_f64();
+    let ticks_per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let core = cpu / ticks_per_sec / elapsed.as_secs_f64();
+    let traced = trace.stop().total("rpcs");
+    println!(
+        "vm-bench nfs-rpc {rpcs} GETATTRs in {:.0} s (kstall: {missed} runs missed; bpftrace counted {traced}) | \
+         {rate:.0}/s | {:.0} ns ({begin:.0} + {latency:.0}) | {one_liner:.0} ns | {:.1}× | {:.2}% of a core | \
+         {:.2}% of a core",
+        elapsed.as_secs_f64(),
+        begin + latency,
+        (begin + latency) / one_liner,
+        core * 100.0,
+        core * 100.0 * 10_000.0 / rate,
+    );
+}
+
+/// How long the bench's pod stats its file.
+const STAT_STORM: Duration = Duration::from_secs(20);
 
 /// Rewrites before the delay, the delay, and how long rewrites may go on until the incident
 /// fires or resolves.
@@ -359,12 +507,10 @@ const ROUNDS_WITHIN: Duration = Duration::from_secs(90);
 /// takes tens of milliseconds).
 const SLOW: &str = "0.5";
 
-/// A pod's WRITE RPCs as `/metrics` shows them: how many, their summed seconds, and how many
-/// ended within a bound.
+/// A pod's WRITE RPCs as `/metrics` shows them: how many, and how many ended within a bound.
 #[derive(Debug, Default, Clone, Copy)]
 struct Latency {
     rpcs: f64,
-    sum: f64,
     within: f64,
 }
 
@@ -375,15 +521,7 @@ impl Latency {
         let sum = |suffix: &str, extra: &[(&str, &str)]| -> f64 {
             samples_with(metrics, &format!("{name}{suffix}"), &[&labels[..], extra].concat()).sum()
         };
-        Latency { rpcs: sum("_count", &[]), sum: sum("_sum", &[]), within: sum("_bucket", &[("le", le)]) }
-    }
-
-    fn since(&self, earlier: &Latency) -> Latency {
-        Latency {
-            rpcs: self.rpcs - earlier.rpcs,
-            sum: self.sum - earlier.sum,
-            within: self.within - earlier.within,
-        }
+        Latency { rpcs: sum("_count", &[]), within: sum("_bucket", &[("le", le)]) }
     }
 }
 

@@ -13,6 +13,9 @@ pub struct Results {
     /// The VM scenarios' `vm-time-to-name <signature> <seconds>` lines: how long each incident
     /// took from its first kernel signal to firing.
     pub times_to_name: Vec<(String, f64)>,
+    /// The VM scenarios' `vm-bench <name> <figures>` lines: what a benchmark run in the guest
+    /// measured, by benchmark.
+    pub benches: Vec<(String, String)>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -32,6 +35,10 @@ impl Results {
         for line in log.lines() {
             if let Some(report) = line.strip_prefix("vm-scenario ") {
                 results.reports.push(report.to_string());
+            } else if let Some((bench, figures)) =
+                line.strip_prefix("vm-bench ").and_then(|l| l.split_once(' '))
+            {
+                results.benches.push((bench.to_string(), figures.to_string()));
             } else if let Some((signature, secs)) =
                 line.strip_prefix("vm-time-to-name ").and_then(|l| l.split_once(' '))
             {
@@ -99,7 +106,8 @@ mod tests {
                    test b_scenario ... FAILED\n\
                    test c_scenario ... FAILED\n\
                    \nsuccesses:\n\n---- a_scenario stdout ----\nvm-scenario a: fired\n\
-                   vm-time-to-name nfs-sidecar-redirect 4.25\nvm-time-to-name garbled\n\n\
+                   vm-time-to-name nfs-sidecar-redirect 4.25\nvm-time-to-name garbled\n\
+                   vm-bench nfs-rpc 100 RPCs | 5/s\n\n\
                    \nfailures:\n\n---- b_scenario stdout ----\nsome output\n\
                    thread 'b_scenario' (812) panicked at tests/tests/vm_scenarios.rs:161:9:\n\
                    assertion `left == right` failed: {\n  \"comm\": \"socat\"\n}\n  left: Null\n right: Number(2049)\n\
@@ -111,6 +119,7 @@ mod tests {
         assert_eq!(r.passed, ["a_scenario"]);
         assert_eq!(r.reports, ["a: fired"]);
         assert_eq!(r.times_to_name, [("nfs-sidecar-redirect".to_string(), 4.25)]);
+        assert_eq!(r.benches, [("nfs-rpc".to_string(), "100 RPCs | 5/s".to_string())]);
         assert_eq!(r.unfinished, None);
         assert_eq!(
             r.failed,

@@ -141,6 +141,7 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
         let (mut passed, mut failed) = (Vec::new(), Vec::new());
         let mut tested = Vec::new();
         let mut times_to_name = Vec::new();
+        let mut benches = Vec::new();
         let runs = boot_all(&selected, |booted| {
             boot_and_check(&vng, &vm_dir, &guest, &scenarios, scenario.unwrap_or(""), booted)
         })?;
@@ -161,6 +162,7 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
             );
             tested.push((booted.label, kernel.status));
             times_to_name.push((version.clone(), kernel.times_to_name));
+            benches.push((version.clone(), kernel.benches));
         }
         println!("vm-test: {} kernel(s) in {:.0} s", selected.len(), started.elapsed().as_secs_f64());
         print!("{}", time_to_name_summary(&times_to_name));
@@ -179,7 +181,8 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
             println!("vm-test: README.md's kernel support table is what this run saw");
             let results = build::workspace_root().join("bench/results.md");
             generated::write(&results, "time-to-name", &time_to_name_table(&times_to_name))?;
-            println!("vm-test: the times to name are in {}", results.display());
+            generated::write(&results, "nfs-rpc-cost", &nfs_rpc_cost_table(&benches))?;
+            println!("vm-test: the times to name and the NFS RPC cost are in {}", results.display());
         }
     }
     if repeat > 1 {
@@ -246,11 +249,7 @@ fn time_to_name_table(times: &TimesToName) -> String {
          the longest-stuck task began to wait) and `fired_unix_ns`, in the VM matrix's incident \
          scenarios (`tests/tests/vm_scenarios.rs`; one-CPU guests under software emulation). Goal: under \
          {TIME_TO_NAME_GOAL_SECS:.0} s.\n\n| incident |",
-        Command::new("date")
-            .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .unwrap_or_default(),
+        utc_now(),
         build::revision(),
     );
     for (version, _) in times {
@@ -275,6 +274,45 @@ fn time_to_name_table(times: &TimesToName) -> String {
     } else {
         format!("\nPast {TIME_TO_NAME_GOAL_SECS:.0} s: {}.\n", past.join(", "))
     });
+    out
+}
+
+/// When a generated section was written.
+fn utc_now() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// `bench/results.md`'s NFS RPC cost section: a row per kernel, from its `vm-bench nfs-rpc` line
+/// (cells as the scenario printed them).
+fn nfs_rpc_cost_table(benches: &[(String, Vec<(String, String)>)]) -> String {
+    let mut out = format!(
+        "## NFS RPC timing cost\n\n\
+         Written by `cargo xtask vm-test` after a full run that passed; every figure is from that run \
+         (`nfs_rpc_timing_costs_beside_bpftrace` in `tests/tests/vm_scenarios.rs`).\n\n\
+         - When: {}\n- kstall: {}\n\n\
+         A pod `stat()`s a file on a `noac` NFS mount for 20 s (a GETATTR RPC each), while kstall times \
+         every RPC and, on the same hook, bpftrace runs `tracepoint:sunrpc:rpc_stats_latency \
+         {{ @us[args->client_id] = hist(args->execute); @rpcs = count(); }}`. eBPF run time is the \
+         kernel's own (`kernel.bpf_stats_enabled`) per run; kstall's is its two programs' (the caller at \
+         `rpc_task_begin`, the histogram at `rpc_stats_latency`). Runs missed are the kernel's \
+         `recursion_misses` (a program preempted on a CPU, 6.18 on): RPCs kstall could not time. Agent \
+         CPU is utime + stime over the storm, and scaled to 10,000 RPCs/s. One-CPU guests under \
+         software emulation (two at a time on the host): the figures compare kstall with bpftrace \
+         on each kernel; on hardware every figure is many times smaller.\n\n\
+         | kernel | RPCs | rate | kstall eBPF per RPC (begin + latency) | bpftrace per RPC | kstall ÷ bpftrace | agent CPU | agent CPU per 10,000 RPCs/s |\n\
+         |---|---|---|---|---|---|---|---|\n",
+        utc_now(),
+        build::revision(),
+    );
+    for (version, runs) in benches {
+        for (_, figures) in runs.iter().filter(|(bench, _)| bench == "nfs-rpc") {
+            out.push_str(&format!("| {version} | {figures} |\n"));
+        }
+    }
     out
 }
 
@@ -465,6 +503,8 @@ struct KernelRun {
     status: serde_json::Value,
     /// Each incident's time from its first kernel signal to firing, in seconds.
     times_to_name: Vec<(String, f64)>,
+    /// What the benchmarks run in the guest measured: `(bench, figures)`.
+    benches: Vec<(String, String)>,
 }
 
 /// Boots `version` and reads what the guest left. Errs only when the VM cannot be started at all.
@@ -541,6 +581,7 @@ fn boot_and_check(
                 failed: vec![Failure { test: "boot".into(), why }],
                 status: serde_json::Value::Null,
                 times_to_name: Vec::new(),
+                benches: Vec::new(),
             });
         }
         println!("vm-test {version}: the VM did not finish ({ran}), booting again");
@@ -604,6 +645,9 @@ fn boot_and_check(
             .collect();
         report.push_str(&format!("  time to name: {}\n", times.join(", ")));
     }
+    for (bench, figures) in &results.benches {
+        report.push_str(&format!("  bench {bench}: {figures}\n"));
+    }
     failed.extend(results.failed);
     let rc = std::fs::read_to_string(out.join("scenarios.rc")).unwrap_or_default();
     if let Some(test) = results.unfinished {
@@ -614,7 +658,14 @@ fn boot_and_check(
         let why = format!("did not run to the end (exit {}); see {}", rc.trim(), log_path.display());
         failed.push(Failure { test: "scenarios".into(), why });
     }
-    Ok(KernelRun { report, passed: results.passed, failed, status, times_to_name: results.times_to_name })
+    Ok(KernelRun {
+        report,
+        passed: results.passed,
+        failed,
+        status,
+        times_to_name: results.times_to_name,
+        benches: results.benches,
+    })
 }
 
 /// Runs inside the VM as root: `guest.sh OUT KSTALL SCENARIOS TIMEOUT [FILTER]`. Loads the modules the NFS

@@ -3,6 +3,7 @@
 //! - [`cgroup`]: cgroup id -> pod UID, container id, QoS class (or the host's systemd unit);
 //! - [`netns`]: network namespace -> pod, for events in softirq or kworker context, learned from
 //!   the processes in each pod's cgroups;
+//! - [`mounts`]: NFS device -> the pod whose volume it is, for RPCs a kernel thread started;
 //! - [`pods`]: pod UID -> name, namespace, workload, from the Kubernetes API or a pods file,
 //!   deleted pods kept for a retention time;
 //! - [`resolver`]: the background task that keeps all of that current and publishes an [`Index`].
@@ -13,6 +14,7 @@
 
 pub mod cgroup;
 pub mod flags;
+pub mod mounts;
 pub mod netns;
 pub mod pods;
 pub mod resolver;
@@ -110,6 +112,8 @@ pub enum Via {
     Netns,
     /// The task's process, found in a pod's cgroup of a v1 hierarchy.
     Process,
+    /// The NFS mount an RPC served, one pod's volume: the RPC was a kernel thread's (writeback).
+    Mount,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -131,6 +135,8 @@ pub enum Key {
     /// A container of a known pod that the pod's status does not list yet: one that died as it
     /// started is listed when the kubelet next writes the status (a hash of pod UID and id).
     ContainerName(u64),
+    /// An NFS mount newer than the last walk (a hash of its `major:minor`).
+    NfsMount(u64),
 }
 
 impl Key {
@@ -166,6 +172,8 @@ pub struct Index {
     /// Processes in pods' v1 cgroups: for nodes whose kubelet uses cgroup v1, where the v2 cgroup
     /// id of an event says nothing about the pod.
     pub by_process: HashMap<u32, Arc<Attribution>>,
+    /// NFS devices (`major:minor`) mounted as one pod's volume.
+    pub by_nfs_mount: HashMap<String, Arc<Attribution>>,
     /// The pods' cgroups live in a v1 hierarchy.
     pub v1_pods: bool,
     /// A metadata source (API, file) is configured: a pod without a name is worth a short wait.
@@ -209,6 +217,23 @@ impl Index {
             let tgid = event.header.tgid;
             if let Some(a) = self.by_process.get(&tgid) {
                 return found(a);
+            }
+            // A kernel thread's RPC (writeback, state renewal): the pod whose transport it is (a
+            // pod that mounted in its own network namespace), else whose volume the mount is.
+            if let Some(a) = nfs_transport_pod(event).and_then(|netns| self.by_netns.get(&netns))
+                && a.pod_uid.is_some()
+            {
+                return found(a);
+            }
+            if let Some(device) = nfs_mount(event) {
+                match self.by_nfs_mount.get(device) {
+                    Some(a) => return found(a),
+                    // A mount newer than the last walk, maybe.
+                    None if by_cgroup.is_some() => {
+                        return self.missing(key_for_mount(device), by_cgroup.cloned());
+                    }
+                    None => {}
+                }
             }
             match by_cgroup {
                 // A count has no process to look up (tgid 0): its cgroup is all there is.
@@ -288,6 +313,10 @@ fn key_for_container(a: &Attribution) -> Key {
     Key::ContainerName(hash_of(&(&a.pod_uid, &a.container_id)))
 }
 
+pub fn key_for_mount(device: &str) -> Key {
+    Key::NfsMount(hash_of(&device))
+}
+
 fn hash_of(value: &impl std::hash::Hash) -> u64 {
     use std::hash::Hasher as _;
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -301,6 +330,17 @@ fn victim_pod(event: &Event) -> Option<Workload> {
     let Payload::OomKill(kill) = &event.payload else { return None };
     let workload = cgroup::parse(kill.victim_memcg.as_deref()?);
     (!matches!(workload, Workload::Host { .. })).then_some(workload)
+}
+
+/// The NFS mount whose RPCs an event counts, when the kernel said which.
+fn nfs_mount(event: &Event) -> Option<&str> {
+    let Payload::NfsLatency(latency) = &event.payload else { return None };
+    latency.device.as_deref()
+}
+
+/// The network namespace of the transport whose RPCs an event counts.
+fn nfs_transport_pod(event: &Event) -> Option<u32> {
+    matches!(event.payload, Payload::NfsLatency(_)).then_some(event.header.netns).filter(|n| *n != 0)
 }
 
 /// Whether the event's header task (for a count: its cgroup) is what it is about (a hung task, an
@@ -431,6 +471,43 @@ mod tests {
             panic!()
         };
         assert!(f.host);
+    }
+
+    #[test]
+    fn a_kernel_threads_rpcs_belong_to_the_pod_whose_nfs_volume_they_served() {
+        let mut latency = crate::probes::nfs::tests::slow_writes();
+        latency.device = Some("0:53".into());
+        let mut event = reset_in(0);
+        event.payload = Payload::NfsLatency(latency);
+        event.header.tgid = 0;
+        event.header.cgroup_id = 1;
+        let mut index = Index::default();
+        index.by_cgroup.insert(1, Arc::new(Attribution { host: true, ..Default::default() }));
+        index.by_nfs_mount.insert("0:53".into(), pod("u1", "ledger-0"));
+        let Resolution::Found(a) = index.resolve(&event) else { panic!() };
+        assert_eq!(a.pod, "ledger-0", "a kworker's writeback is the volume's pod's");
+        // A pod's own process started them: that pod, whoever's volume it is.
+        index.by_cgroup.insert(7, pod("u2", "reports-0"));
+        event.header.cgroup_id = 7;
+        let Resolution::Found(a) = index.resolve(&event) else { panic!() };
+        assert_eq!(a.pod, "reports-0");
+        // A mount the last walk did not see: the resolver reads the mounts again, the count waits.
+        event.header.cgroup_id = 1;
+        if let Payload::NfsLatency(l) = &mut event.payload {
+            l.device = Some("0:54".into());
+        }
+        let Resolution::Missing { key, fallback: Some(host) } = index.resolve(&event) else { panic!() };
+        assert_eq!(key, key_for_mount("0:54"));
+        assert!(host.host);
+        // No single pod's: the host, as its cgroup says.
+        index.unresolvable.insert(key);
+        let Resolution::Found(a) = index.resolve(&event) else { panic!() };
+        assert!(a.host && a.pod.is_empty());
+        // On a transport a pod made in its own network namespace (it mounted for itself): that pod's.
+        index.by_netns.insert(4026532999, pod("u3", "catalog-0"));
+        event.header.netns = 4026532999;
+        let Resolution::Found(a) = index.resolve(&event) else { panic!() };
+        assert_eq!(a.pod, "catalog-0");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Attribution, Index, Key, NodeMemory, Via, attribute,
     cgroup::{self, Hierarchies, Workload},
-    netns,
+    mounts, netns,
     pods::{PodStore, PodUpdate},
 };
 
@@ -80,6 +80,8 @@ pub struct Resolver {
     unresolvable: HashSet<Key>,
     /// Sum of the pods' memory limits at the last walk (pods without a limit add nothing).
     pod_memory_limits: u64,
+    /// NFS devices (`major:minor`) mounted as one pod's volume, and that pod's UID, at the last walk.
+    nfs_volumes: HashMap<String, String>,
     node_memory: u64,
 }
 
@@ -96,6 +98,7 @@ impl Resolver {
             pods,
             unresolvable: HashSet::new(),
             pod_memory_limits: 0,
+            nfs_volumes: HashMap::new(),
         }
     }
 
@@ -128,6 +131,7 @@ impl Resolver {
             }
         }
         self.pod_memory_limits = limits;
+        self.nfs_volumes = mounts::pod_volumes(&self.settings.proc);
         for (id, c) in &mut self.cgroups {
             if !seen_cgroups.contains(id) {
                 c.gone_at.get_or_insert(now);
@@ -205,6 +209,10 @@ impl Resolver {
                     }
                     None => false,
                 },
+                Key::NfsMount(_) => {
+                    self.nfs_volumes = mounts::pod_volumes(&self.settings.proc);
+                    self.nfs_volumes.keys().any(|device| super::key_for_mount(device) == key)
+                }
                 // Metadata arrives from its source on its own; the event path's hold bounds the wait.
                 Key::PodMeta(_) | Key::ContainerName(_) => true,
             };
@@ -280,6 +288,21 @@ impl Resolver {
         }
         for (tgid, w) in &self.processes {
             index.by_process.insert(*tgid, attribution(w, Via::Process));
+        }
+        // The pod as its own cgroup names it (its QoS class comes with it).
+        let mut pods: HashMap<&str, Workload> = HashMap::new();
+        for c in self.cgroups.values() {
+            if let Workload::Pod { pod_uid, qos } | Workload::Container { pod_uid, qos, .. } = &c.value {
+                pods.insert(pod_uid, Workload::Pod { pod_uid: pod_uid.clone(), qos: *qos });
+            }
+        }
+        for (device, uid) in &self.nfs_volumes {
+            if let Some(pod) = pods.get(uid.as_str()) {
+                let mut volume_owner = HashMap::new();
+                index
+                    .by_nfs_mount
+                    .insert(device.clone(), attribution_of(&mut volume_owner, &self.pods, pod, Via::Mount));
+            }
         }
         index
     }

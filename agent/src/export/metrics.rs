@@ -37,6 +37,7 @@ pub struct Metrics {
     probe_up: IntGaugeVec,
     events_total: IntCounterVec,
     events_lost_total: IntCounterVec,
+    program_runs_missed_total: IntCounterVec,
     events_suppressed_total: IntCounterVec,
     decode_errors_total: IntCounterVec,
     subscriber_drops_total: IntCounterVec,
@@ -183,6 +184,7 @@ impl Metrics {
             stuck_tasks_total: counter_vec(&registry, Family::StuckTasks.metric()),
             events_total: counter_vec(&registry, &catalogue::EVENTS),
             events_lost_total: counter_vec(&registry, &catalogue::EVENTS_LOST),
+            program_runs_missed_total: counter_vec(&registry, &catalogue::PROGRAM_RUNS_MISSED),
             events_suppressed_total: counter_vec(&registry, &catalogue::EVENTS_SUPPRESSED),
             decode_errors_total: counter_vec(&registry, &catalogue::EVENT_DECODE_ERRORS),
             unattributed_total: counter_vec(&registry, &catalogue::EVENTS_UNATTRIBUTED),
@@ -489,6 +491,10 @@ impl Metrics {
                 let series = counter.with_label_values(&[probe]);
                 series.inc_by(now.saturating_sub(series.get()));
             }
+        }
+        for (program, missed) in self.counts.missed() {
+            let series = self.program_runs_missed_total.with_label_values(&[program.as_str()]);
+            series.inc_by(missed.saturating_sub(series.get()));
         }
         let mut out = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding");

@@ -8,6 +8,7 @@ pub mod error;
 pub mod flags;
 pub mod hung_task;
 pub mod kind;
+pub mod misses;
 pub mod nfs;
 pub mod oom;
 pub mod payload;
@@ -102,6 +103,8 @@ pub struct Loaded {
     /// event) until the pipeline sets it.
     pub wakeup: Option<Array<MapData, u64>>,
     pub lost: Option<PerCpuArray<MapData, u64>>,
+    /// The programs' runs the kernel skipped; `None` before 5.12.
+    pub misses: Option<misses::ProgramMisses>,
     /// The kernel's counters, for the pipeline to drain; `None` with `--sample-events all`
     /// (nothing is counted in the kernel then).
     pub counters: Option<counters::Counters>,
@@ -132,6 +135,7 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
             events: None,
             wakeup: None,
             lost: None,
+            misses: None,
             counters: None,
         };
         (loaded, statuses)
@@ -168,6 +172,7 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
             Err(e) => statuses[idx].reason = Some(e.to_string()),
         }
     }
+    let misses_offset = vmlinux.offset_of("bpf_prog_info", "recursion_misses").ok();
     // Offsets are resolved; the parsed BTF is large, don't hold it through the load.
     drop(vmlinux);
     if plans.is_empty() && completions.is_empty() {
@@ -279,7 +284,9 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
     let events = ebpf.take_map("EVENTS").and_then(|m| RingBuf::try_from(m).ok());
     let wakeup = ebpf.take_map("WAKEUP").and_then(|m| Array::try_from(m).ok());
     let lost = ebpf.take_map("LOST").and_then(|m| PerCpuArray::try_from(m).ok());
-    let loaded = Loaded { ebpf: Some(ebpf), attached, completions, decoding, events, wakeup, lost, counters };
+    let misses = misses::ProgramMisses::of(&ebpf, misses_offset);
+    let loaded =
+        Loaded { ebpf: Some(ebpf), attached, completions, decoding, events, wakeup, lost, misses, counters };
     (loaded, statuses)
 }
 

@@ -22,6 +22,9 @@
 //!   `rpc_execute` in the task that starts the RPC, also for one rpciod runs (every READ/WRITE)
 //! - `rpc_stats_latency`: `TP_PROTO(const struct rpc_task *task, ktime_t backlog, ktime_t rtt,
 //!   ktime_t execute)` — an RPC with a reply ended (5.10 to 7.3; ns)
+//! - `nfs_readpage_done`, `nfs_writeback_done`: `TP_PROTO(const struct rpc_task *task, const
+//!   struct nfs_pgio_header *hdr)`; `nfs_commit_done`: `TP_PROTO(const struct rpc_task *task,
+//!   const struct nfs_commit_data *data)` (the nfs module) — which superblock an RPC client serves
 //!
 //! Every event is counted in `NFS_COUNTS` by its series (netns, kind, server, error, section)
 //! before it is sent; only the first of a key in an interval are sent (`kstall_common::counter`).
@@ -81,6 +84,11 @@ static NFS_CALLER: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0)
 #[map]
 static NFS_LATENCY: PerCpuHashMap<NfsLatencyKey, NfsLatency> =
     PerCpuHashMap::with_max_entries(LATENCY_KEYS, 0);
+
+/// The superblock each RPC client serves (`rpc_clnt.cl_clid` -> `s_dev`): an NFS mount's
+/// superblock has a client of its own, and its reads, writes and commits say which it is.
+#[map]
+static NFS_CLIENT_DEV: LruHashMap<u32, u32> = LruHashMap::with_max_entries(4096, 0);
 
 #[map]
 static NFS_LATENCY_KEY: PerCpuArray<NfsLatencyKey> = PerCpuArray::with_max_entries(1, 0);
@@ -246,7 +254,11 @@ pub fn nfs_rpc_stats_latency(ctx: RawTracePointContext) -> i32 {
         key.server_addr = field(xprt, cfg.xprt_addr + 8);
     }
     key.generation = maps::generation();
-    key._pad = [0; 5];
+    key._pad = 0;
+    key.netns_ino = field(field(xprt, cfg.xprt_net), cfg.net_ns_inum);
+    key._pad2 = 0;
+    let clid: u32 = field(clnt, cfg.clnt_clid);
+    key.dev = unsafe { NFS_CLIENT_DEV.get(clid) }.copied().unwrap_or(0);
     key.operation = [0; kstall_common::nfs::OPERATION_LEN];
     let proc_info: *const u8 = field(task, cfg.task_proc);
     string(field(proc_info, cfg.procinfo_name), &mut key.operation);
@@ -279,6 +291,40 @@ pub fn nfs_rpc_stats_latency(ctx: RawTracePointContext) -> i32 {
     }
     if let Some(n) = NFS_LATENCY_OVERFLOW.get_ptr_mut(0) {
         unsafe { *n += 1 };
+    }
+    0
+}
+
+#[raw_tracepoint(tracepoint = "nfs_readpage_done")]
+pub fn nfs_readpage_done(ctx: RawTracePointContext) -> i32 {
+    learn_client_dev(&ctx, |cfg| cfg.pgio_inode)
+}
+
+#[raw_tracepoint(tracepoint = "nfs_writeback_done")]
+pub fn nfs_writeback_done(ctx: RawTracePointContext) -> i32 {
+    learn_client_dev(&ctx, |cfg| cfg.pgio_inode)
+}
+
+#[raw_tracepoint(tracepoint = "nfs_commit_done")]
+pub fn nfs_commit_done(ctx: RawTracePointContext) -> i32 {
+    learn_client_dev(&ctx, |cfg| cfg.commit_inode)
+}
+
+/// Remembers the superblock of the completed data operation's RPC client.
+#[inline(always)]
+fn learn_client_dev(ctx: &RawTracePointContext, inode_offset: fn(&NfsConfig) -> u32) -> i32 {
+    let Some(cfg) = config() else { return 0 };
+    if cfg.nfs_module == 0 {
+        return 0;
+    }
+    let task: *const u8 = ctx.arg(0);
+    let data: *const u8 = ctx.arg(1);
+    let clid: u32 = field(field(task, cfg.task_client), cfg.clnt_clid);
+    let inode: *const u8 = field(data, inode_offset(&cfg));
+    let dev: u32 = field(field(inode, cfg.inode_sb), cfg.sb_dev);
+    // Every read and write passes here: write only what changed.
+    if dev != 0 && unsafe { NFS_CLIENT_DEV.get(clid) }.copied() != Some(dev) {
+        let _ = NFS_CLIENT_DEV.insert(clid, dev, 0);
     }
     0
 }

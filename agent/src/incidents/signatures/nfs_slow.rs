@@ -150,6 +150,7 @@ fn merged<'a>(latencies: impl Iterator<Item = &'a NfsLatency>) -> NfsLatency {
     let mut all = NfsLatency {
         server_addr: None,
         operation: String::new(),
+        device: None,
         rpcs: 0,
         seconds_sum: 0.0,
         buckets: vec![0; kstall_common::nfs::LATENCY_BUCKETS],
@@ -308,6 +309,7 @@ mod tests {
         let latency = NfsLatency {
             server_addr: Some(SERVER.parse().unwrap()),
             operation: operation.into(),
+            device: None,
             rpcs: n,
             seconds_sum: seconds * n as f64,
             buckets,

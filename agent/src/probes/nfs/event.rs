@@ -171,6 +171,10 @@ pub struct NfsLatency {
     pub server_addr: Option<IpAddr>,
     /// The RPC procedure (`READ`, `WRITE`, `GETATTR`, ...).
     pub operation: String,
+    /// The NFS mount's device (`major:minor`, as `/proc/<pid>/mountinfo` lists it), once the
+    /// kernel said which superblock the RPC client serves: a kernel thread's RPCs (writeback)
+    /// are attributed by it to the pod whose volume it is.
+    pub device: Option<String>,
     pub rpcs: u64,
     pub seconds_sum: f64,
     /// RPCs per bucket (not cumulative), one per bound of [`LATENCY_BOUNDS_SECONDS`] and the

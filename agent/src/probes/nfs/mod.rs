@@ -52,6 +52,9 @@ pub const PROGRAMS: &[(&str, &str, &str)] = &[
     ("nfs_xprt_lookup_rqst", "xprt_lookup_rqst", "sunrpc"),
     ("nfs_rpc_task_begin", "rpc_task_begin", "sunrpc"),
     ("nfs_rpc_stats_latency", "rpc_stats_latency", "sunrpc"),
+    ("nfs_readpage_done", "nfs_readpage_done", "nfs"),
+    ("nfs_writeback_done", "nfs_writeback_done", "nfs"),
+    ("nfs_commit_done", "nfs_commit_done", "nfs"),
     ("nfs4_state_mgr_failed", "nfs4_state_mgr_failed", "nfsv4"),
 ];
 
@@ -73,8 +76,13 @@ pub fn load_programs(ebpf: &mut Ebpf) -> Result<(), String> {
     Ok(())
 }
 
-/// Offsets in sunrpc's structs (and nfsv4's `nfs_client` when `nfsv4` is given).
-pub fn resolve(sunrpc: &KernelBtf, nfsv4: Option<&KernelBtf>) -> Result<NfsConfig, BtfError> {
+/// Offsets in sunrpc's structs (and the nfs module's when `nfs` is given, nfsv4's `nfs_client`
+/// when `nfsv4` is).
+pub fn resolve(
+    sunrpc: &KernelBtf,
+    nfs: Option<&KernelBtf>,
+    nfsv4: Option<&KernelBtf>,
+) -> Result<NfsConfig, BtfError> {
     let mut cfg = NfsConfig {
         rqst_task: sunrpc.offset_of("rpc_rqst", "rq_task")?,
         rqst_xid: sunrpc.offset_of("rpc_rqst", "rq_xid")?,
@@ -96,6 +104,13 @@ pub fn resolve(sunrpc: &KernelBtf, nfsv4: Option<&KernelBtf>) -> Result<NfsConfi
         net_ns_inum: sunrpc.offset_of("net", "ns.inum")?,
         ..NfsConfig::default()
     };
+    if let Some(nfs) = nfs {
+        cfg.pgio_inode = nfs.offset_of("nfs_pgio_header", "inode")?;
+        cfg.commit_inode = nfs.offset_of("nfs_commit_data", "inode")?;
+        cfg.inode_sb = nfs.offset_of("inode", "i_sb")?;
+        cfg.sb_dev = nfs.offset_of("super_block", "s_dev")?;
+        cfg.nfs_module = 1;
+    }
     if let Some(nfsv4) = nfsv4 {
         cfg.nfs_client_addr = nfsv4.offset_of("nfs_client", "cl_addr")?;
         cfg.nfs_client = 1;
@@ -117,7 +132,7 @@ pub struct Attachment {
 }
 
 /// The modules the probe hooks, in load order.
-const MODULES: [&str; 2] = ["sunrpc", "nfsv4"];
+const MODULES: [&str; 3] = ["sunrpc", "nfs", "nfsv4"];
 
 /// What the loaded modules' BTF gives, resolved while a parsed vmlinux is at hand (at start, the
 /// one the other probes were planned with: a parse costs seconds on a small node).
@@ -136,6 +151,11 @@ fn loaded_modules() -> Vec<&'static str> {
     MODULES.into_iter().filter(|m| std::path::Path::new("/sys/module").join(m).exists()).collect()
 }
 
+/// A loaded module's own BTF, or vmlinux's where it has none (before 5.11).
+fn or_vmlinux<'a>(module: &'a Option<Option<KernelBtf>>, vmlinux: &'a KernelBtf) -> Option<&'a KernelBtf> {
+    module.as_ref().map(|btf| btf.as_ref().unwrap_or(vmlinux))
+}
+
 /// Resolves what the probe needs from the modules loaded now; `None` while sunrpc is not.
 pub fn resolve_loaded(vmlinux: &KernelBtf) -> Option<Resolved> {
     let modules = loaded_modules();
@@ -144,10 +164,11 @@ pub fn resolve_loaded(vmlinux: &KernelBtf) -> Option<Resolved> {
     }
     let own_btf = |module: &str| modules.contains(&module).then(|| vmlinux.module_from_sys_fs(module).ok());
     let sunrpc = own_btf("sunrpc").flatten();
+    let nfs = own_btf("nfs");
     let nfsv4 = own_btf("nfsv4");
     let module_btf = sunrpc.is_some();
     let cfg =
-        resolve(sunrpc.as_ref().unwrap_or(vmlinux), nfsv4.as_ref().map(|b| b.as_ref().unwrap_or(vmlinux)))
+        resolve(sunrpc.as_ref().unwrap_or(vmlinux), or_vmlinux(&nfs, vmlinux), or_vmlinux(&nfsv4, vmlinux))
             .map_err(|e| {
                 if module_btf {
                     e.to_string()
@@ -166,6 +187,9 @@ pub fn resolve_loaded(vmlinux: &KernelBtf) -> Option<Resolved> {
         })
     };
     let mut tracepoints = vec![("sunrpc", defined("sunrpc", &sunrpc))];
+    if let Some(nfs) = &nfs {
+        tracepoints.push(("nfs", defined("nfs", nfs)));
+    }
     if let Some(nfsv4) = &nfsv4 {
         tracepoints.push(("nfsv4", defined("nfsv4", nfsv4)));
     }
@@ -264,6 +288,9 @@ fn missing_tracepoint(tracepoint: &str) -> Unavailable {
         "nfs4_state_mgr_failed" => "state-manager failure events",
         "rpc_stats_latency" => "RPC latency (kstall_nfs_rpc_duration_seconds)",
         "rpc_task_begin" => "the caller of an RPC that rpciod runs (its latency goes to the kworker)",
+        "nfs_readpage_done" | "nfs_writeback_done" | "nfs_commit_done" => {
+            "the mount of an RPC a kernel thread started (writeback is not the volume's pod's)"
+        }
         other => other,
     };
     Unavailable::new(events, format!("the kernel has no {tracepoint} tracepoint"))
@@ -308,7 +335,12 @@ fn is_not_found(e: &aya::programs::ProgramError) -> bool {
 pub fn decode_latency(key: &NfsLatencyKey, latency: &kstall_common::nfs::NfsLatency) -> NfsLatency {
     NfsLatency {
         server_addr: server_addr(key.server_family, &key.server_addr),
-        operation: crate::decode::comm_string(&key.operation),
+        // A procedure without a name is the NULL one (a ping), as the kernel's rpc_proc_name says.
+        operation: Some(crate::decode::comm_string(&key.operation))
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| "NULL".into()),
+        // The kernel's MKDEV: 12 bits of major, 20 of minor.
+        device: (key.dev != 0).then(|| format!("{}:{}", key.dev >> 20, key.dev & 0xf_ffff)),
         rpcs: latency.rpcs,
         seconds_sum: latency.sum_ns as f64 / 1e9,
         buckets: latency.buckets.to_vec(),
@@ -486,7 +518,9 @@ impl Counting for RpcCounts {
         for (key, latency) in timed {
             drained.counts.push(Counted {
                 probe: NAME,
-                netns: 0,
+                // Attributed by the caller's cgroup; the transport's namespace names the pod when
+                // the caller was a kernel thread (`attribution::Index::resolve`).
+                netns: key.netns_ino,
                 cgroup_id: key.cgroup_id,
                 comm: String::new(),
                 payload: Payload::NfsLatency(decode_latency(&key, &latency)),
@@ -570,18 +604,20 @@ pub(crate) mod tests {
         for k in ["6.1", "6.12", "7.3"] {
             let vmlinux = kernel(k);
             let sunrpc = vmlinux.module_from_bytes(&testdata(k, "sunrpc")).unwrap();
+            let nfs = vmlinux.module_from_bytes(&testdata(k, "nfs")).unwrap();
             let nfsv4 = vmlinux.module_from_bytes(&testdata(k, "nfsv4")).unwrap();
-            let cfg = resolve(&sunrpc, Some(&nfsv4)).unwrap_or_else(|e| panic!("{k}: {e}"));
-            assert!(cfg.valid == 1 && cfg.nfs_client == 1, "{k}");
-            for tracepoint in PROGRAMS.iter().filter(|p| p.2 == "sunrpc").map(|p| p.1) {
-                sunrpc.tracepoint_arg_count(tracepoint).unwrap_or_else(|e| panic!("{k}: {tracepoint}: {e}"));
+            let cfg = resolve(&sunrpc, Some(&nfs), Some(&nfsv4)).unwrap_or_else(|e| panic!("{k}: {e}"));
+            assert!(cfg.valid == 1 && cfg.nfs_client == 1 && cfg.nfs_module == 1, "{k}");
+            for (module, btf) in [("sunrpc", &sunrpc), ("nfs", &nfs), ("nfsv4", &nfsv4)] {
+                for tracepoint in PROGRAMS.iter().filter(|p| p.2 == module).map(|p| p.1) {
+                    btf.tracepoint_arg_count(tracepoint).unwrap_or_else(|e| panic!("{k}: {tracepoint}: {e}"));
+                }
             }
-            nfsv4.tracepoint_arg_count("nfs4_state_mgr_failed").unwrap();
             seen.push(cfg);
         }
         assert_ne!(seen[0], seen[1], "6.1 and 6.12 lay the RPC structs out differently");
         // 6.18 here has no sunrpc: its vmlinux alone cannot resolve them.
-        assert!(resolve(&kernel("6.18"), None).is_err());
+        assert!(resolve(&kernel("6.18"), None, None).is_err());
     }
 
     /// 5.10 has no module BTF: the offsets come from vmlinux's, which describes the RPC and NFS
@@ -590,16 +626,19 @@ pub(crate) mod tests {
     #[test]
     fn vmlinux_btf_gives_the_module_layouts_where_modules_have_no_btf() {
         let vmlinux = kernel("5.10");
-        let cfg = resolve(&vmlinux, Some(&vmlinux)).unwrap();
-        assert!(cfg.valid == 1 && cfg.nfs_client == 1);
+        let cfg = resolve(&vmlinux, Some(&vmlinux), Some(&vmlinux)).unwrap();
+        assert!(cfg.valid == 1 && cfg.nfs_client == 1 && cfg.nfs_module == 1);
         for k in ["6.1", "6.12", "7.3"] {
             let vmlinux = kernel(k);
-            let Ok(from_vmlinux) = resolve(&vmlinux, Some(&vmlinux)) else { continue };
-            let sunrpc = vmlinux.module_from_bytes(&testdata(k, "sunrpc")).unwrap();
-            let nfsv4 = vmlinux.module_from_bytes(&testdata(k, "nfsv4")).unwrap();
-            assert_eq!(from_vmlinux, resolve(&sunrpc, Some(&nfsv4)).unwrap(), "{k}");
+            let Ok(from_vmlinux) = resolve(&vmlinux, Some(&vmlinux), Some(&vmlinux)) else { continue };
+            let module = |name| vmlinux.module_from_bytes(&testdata(k, name)).unwrap();
+            let (sunrpc, nfs, nfsv4) = (module("sunrpc"), module("nfs"), module("nfsv4"));
+            assert_eq!(from_vmlinux, resolve(&sunrpc, Some(&nfs), Some(&nfsv4)).unwrap(), "{k}");
         }
-        assert!(resolve(&kernel("7.3"), Some(&kernel("7.3"))).is_ok(), "7.3's vmlinux describes them too");
+        assert!(
+            resolve(&kernel("7.3"), Some(&kernel("7.3")), Some(&kernel("7.3"))).is_ok(),
+            "7.3's vmlinux describes them too"
+        );
     }
 
     /// The count the kernel makes of `ev`'s series (as `ebpf/src/probes/nfs.rs` keys it), of
