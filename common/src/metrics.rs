@@ -279,8 +279,8 @@ pub const PROGRAM_RUNS_MISSED: Metric = node(
     Counter,
     &["program"],
     "Runs of a kstall eBPF program the kernel skipped because the program was already running on \
-     that CPU (from 6.18 a task preempted inside a tracepoint program makes the next one's run a \
-     miss): hook firings no counter or histogram saw. Absent before 5.12.",
+     that CPU (where tracepoints run programs preemptibly, as on 7.3, a task preempted inside one \
+     makes the next one's run a miss): hook firings no counter or histogram saw. Absent before 5.12.",
 );
 pub const EVENTS_SUPPRESSED: Metric = node(
     "kstall_events_suppressed_total",

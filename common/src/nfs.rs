@@ -88,8 +88,12 @@ pub struct NfsConfig {
     pub commit_inode: u32,
     pub inode_sb: u32,
     pub sb_dev: u32,
-    pub _pad: u32,
+    /// `rpc_task.tk_flags` (`RPC_TASK_ASYNC`: rpciod will run it, not its caller).
+    pub task_flags: u32,
 }
+
+/// `RPC_TASK_ASYNC` (include/linux/sunrpc/sched.h, the same from 5.10 to 7.3).
+pub const RPC_TASK_ASYNC: u16 = 0x0001;
 
 /// A key of the in-kernel NFS counters (`NFS_COUNTS`): one series of the NFS counters before
 /// attribution (its network namespace is attributed to a pod when the agent reads it). Every

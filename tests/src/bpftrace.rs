@@ -41,10 +41,16 @@ impl Bpftrace {
     /// Starts `script` and returns once its probes are attached. Classic tracepoints need tracefs
     /// mounted (see [`Tracefs`]).
     pub fn start(script: &str) -> Self {
+        Self::try_start(script).unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    /// [`Bpftrace::start`], or what bpftrace said when it could not compile or attach `script`
+    /// (bpftrace 0.17 cannot read 5.10's tracepoint formats, which use the kernel's `u32`).
+    pub fn try_start(script: &str) -> Result<Self, String> {
         let mut child = Command::new("bpftrace")
             .args(["-e", script])
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start bpftrace (apt bpftrace)");
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
@@ -57,13 +63,23 @@ impl Bpftrace {
             .strip_prefix("Attaching ")
             .and_then(|l| l.split_whitespace().next())
             .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("bpftrace did not start `{script}`: {line:?}"));
+            .ok_or_else(|| {
+                // It exits when it cannot attach: what it said is on its standard error.
+                let mut said = String::new();
+                let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut said));
+                let _ = child.wait();
+                format!("bpftrace did not start `{script}`: {line:?} {}", said.trim())
+            })?;
+        // Drained, so that its warnings never fill the pipe and stall it.
+        if let Some(mut stderr) = child.stderr.take() {
+            std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        }
         let trace = Bpftrace { child, stdout };
         while trace.programs().len() < probes {
             assert!(Instant::now() < deadline, "bpftrace did not attach {probes} probes");
             std::thread::sleep(Duration::from_millis(100));
         }
-        trace
+        Ok(trace)
     }
 
     pub fn programs(&self) -> Vec<ProgramRuns> {

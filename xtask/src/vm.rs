@@ -299,7 +299,7 @@ fn nfs_rpc_cost_table(benches: &[(String, Vec<(String, String)>)]) -> String {
          {{ @us[args->client_id] = hist(args->execute); @rpcs = count(); }}`. eBPF run time is the \
          kernel's own (`kernel.bpf_stats_enabled`) per run; kstall's is its two programs' (the caller at \
          `rpc_task_begin`, the histogram at `rpc_stats_latency`). Runs missed are the kernel's \
-         `recursion_misses` (a program preempted on a CPU, 6.18 on): RPCs kstall could not time. Agent \
+         `recursion_misses` (a program preempted on a CPU, as 7.3 allows): RPCs kstall could not time. Agent \
          CPU is utime + stime over the storm, and scaled to 10,000 RPCs/s. One-CPU guests under \
          software emulation (two at a time on the host): the figures compare kstall with bpftrace \
          on each kernel; on hardware every figure is many times smaller.\n\n\

@@ -226,15 +226,15 @@ impl Metrics {
         }
         let source = Source { probe: event.header.probe, comm: &event.header.comm };
         for update in data.updates(&source) {
-            self.apply(&update, who);
+            self.apply(&update, who, event.header.time_unix_ns);
         }
     }
 
-    fn apply(&self, update: &Update, who: &Attribution) {
+    fn apply(&self, update: &Update, who: &Attribution, at: u64) {
         let own: Vec<&str> = update.labels.iter().map(String::as_str).collect();
         match (Family::of(update.metric), &update.change) {
             (Some(family), Change::Add(n)) => self.inc_by(family, &with_pod_labels(&own, who), who, *n),
-            (Some(family), Change::Set(v)) => self.set(family, &with_pod_labels(&own, who), who, *v),
+            (Some(family), Change::Set(v)) => self.set(family, &with_pod_labels(&own, who), who, *v, at),
             (Some(Family::NfsRpcDuration), Change::Buckets { counts, sum }) => {
                 self.add_buckets(&with_pod_labels(&own, who), who, counts, *sum)
             }
@@ -301,14 +301,13 @@ impl Metrics {
 
     /// A gauge has no overflow series (a value of many series means nothing): the update is
     /// dropped and counted.
-    fn set(&self, family: Family, labels: &[&str], who: &Attribution, value: i64) {
+    fn set(&self, family: Family, labels: &[&str], who: &Attribution, value: i64, at: u64) {
         let mut book = self.series.lock().expect("series book");
         match book.admit(family, labels, who) {
             Admission::Series(slot) => {
-                if let Family::NfsResponding = family {
+                if book.set_if_newer(slot, value, at) && family == Family::NfsResponding {
                     self.nfs_server_responding.with_label_values(labels).set(value);
                 }
-                book.update(slot, |v| *v = value);
             }
             Admission::Overflow { first } => self.dropped(family, first),
         }

@@ -151,6 +151,8 @@ pub struct Entry {
     pub family: Family,
     pub labels: Vec<String>,
     pub value: i64,
+    /// When the event that last set a gauge happened (`time_unix_ns`).
+    set_at: u64,
 }
 
 /// Where an update goes.
@@ -216,7 +218,8 @@ impl SeriesBook {
             }
             return Admission::Overflow { first };
         }
-        let entry = Entry { family, labels: labels.iter().map(|l| l.to_string()).collect(), value: 0 };
+        let entry =
+            Entry { family, labels: labels.iter().map(|l| l.to_string()).collect(), value: 0, set_at: 0 };
         let slot = match self.free.pop() {
             Some(slot) => {
                 self.slots[slot] = Some(entry);
@@ -238,6 +241,20 @@ impl SeriesBook {
     pub fn update(&mut self, slot: usize, update: impl FnOnce(&mut i64)) {
         if let Some(entry) = &mut self.slots[slot] {
             update(&mut entry.value);
+        }
+    }
+
+    /// Sets a gauge's value to what an event of time `at` says, unless a later event set it
+    /// already: events can reach the agent out of order (a program preempted between taking its
+    /// time and sending its event, where the kernel runs programs preemptibly, as 7.3 does).
+    /// Whether it was set.
+    pub fn set_if_newer(&mut self, slot: usize, value: i64, at: u64) -> bool {
+        match &mut self.slots[slot] {
+            Some(entry) if at >= entry.set_at => {
+                (entry.value, entry.set_at) = (value, at);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -296,6 +313,16 @@ mod tests {
         let labels = labels(port, &who.pod);
         let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
         book.admit(Family::TcpResets, &refs, who)
+    }
+
+    #[test]
+    fn a_gauge_keeps_the_latest_events_value_whatever_order_they_arrive_in() {
+        let mut book = SeriesBook::new(Settings::default());
+        let Admission::Series(slot) = admit(&mut book, "2049", &pod("web-1")) else { panic!() };
+        assert!(book.set_if_newer(slot, 0, 10));
+        assert!(book.set_if_newer(slot, 1, 20), "answered at 20");
+        assert!(!book.set_if_newer(slot, 0, 19), "a timeout of 19 that arrived late");
+        assert_eq!(book.of("shop", "web-1")[0].value, 1);
     }
 
     #[test]

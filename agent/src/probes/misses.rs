@@ -1,7 +1,8 @@
 //! Runs of kstall's programs the kernel skipped. A program already running on a CPU is not run
 //! again there until it returns (the kernel's `recursion_misses`, in `bpf_prog_info` from 5.12):
-//! from 6.18 tracepoint programs run preemptibly, so a task preempted inside one makes the next
-//! task's run of it on that CPU a miss — an RPC no histogram timed, seen in the 7.3 VM under load.
+//! where tracepoints call their programs preemptibly (7.3 guards them with SRCU, where 6.12
+//! disabled preemption), a task preempted inside one makes the next task's run of it on that CPU a
+//! miss — an RPC no histogram timed, seen in the 7.3 VM under load.
 //! The counters are exact for what ran; these say what did not.
 
 use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};

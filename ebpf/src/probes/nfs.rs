@@ -43,8 +43,8 @@ use kstall_common::{
     kind,
     nfs::{
         COUNT_KEYS, LATENCY_BOUNDS_NS, LATENCY_KEYS, NAME_LEN, NFS_PROGRAM, NfsConfig, NfsCountKey, NfsEvent,
-        NfsLatency, NfsLatencyKey, VERSION, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING, WHAT_SOCKET_CONNECT,
-        WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET, WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
+        NfsLatency, NfsLatencyKey, RPC_TASK_ASYNC, VERSION, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING,
+        WHAT_SOCKET_CONNECT, WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET, WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
     },
 };
 
@@ -74,8 +74,8 @@ static NFS_KEY: PerCpuArray<NfsCountKey> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static NFS_OVERFLOW: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// The cgroup of the task that started each RPC (`struct rpc_task *` -> cgroup id): an
-/// asynchronous RPC ends in rpciod, whose cgroup is nobody's.
+/// The cgroup of the task that started each asynchronous RPC (`struct rpc_task *` -> cgroup
+/// id): it ends in rpciod, whose cgroup is nobody's.
 #[map]
 static NFS_CALLER: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
 
@@ -222,9 +222,19 @@ pub fn nfs4_state_mgr_failed(ctx: RawTracePointContext) -> i32 {
 
 #[raw_tracepoint(tracepoint = "rpc_task_begin")]
 pub fn nfs_rpc_task_begin(ctx: RawTracePointContext) -> i32 {
+    let Some(cfg) = config() else { return 0 };
     let task: *const u8 = ctx.arg(0);
-    let _ = NFS_CALLER.insert(task as u64, unsafe { bpf_get_current_cgroup_id() }, 0);
+    // A synchronous RPC ends in its caller, whose cgroup the latency program reads then.
+    if is_async(&cfg, task) {
+        let _ = NFS_CALLER.insert(task as u64, unsafe { bpf_get_current_cgroup_id() }, 0);
+    }
     0
+}
+
+/// Whether rpciod runs `task` to its end (every READ, WRITE and COMMIT), not its caller.
+#[inline(always)]
+fn is_async(cfg: &NfsConfig, task: *const u8) -> bool {
+    field::<u16>(task, cfg.task_flags) & RPC_TASK_ASYNC != 0
 }
 
 #[raw_tracepoint(tracepoint = "rpc_stats_latency")]
@@ -240,10 +250,8 @@ pub fn nfs_rpc_stats_latency(ctx: RawTracePointContext) -> i32 {
     let Some(key) = NFS_LATENCY_KEY.get_ptr_mut(0) else { return 0 };
     // SAFETY: this CPU's scratch slot, written whole before it is read.
     let key = unsafe { &mut *key };
-    key.cgroup_id = match unsafe { NFS_CALLER.get(task as u64) } {
-        Some(cgroup) => *cgroup,
-        None => unsafe { bpf_get_current_cgroup_id() },
-    };
+    let caller = if is_async(&cfg, task) { unsafe { NFS_CALLER.get(task as u64) }.copied() } else { None };
+    key.cgroup_id = caller.unwrap_or_else(|| unsafe { bpf_get_current_cgroup_id() });
     let xprt: *const u8 = field(task, cfg.task_xprt);
     let family: u16 = field(xprt, cfg.xprt_addr);
     key.server_family = family;

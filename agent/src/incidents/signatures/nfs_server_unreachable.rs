@@ -55,6 +55,10 @@ pub struct NfsServerUnreachable {
 struct Server {
     /// The clients failing now, by network namespace.
     failing: BTreeMap<u32, Failing>,
+    /// When each client was last answered: an error from before it is old news, even if it
+    /// reaches the agent after (a program preempted between taking its time and sending its
+    /// event, where the kernel runs programs preemptibly, as 7.3 does).
+    answered: BTreeMap<u32, u64>,
     last_error: u64,
     firing_since: Option<u64>,
 }
@@ -117,12 +121,19 @@ impl Signature for NfsServerUnreachable {
                     What::ServerResponding => {
                         if let Some(s) = self.by_server.get_mut(&addr) {
                             s.failing.remove(&netns);
+                            if s.answered.len() < MAX_CLIENTS || s.answered.contains_key(&netns) {
+                                let answered = s.answered.entry(netns).or_default();
+                                *answered = (*answered).max(t);
+                            }
                         }
                         return;
                     }
                     _ => return,
                 };
                 let s = self.by_server.touch(&addr, t, Server::default);
+                if s.answered.get(&netns).is_some_and(|answered| t < *answered) {
+                    return;
+                }
                 if s.failing.len() >= MAX_CLIENTS && !s.failing.contains_key(&netns) {
                     return;
                 }
@@ -148,6 +159,7 @@ impl Signature for NfsServerUnreachable {
         let mut findings = Vec::new();
         self.by_server.retain(|addr, s| {
             s.failing.retain(|_, c| now.saturating_sub(c.last_error) < quiet);
+            s.answered.retain(|_, answered| now.saturating_sub(*answered) < quiet);
             let since = s.failing.values().filter(|c| c.unreachable()).map(|c| c.first_error).min();
             s.firing_since = match (s.firing_since, since) {
                 (_, None) => None,
@@ -246,6 +258,22 @@ mod tests {
         assert_eq!(f[0].evidence["errors_by_pod"]["shop/web-1"], 1);
         s.observe(&nfs(20 * SEC, What::ServerResponding, &web));
         assert!(s.evaluate(21 * SEC, &node(&stuck)).is_empty());
+    }
+
+    /// 7.3 runs programs preemptibly: a timeout's event can reach the agent after the reply that
+    /// followed it. It is older than the answer: the client stays answered.
+    #[test]
+    fn an_error_older_than_the_answer_that_arrives_after_it_is_old_news() {
+        let web = pod("u1", "web-1");
+        let mut s = NfsServerUnreachable::new(&Settings::default());
+        let stuck = StuckSet::default();
+        s.observe(&nfs(10 * SEC, What::Timeout, &web));
+        assert_eq!(s.evaluate(11 * SEC, &node(&stuck)).len(), 1);
+        s.observe(&nfs(20 * SEC, What::ServerResponding, &web));
+        s.observe(&nfs(19 * SEC, What::Timeout, &web));
+        assert!(s.evaluate(21 * SEC, &node(&stuck)).is_empty(), "answered at 20 s");
+        s.observe(&nfs(30 * SEC, What::Timeout, &web));
+        assert_eq!(s.evaluate(31 * SEC, &node(&stuck)).len(), 1, "a new timeout after the answer");
     }
 
     #[test]

@@ -97,6 +97,7 @@ pub fn resolve(
         clnt_clid: sunrpc.offset_of("rpc_clnt", "cl_clid")?,
         clnt_program: sunrpc.offset_of("rpc_clnt", "cl_program")?,
         clnt_prog: sunrpc.offset_of("rpc_clnt", "cl_prog")?,
+        task_flags: sunrpc.offset_of("rpc_task", "tk_flags")?,
         program_name: sunrpc.offset_of("rpc_program", "name")?,
         procinfo_name: sunrpc.offset_of("rpc_procinfo", "p_name")?,
         xprt_addr: sunrpc.offset_of("rpc_xprt", "addr")?,
