@@ -253,14 +253,9 @@ pub fn nfs_rpc_stats_latency(ctx: RawTracePointContext) -> i32 {
     let caller = if is_async(&cfg, task) { unsafe { NFS_CALLER.get(task as u64) }.copied() } else { None };
     key.cgroup_id = caller.unwrap_or_else(|| unsafe { bpf_get_current_cgroup_id() });
     let xprt: *const u8 = field(task, cfg.task_xprt);
-    let family: u16 = field(xprt, cfg.xprt_addr);
-    key.server_family = family;
-    key.server_addr = [0; 16];
-    if family == AF_INET {
-        key.server_addr[..4].copy_from_slice(&field::<[u8; 4]>(xprt, cfg.xprt_addr + 4));
-    } else if family == AF_INET6 {
-        key.server_addr = field(xprt, cfg.xprt_addr + 8);
-    }
+    let server = SockAddr::read(xprt, cfg.xprt_addr);
+    key.server_family = server.family;
+    key.server_addr = server.addr;
     key.generation = maps::generation();
     key._pad = 0;
     key.netns_ino = field(field(xprt, cfg.xprt_net), cfg.net_ns_inum);
@@ -415,16 +410,33 @@ fn fill_xprt(cfg: &NfsConfig, ev: &mut NfsEvent, xprt: *const u8) {
     ev.header.netns_ino = field(field(xprt, cfg.xprt_net), cfg.net_ns_inum);
 }
 
-/// A `struct sockaddr_storage` holding a `sockaddr_in` or `sockaddr_in6`.
 #[inline(always)]
 fn fill_sockaddr(ev: &mut NfsEvent, base: *const u8, offset: u32) {
-    let family: u16 = field(base, offset);
-    ev.server_family = family;
-    ev.server_port = u16::from_be(field(base, offset + 2));
-    if family == AF_INET {
-        ev.server_addr[..4].copy_from_slice(&field::<[u8; 4]>(base, offset + 4));
-    } else if family == AF_INET6 {
-        ev.server_addr = field(base, offset + 8);
+    let server = SockAddr::read(base, offset);
+    ev.server_family = server.family;
+    ev.server_port = server.port;
+    ev.server_addr = server.addr;
+}
+
+/// A `struct sockaddr_storage` holding a `sockaddr_in` or `sockaddr_in6`; another family leaves
+/// the address zero.
+struct SockAddr {
+    family: u16,
+    port: u16,
+    addr: [u8; 16],
+}
+
+impl SockAddr {
+    #[inline(always)]
+    fn read(base: *const u8, offset: u32) -> Self {
+        let family: u16 = field(base, offset);
+        let mut addr = [0; 16];
+        if family == AF_INET {
+            addr[..4].copy_from_slice(&field::<[u8; 4]>(base, offset + 4));
+        } else if family == AF_INET6 {
+            addr = field(base, offset + 8);
+        }
+        Self { family, port: u16::from_be(field(base, offset + 2)), addr }
     }
 }
 
