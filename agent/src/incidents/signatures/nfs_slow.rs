@@ -107,7 +107,7 @@ impl Signature for NfsSlow {
             while c.recent.front().is_some_and(|i| now.saturating_sub(i.t) >= RECENT) {
                 c.recent.pop_front();
             }
-            let all = merged(c.recent.iter().map(|i| &i.latency));
+            let all = NfsLatency::sum_of(c.recent.iter().map(|i| &i.latency));
             if all.rpcs >= MIN_RPCS {
                 let p99_seconds = all.quantile(0.99).unwrap_or(0.0);
                 if p99_seconds > threshold {
@@ -145,26 +145,6 @@ impl Signature for NfsSlow {
     }
 }
 
-/// The intervals' RPCs as one histogram.
-fn merged<'a>(latencies: impl Iterator<Item = &'a NfsLatency>) -> NfsLatency {
-    let mut all = NfsLatency {
-        server_addr: None,
-        operation: String::new(),
-        device: None,
-        rpcs: 0,
-        seconds_sum: 0.0,
-        buckets: vec![0; kstall_common::nfs::LATENCY_BUCKETS],
-    };
-    for l in latencies {
-        all.rpcs += l.rpcs;
-        all.seconds_sum += l.seconds_sum;
-        for (sum, n) in all.buckets.iter_mut().zip(&l.buckets) {
-            *sum += n;
-        }
-    }
-    all
-}
-
 /// Each operation's p99 in the window, slowest first.
 fn slowest_operations(recent: &VecDeque<Interval>) -> Vec<OperationLatency> {
     let mut by_operation: BTreeMap<&str, Vec<&NfsLatency>> = BTreeMap::new();
@@ -174,7 +154,7 @@ fn slowest_operations(recent: &VecDeque<Interval>) -> Vec<OperationLatency> {
     let mut operations: Vec<OperationLatency> = by_operation
         .into_iter()
         .map(|(operation, latencies)| {
-            let all = merged(latencies.into_iter());
+            let all = NfsLatency::sum_of(latencies);
             OperationLatency {
                 operation: operation.to_string(),
                 p99_seconds: all.quantile(0.99).unwrap_or(0.0),

@@ -194,6 +194,26 @@ pub const LATENCY_BOUNDS_SECONDS: [f64; kstall_common::nfs::LATENCY_BOUNDS_NS.le
 };
 
 impl NfsLatency {
+    /// The RPCs of every one of `latencies` in one histogram (no server, operation or device).
+    pub fn sum_of<'a>(latencies: impl IntoIterator<Item = &'a NfsLatency>) -> NfsLatency {
+        let mut all = NfsLatency {
+            server_addr: None,
+            operation: String::new(),
+            device: None,
+            rpcs: 0,
+            seconds_sum: 0.0,
+            buckets: vec![0; kstall_common::nfs::LATENCY_BUCKETS],
+        };
+        for l in latencies {
+            all.rpcs = all.rpcs.saturating_add(l.rpcs);
+            all.seconds_sum += l.seconds_sum;
+            for (sum, n) in all.buckets.iter_mut().zip(&l.buckets) {
+                *sum = sum.saturating_add(*n);
+            }
+        }
+        all
+    }
+
     /// The `q` quantile (0..=1) of its RPCs as Prometheus's `histogram_quantile` estimates it:
     /// linear within the bucket it falls in, the last bound for one past every bound; `None`
     /// without RPCs.
