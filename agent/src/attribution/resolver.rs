@@ -189,9 +189,11 @@ impl Resolver {
         changed
     }
 
-    /// Answers misses. Unknown network namespaces cost one walk for all of them.
+    /// Answers misses. Unknown network namespaces cost one walk for all of them, unknown NFS
+    /// mounts one read of the mount table.
     pub fn resolve(&mut self, keys: &HashSet<Key>, now: Instant) {
         let mut walked = false;
+        let mut mounts_read = false;
         for &key in keys {
             let found = match key {
                 Key::Cgroup(id) => self.resolve_cgroup(id),
@@ -210,7 +212,10 @@ impl Resolver {
                     None => false,
                 },
                 Key::NfsMount(_) => {
-                    self.nfs_volumes = mounts::pod_volumes(&self.settings.proc);
+                    if !mounts_read {
+                        self.nfs_volumes = mounts::pod_volumes(&self.settings.proc);
+                        mounts_read = true;
+                    }
                     self.nfs_volumes.keys().any(|device| super::key_for_mount(device) == key)
                 }
                 // Metadata arrives from its source on its own; the event path's hold bounds the wait.
@@ -251,6 +256,14 @@ impl Resolver {
 
     /// The snapshot the event path reads.
     pub fn index(&self) -> Index {
+        // The pod as its own cgroup names it (its QoS class comes with it); declared before
+        // `shared`, which borrows from it.
+        let mut pods: HashMap<&str, Workload> = HashMap::new();
+        for c in self.cgroups.values() {
+            if let Workload::Pod { pod_uid, qos } | Workload::Container { pod_uid, qos, .. } = &c.value {
+                pods.insert(pod_uid, Workload::Pod { pod_uid: pod_uid.clone(), qos: *qos });
+            }
+        }
         let mut shared = HashMap::new();
         let mut attribution = |w, via| attribution_of(&mut shared, &self.pods, w, via);
         let mut index = Index {
@@ -289,19 +302,9 @@ impl Resolver {
         for (tgid, w) in &self.processes {
             index.by_process.insert(*tgid, attribution(w, Via::Process));
         }
-        // The pod as its own cgroup names it (its QoS class comes with it).
-        let mut pods: HashMap<&str, Workload> = HashMap::new();
-        for c in self.cgroups.values() {
-            if let Workload::Pod { pod_uid, qos } | Workload::Container { pod_uid, qos, .. } = &c.value {
-                pods.insert(pod_uid, Workload::Pod { pod_uid: pod_uid.clone(), qos: *qos });
-            }
-        }
         for (device, uid) in &self.nfs_volumes {
             if let Some(pod) = pods.get(uid.as_str()) {
-                let mut volume_owner = HashMap::new();
-                index
-                    .by_nfs_mount
-                    .insert(device.clone(), attribution_of(&mut volume_owner, &self.pods, pod, Via::Mount));
+                index.by_nfs_mount.insert(device.clone(), attribution(pod, Via::Mount));
             }
         }
         index
