@@ -731,7 +731,10 @@ mod tests {
 
     /// `raw` as the agent takes it in: the event, then the kernel's count of its series.
     fn observe_nfs(m: &Metrics, raw: &kstall_common::nfs::NfsEvent, who: &std::sync::Arc<Attribution>) {
-        let event = Decoder::default().decode(&bytes_of(raw)).unwrap();
+        // One decoder, as in the agent: each new one reads the clocks anew, and the jitter
+        // could put a later event before an earlier one.
+        thread_local!(static DECODER: Decoder = Decoder::default());
+        let event = DECODER.with(|d| d.decode(&bytes_of(raw))).unwrap();
         m.observe(&Attributed { event: event.clone(), who: who.clone() });
         let count = crate::probes::nfs::tests::count_of(raw, 1);
         m.observe(&Attributed {
