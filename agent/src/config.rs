@@ -374,7 +374,10 @@ mod tests {
         assert_eq!(c.state_dir, Some(PathBuf::from("/var/lib/kstall")));
         let memory_only = resolve(AgentArgs { state_dir: Some("none".into()), ..Default::default() });
         assert_eq!(memory_only.unwrap().state_dir, None);
-        assert_eq!(c.probes.enabled, vec!["tcp-reset", "hung-task", "oom", "nfs", "stuck-task"]);
+        assert_eq!(
+            c.probes.enabled,
+            vec!["tcp-reset", "hung-task", "oom", "nfs", "stuck-task", "cpu-lockup"]
+        );
         assert_eq!(c.probes.stuck_task, probes::stuck_task::Settings::default());
         assert_eq!(c.probes.stuck_task.interval, Duration::from_secs(5));
         assert!(c.probes.critical_comms.iter().any(|c| c == "kubelet"));

@@ -13,12 +13,16 @@ pub enum DecodeError {
     UnsupportedVersion { kind: u32, version: u32 },
     #[error("bad value {value} in {field}")]
     BadField { field: &'static str, value: u64 },
+    /// A report the kernel did not make: its text was written to `/dev/kmsg` by a process.
+    #[error("{what} written to /dev/kmsg by a process, not reported by the kernel")]
+    Forged { what: &'static str },
 }
 
 impl DecodeError {
     /// Every value [`label`](Self::label) gives: the series exist at 0 from the start, so a rate
     /// or an alert on them has a value before the first error.
-    pub const LABELS: [&'static str; 4] = ["too_short", "unknown_kind", "unsupported_version", "bad_field"];
+    pub const LABELS: [&'static str; 5] =
+        ["too_short", "unknown_kind", "unsupported_version", "bad_field", "forged"];
 
     /// Short, bounded label for `kstall_event_decode_errors_total{error}`.
     pub fn label(&self) -> &'static str {
@@ -27,6 +31,7 @@ impl DecodeError {
             DecodeError::UnknownKind(_) => "unknown_kind",
             DecodeError::UnsupportedVersion { .. } => "unsupported_version",
             DecodeError::BadField { .. } => "bad_field",
+            DecodeError::Forged { .. } => "forged",
         }
     }
 }
@@ -82,6 +87,7 @@ mod tests {
             DecodeError::UnknownKind(99),
             DecodeError::UnsupportedVersion { kind: 1, version: 9 },
             DecodeError::BadField { field: "direction", value: 7 },
+            DecodeError::Forged { what: "a soft lockup line" },
         ];
         let labels: Vec<&str> = errors.iter().map(DecodeError::label).collect();
         assert_eq!(labels, DecodeError::LABELS);

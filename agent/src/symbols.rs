@@ -181,6 +181,18 @@ impl Stack {
             .unwrap_or(self.frames.len());
         self.frames.drain(..keep_from);
     }
+
+    /// Drops the innermost frames up to and including the first for which `pred(name)` holds;
+    /// leaves the stack whole when none does.
+    pub fn trim_through(&mut self, pred: impl Fn(&str) -> bool) {
+        let found = self.frames.iter().position(|f| match *f {
+            StackFrame::Symbol { index, .. } => pred(self.table.name(index)),
+            StackFrame::Unknown(_) => false,
+        });
+        if let Some(i) = found {
+            self.frames.drain(..=i);
+        }
+    }
 }
 
 impl PartialEq for Stack {

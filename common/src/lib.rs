@@ -7,6 +7,7 @@
 
 pub mod capture;
 pub mod counter;
+pub mod cpu_lockup;
 pub mod header;
 pub mod hung_task;
 pub mod metrics;
@@ -25,6 +26,7 @@ pub mod kind {
     pub const OOM_KILL: u32 = 3;
     pub const NFS: u32 = 4;
     pub const STUCK_TASK: u32 = 5;
+    pub const CPU_LOCKUP: u32 = 6;
     /// One past the highest kind: sizes the per-kind loss counter map.
     pub const COUNT: u32 = 8;
 }

@@ -69,6 +69,14 @@ pub const STUCK_TASKS_TOTAL: Metric = pod(
     "Tasks newly stuck (a task counts once however long it stays stuck), by wait class, kind and the \
      probe that found it first: stuck-task (the sampler) or hung-task (the kernel's detector).",
 );
+pub const CPU_LOCKUPS: Metric = pod(
+    "kstall_cpu_lockups_total",
+    Counter,
+    &["detector", "wait"],
+    "Reports of a stuck CPU by the kernel's detectors, attributed to the task that ran there. \
+     detector: soft_lockup (the watchdog: no other task ran for 2 x kernel.watchdog_thresh) or \
+     rcu_stall; wait: where the task's kernel stack spins (nfs: in the NFS client).",
+);
 pub const OOM_KILLS: Metric = pod(
     "kstall_oom_kills_total",
     Counter,
@@ -294,7 +302,8 @@ pub const EVENT_DECODE_ERRORS: Metric = node(
     "kstall_event_decode_errors_total",
     Counter,
     &["error"],
-    "Ring buffer records that could not be decoded.",
+    "Ring buffer records that could not be decoded, or that are not what they claim (forged: a \
+     kernel report's text written to /dev/kmsg by a process).",
 );
 pub const EVENTS_UNATTRIBUTED: Metric = node(
     "kstall_events_unattributed_total",
@@ -329,6 +338,7 @@ pub const API_EVENTS_DROPPED: Metric = node(
 pub const ALL: &[&Metric] = &[
     &TCP_RESETS,
     &STUCK_TASKS_TOTAL,
+    &CPU_LOCKUPS,
     &OOM_KILLS,
     &NFS_RETRANSMITS,
     &NFS_TIMEOUTS,

@@ -66,6 +66,7 @@ pub struct Metrics {
     stuck_untracked_total: prometheus::IntCounter,
     sweeps: Sweeps,
     attribution_queue_full_total: IntCounterVec,
+    cpu_lockups_total: IntCounterVec,
     oom_kills_total: IntCounterVec,
     nfs_retransmits_total: IntCounterVec,
     nfs_timeouts_total: IntCounterVec,
@@ -179,6 +180,7 @@ impl Metrics {
             nfs_timeouts_total: counter_vec(&registry, Family::NfsTimeouts.metric()),
             nfs_connect_errors_total: counter_vec(&registry, Family::NfsConnectErrors.metric()),
             nfs_state_manager_failures_total: counter_vec(&registry, Family::NfsStateManager.metric()),
+            cpu_lockups_total: counter_vec(&registry, Family::CpuLockups.metric()),
             oom_kills_total: counter_vec(&registry, Family::OomKills.metric()),
             attribution_queue_full_total: counter_vec(&registry, &catalogue::ATTRIBUTION_QUEUE_FULL),
             stuck_tasks_total: counter_vec(&registry, Family::StuckTasks.metric()),
@@ -340,6 +342,7 @@ impl Metrics {
         Some(match family {
             Family::TcpResets => &self.tcp_resets_total,
             Family::StuckTasks => &self.stuck_tasks_total,
+            Family::CpuLockups => &self.cpu_lockups_total,
             Family::OomKills => &self.oom_kills_total,
             Family::NfsRetransmits => &self.nfs_retransmits_total,
             Family::NfsTimeouts => &self.nfs_timeouts_total,

@@ -68,6 +68,7 @@ use kstall_common::metrics::{self as catalogue, Metric};
 pub enum Family {
     TcpResets,
     StuckTasks,
+    CpuLockups,
     OomKills,
     NfsRetransmits,
     NfsTimeouts,
@@ -78,9 +79,10 @@ pub enum Family {
 }
 
 impl Family {
-    pub const ALL: [Family; 9] = [
+    pub const ALL: [Family; 10] = [
         Family::TcpResets,
         Family::StuckTasks,
+        Family::CpuLockups,
         Family::OomKills,
         Family::NfsRetransmits,
         Family::NfsTimeouts,
@@ -100,6 +102,7 @@ impl Family {
         match self {
             Family::TcpResets => &catalogue::TCP_RESETS,
             Family::StuckTasks => &catalogue::STUCK_TASKS_TOTAL,
+            Family::CpuLockups => &catalogue::CPU_LOCKUPS,
             Family::OomKills => &catalogue::OOM_KILLS,
             Family::NfsRetransmits => &catalogue::NFS_RETRANSMITS,
             Family::NfsTimeouts => &catalogue::NFS_TIMEOUTS,
@@ -344,7 +347,8 @@ mod tests {
             (resets.metric.as_str(), resets.series, resets.max, resets.dropped),
             (Family::TcpResets.name(), 2, 2, 2)
         );
-        assert_eq!(book.families()[2].series, 1);
+        let ooms = book.families().into_iter().find(|f| f.metric == Family::OomKills.name()).unwrap();
+        assert_eq!(ooms.series, 1);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod cleared;
 pub mod counters;
+pub mod cpu_lockup;
 pub mod error;
 pub mod flags;
 pub mod hung_task;
@@ -50,6 +51,7 @@ pub const ALL: &[&dyn Probe] = &[
     &oom::OomProbe,
     &nfs::NfsProbe,
     &stuck_task::StuckTaskProbe,
+    &cpu_lockup::CpuLockupProbe,
 ];
 
 pub fn names() -> impl Iterator<Item = &'static str> {
@@ -193,8 +195,8 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
     loader.override_global("SAMPLE_EVENTS", &settings.sample_events, true);
     let kept_ports = tcp_reset::kept_ports(&settings.kept_ports);
     loader.override_global("KEPT_PORTS", &kept_ports, true);
-    for (_, plan) in &plans {
-        loader.override_global(plan.global, plan.global_value.as_slice(), true);
+    for (name, value) in plans.iter().filter_map(|(_, plan)| plan.config.as_ref()) {
+        loader.override_global(name, value.as_slice(), true);
     }
     let mut ebpf = match loader.load(OBJECT) {
         Ok(ebpf) => ebpf,

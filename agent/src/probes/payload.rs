@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::{
     cleared::HungTaskCleared,
+    cpu_lockup::event::CpuLockup,
     hung_task::event::HungTask,
     kind::{EventData, EventKind},
     nfs::event::{Nfs, NfsCount, NfsLatency},
@@ -37,6 +38,8 @@ pub enum Payload {
     /// One interval's NFS RPC execute times of one caller, server and procedure, from the
     /// kernel's histograms.
     NfsLatency(NfsLatency),
+    /// A CPU the kernel's soft-lockup watchdog or RCU's stall detector found stuck.
+    CpuLockup(CpuLockup),
 }
 
 impl Payload {
@@ -53,6 +56,7 @@ impl Payload {
             Payload::Nfs(p) => p,
             Payload::NfsCount(p) => p,
             Payload::NfsLatency(p) => p,
+            Payload::CpuLockup(p) => p,
         }
     }
 

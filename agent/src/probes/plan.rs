@@ -34,10 +34,11 @@ impl ProgramSpec {
     }
 }
 
-/// What a probe needs loaded: its resolved-offsets global and its programs.
+/// What a probe needs loaded: its programs and the global holding what they read from the agent
+/// (offsets resolved from BTF), if they read anything.
 pub struct Plan {
-    pub global: &'static str,
-    pub global_value: Vec<u8>,
+    /// The global's name and its bytes.
+    pub config: Option<(&'static str, Vec<u8>)>,
     pub programs: Vec<ProgramSpec>,
     /// Human description of the hooks in use, for `kstall status`.
     pub hook: String,

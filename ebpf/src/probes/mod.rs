@@ -1,3 +1,4 @@
+pub mod cpu_lockup;
 pub mod hung_task;
 pub mod nfs;
 pub mod oom;

@@ -67,8 +67,7 @@ pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, ProbeError> {
     };
     cfg.valid = 1;
     Ok(Plan {
-        global: GLOBAL,
-        global_value: crate::decode::bytes_of(&cfg),
+        config: Some((GLOBAL, crate::decode::bytes_of(&cfg))),
         programs: vec![PROG],
         hook: "tp_btf/sched_process_hang".into(),
         notes,

@@ -90,8 +90,7 @@ pub fn plan(vmlinux: &KernelBtf) -> Result<Plan, ProbeError> {
         }
     };
     Ok(Plan {
-        global: GLOBAL,
-        global_value: crate::decode::bytes_of(&cfg),
+        config: Some((GLOBAL, crate::decode::bytes_of(&cfg))),
         programs,
         hook,
         notes,

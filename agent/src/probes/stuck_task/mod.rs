@@ -84,8 +84,7 @@ pub fn plan(vmlinux: &KernelBtf, settings: &Settings) -> Result<Plan, ProbeError
         settings.max_reports
     )];
     Ok(Plan {
-        global: GLOBAL,
-        global_value: crate::decode::bytes_of(&cfg),
+        config: Some((GLOBAL, crate::decode::bytes_of(&cfg))),
         programs: vec![PROG],
         hook: "iter/task (read by the agent every sweep)".into(),
         notes,
@@ -373,7 +372,8 @@ mod tests {
     fn plans_on_every_kernel() {
         for k in ["6.1", "6.12", "6.18"] {
             let plan = plan(&kernel(k), &Settings::default()).unwrap();
-            let cfg: StuckTaskConfig = crate::decode::read_record(&plan.global_value, "config").unwrap();
+            let cfg: StuckTaskConfig =
+                crate::decode::read_record(&plan.config.as_ref().unwrap().1, "config").unwrap();
             assert_eq!(cfg.pf_frozen, 0, "{k}: frozen is a state from 6.1");
             assert_eq!((cfg.threshold_ns, cfg.max_reports), (30_000_000_000, 1000), "{k}");
             assert!(cfg.task_nivcsw > cfg.task_nvcsw, "{k}");

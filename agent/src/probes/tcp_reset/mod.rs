@@ -184,8 +184,7 @@ pub fn plan(vmlinux: &KernelBtf, hook: Hook) -> Result<(Plan, EnumNames, Conntra
     (cfg.ephemeral_low, cfg.ephemeral_high) = (*ephemeral.start(), *ephemeral.end());
     cfg.valid = 1;
     let plan = Plan {
-        global: GLOBAL,
-        global_value: crate::decode::bytes_of(&cfg),
+        config: Some((GLOBAL, crate::decode::bytes_of(&cfg))),
         programs,
         hook: hook_desc,
         notes,
