@@ -738,7 +738,7 @@ mod tests {
         let err = resolve(some(&["NFSClientStalled", "Ready"])).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "invalid configuration: --node-conditions: \"Ready\" is not one of NFSClientStalled, KernelSystemOOM, KubeletDegraded, none"
+            "invalid configuration: --node-conditions: \"Ready\" is not one of NFSClientStalled, KernelSystemOOM, KubeletDegraded, CPUSoftLockup, none"
         );
         let without_api = AgentArgs {
             attribution: AttributionFlags { pod_metadata: Some("none".into()), ..Default::default() },
@@ -1058,6 +1058,7 @@ mod tests {
             ("kubelet_unhealthy_after", "30".into(), one("30s")),
             ("nfs_slow_threshold", s("750ms"), one("750ms")),
             ("nfs_slow_for", "90".into(), one("90s")),
+            ("cpu_lockup_hold", "900".into(), one("15m")),
         ]
     }
 

@@ -37,6 +37,10 @@ pub const NFS_SLOW: &[Key] = &[
     ("kstall-nfs", "RPC latency p99", "A"),
     ("kstall-nfs", "Slowest operations (p99)", "A"),
 ];
+pub const CPU_SOFT_LOCKUP: &[Key] = &[
+    ("kstall-incidents", "Alerts firing now", "KstallCpuSoftLockup"),
+    ("kstall-hung-tasks", "CPUs stuck in the kernel (soft lockups, RCU stalls)", "A"),
+];
 pub const SYSTEM_OOM: &[Key] = &[
     ("kstall-incidents", "Alerts firing now", "KstallSystemOom"),
     ("kstall-memory-oom", "System (global) OOM kills by victim", "A"),
@@ -44,7 +48,7 @@ pub const SYSTEM_OOM: &[Key] = &[
 
 /// Every query a VM scenario shows data for.
 pub fn fed_by_the_vm_scenarios() -> impl Iterator<Item = Key> {
-    [NFS_PROBES, NODE_WIDE_STALL, NFS_SLOW, SYSTEM_OOM].into_iter().flatten().copied()
+    [NFS_PROBES, NODE_WIDE_STALL, NFS_SLOW, CPU_SOFT_LOCKUP, SYSTEM_OOM].into_iter().flatten().copied()
 }
 
 pub fn root() -> PathBuf {

@@ -31,10 +31,12 @@ fn every_signature_has_an_alert_and_every_runbook_exists() {
         "nfs-sidecar-redirect",
         "nfs-server-unreachable",
         "nfs-node-wide-stall",
+        "nfs-slow",
         "pod-termination-blocked",
         "system-oom",
         "container-oom-loop",
         "kubelet-degraded",
+        "cpu-soft-lockup",
     ] {
         assert!(rules.contains(&format!(r#"signature="{signature}""#)), "no alert for {signature}");
         assert!(root.join(format!("docs/runbooks/{signature}.md")).exists(), "no runbook for {signature}");

@@ -892,7 +892,8 @@ fn hung_tasks() -> anyhow::Result<Dashboard> {
         "kstall / Stuck tasks",
         "Tasks stuck in uninterruptible sleep (plain D, or killable: the sleeps the kernel's \
          hung-task detector skips), by pod, wait class (nfs, writeback, block_io, fs_lock, mm, \
-         other) and kind, and how long the longest has been blocked.",
+         other) and kind, and how long the longest has been blocked; and the tasks that spin in the \
+         kernel instead, holding a CPU (soft lockups).",
     )
     .panel(
         Panel::timeseries(
@@ -930,6 +931,17 @@ fn hung_tasks() -> anyhow::Result<Dashboard> {
         vec![instant(
             "A",
             "sum by (node, namespace, pod, container, wait, kind, source) (kstall_stuck_tasks_total)",
+        )?],
+    ))
+    .panel(Panel::table(
+        "CPUs stuck in the kernel (soft lockups, RCU stalls)",
+        "Reports of a stuck CPU by the kernel's soft-lockup watchdog (no other task ran for 2 x \
+         kernel.watchdog_thresh) or RCU's stall detector since the agent started, per pod of the task \
+         that spun there, detector and where its stack spins (nfs: the NFS client). Such a task is \
+         running, never in D state: none of the panels above shows it (cpu-soft-lockup fires).",
+        vec![instant(
+            "A",
+            "sum by (node, namespace, pod, container, detector, wait) (kstall_cpu_lockups_total)",
         )?],
     ))
     .panel(Panel::timeseries(

@@ -23,7 +23,7 @@ pub fn reason(signature: &str) -> String {
     signature
         .split('-')
         .map(|part| match part {
-            "nfs" | "oom" | "tcp" | "rpc" | "api" => part.to_ascii_uppercase(),
+            "nfs" | "oom" | "tcp" | "rpc" | "api" | "cpu" => part.to_ascii_uppercase(),
             _ => {
                 let mut chars = part.chars();
                 chars.next().map(|c| c.to_uppercase().chain(chars).collect()).unwrap_or_default()

@@ -9,6 +9,7 @@ use super::{
     saved::Saved,
     signatures::{
         container_oom_loop::ContainerOomLoop,
+        cpu_soft_lockup::CpuSoftLockup,
         kubelet_degraded::KubeletDegraded,
         nfs_node_wide_stall::NfsNodeWideStall,
         nfs_server_unreachable::NfsServerUnreachable,
@@ -56,6 +57,7 @@ impl Engine {
                 Box::new(NfsSlow::new(settings)),
                 Box::new(PodTerminationBlocked::new(settings)),
                 Box::new(SystemOom::new(settings)),
+                Box::new(CpuSoftLockup::new(settings)),
                 Box::new(ContainerOomLoop::new(settings)),
                 Box::new(KubeletDegraded::new(settings)),
             ],

@@ -61,6 +61,10 @@ pub struct Flags {
     /// Slow this long fires nfs-slow [default: 60s].
     #[arg(long, env = "KSTALL_NFS_SLOW_FOR", value_name = "DURATION")]
     pub nfs_slow_for: Option<String>,
+    /// How long cpu-soft-lockup keeps firing after the kernel's last report of the CPU
+    /// [default: 5m].
+    #[arg(long, env = "KSTALL_CPU_LOCKUP_HOLD", value_name = "DURATION")]
+    pub cpu_lockup_hold: Option<String>,
 }
 
 impl Flags {
@@ -130,6 +134,7 @@ impl Flags {
             duration("kubelet_unhealthy_after", self.kubelet_unhealthy_after, s.kubelet_unhealthy_after)?;
         s.nfs_slow_threshold = duration("nfs_slow_threshold", self.nfs_slow_threshold, s.nfs_slow_threshold)?;
         s.nfs_slow_for = duration("nfs_slow_for", self.nfs_slow_for, s.nfs_slow_for)?;
+        s.cpu_lockup_hold = duration("cpu_lockup_hold", self.cpu_lockup_hold, s.cpu_lockup_hold)?;
         Ok(s)
     }
 }

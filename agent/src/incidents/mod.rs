@@ -169,6 +169,8 @@ pub struct Settings {
     pub nfs_slow_threshold: Duration,
     /// ... for this long make `nfs-slow`.
     pub nfs_slow_for: Duration,
+    /// A stuck CPU's incident stays firing this long after the kernel's last report of it.
+    pub cpu_lockup_hold: Duration,
 }
 
 impl Default for Settings {
@@ -189,6 +191,9 @@ impl Default for Settings {
             kubelet_unhealthy_after: Duration::from_secs(30),
             nfs_slow_threshold: Duration::from_millis(500),
             nfs_slow_for: Duration::from_secs(60),
+            // The kernel repeats its report every 2 × watchdog_thresh (at most 120 s) while the
+            // CPU stays stuck: longer than that, so a lasting lockup stays one incident.
+            cpu_lockup_hold: Duration::from_secs(300),
         }
     }
 }

@@ -33,7 +33,7 @@ use crate::{
     incidents::{
         Incident,
         evaluator::{Evaluation, Subscriber},
-        signatures::{kubelet_degraded, nfs_node_wide_stall, system_oom},
+        signatures::{cpu_soft_lockup, kubelet_degraded, nfs_node_wide_stall, system_oom},
     },
 };
 
@@ -45,11 +45,16 @@ pub enum Condition {
     NfsClientStalled,
     KernelSystemOom,
     KubeletDegraded,
+    CpuSoftLockup,
 }
 
 impl Condition {
-    pub const ALL: [Condition; 3] =
-        [Condition::NfsClientStalled, Condition::KernelSystemOom, Condition::KubeletDegraded];
+    pub const ALL: [Condition; 4] = [
+        Condition::NfsClientStalled,
+        Condition::KernelSystemOom,
+        Condition::KubeletDegraded,
+        Condition::CpuSoftLockup,
+    ];
 
     /// The condition's `type`, as `--node-conditions` names it.
     pub fn type_name(self) -> &'static str {
@@ -57,6 +62,7 @@ impl Condition {
             Condition::NfsClientStalled => "NFSClientStalled",
             Condition::KernelSystemOom => "KernelSystemOOM",
             Condition::KubeletDegraded => "KubeletDegraded",
+            Condition::CpuSoftLockup => "CPUSoftLockup",
         }
     }
 
@@ -70,6 +76,7 @@ impl Condition {
             Condition::NfsClientStalled => nfs_node_wide_stall::NAME,
             Condition::KernelSystemOom => system_oom::NAME,
             Condition::KubeletDegraded => kubelet_degraded::NAME,
+            Condition::CpuSoftLockup => cpu_soft_lockup::NAME,
         }
     }
 
@@ -83,6 +90,9 @@ impl Condition {
                 ("NoSystemOOM", "kstall saw no recent system OOM kill on this node")
             }
             Condition::KubeletDegraded => ("KubeletHealthy", "kstall finds the kubelet healthy"),
+            Condition::CpuSoftLockup => {
+                ("NoCPUSoftLockup", "the kernel reported no CPU stuck in the kernel on this node recently")
+            }
         }
     }
 }

@@ -2,6 +2,7 @@
 //! they share. Stuck tasks are not theirs: they read the one set (`stuck.rs`) when evaluated.
 
 pub mod container_oom_loop;
+pub mod cpu_soft_lockup;
 pub mod kubelet_degraded;
 pub mod nfs_node_wide_stall;
 pub mod nfs_server_unreachable;
@@ -79,7 +80,7 @@ pub(crate) mod tests {
         })
     }
 
-    fn event(t: u64, pid: u32, comm: &str, payload: Payload, who: &Arc<Attribution>) -> Attributed {
+    pub fn event(t: u64, pid: u32, comm: &str, payload: Payload, who: &Arc<Attribution>) -> Attributed {
         let event = Event {
             header: Header {
                 probe: "test",

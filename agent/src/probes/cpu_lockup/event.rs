@@ -12,7 +12,7 @@ use crate::{
     symbols::Stack,
 };
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Detector {
     /// The watchdog: the CPU ran no other task for 2 × `kernel.watchdog_thresh` seconds.

@@ -73,6 +73,7 @@ fn reasons_are_upper_camel_case_with_acronyms() {
     assert_eq!(reason("nfs-sidecar-redirect"), "NFSSidecarRedirect");
     assert_eq!(reason("pod-termination-blocked"), "PodTerminationBlocked");
     assert_eq!(reason("system-oom"), "SystemOOM");
+    assert_eq!(reason("cpu-soft-lockup"), "CPUSoftLockup");
     assert_eq!(reason("nfs-node-wide-stall"), "NFSNodeWideStall");
 }
 
