@@ -14,6 +14,7 @@ mod generated;
 mod image;
 mod imports;
 mod libtest;
+mod lockup_module;
 mod repeat;
 mod run;
 mod soak;

@@ -34,6 +34,7 @@ use crate::{
     bootstrap::{self, BuildEnv},
     build, generated,
     libtest::{Failure, Results},
+    lockup_module,
     repeat::Tally,
     support,
 };
@@ -46,6 +47,10 @@ struct MatrixKernel {
     label: &'static str,
     /// What installs it when no such kernel is installed.
     packages: &'static [&'static str],
+    /// The Debian release it comes from, and the apt lines that reach its headers: the soft-lockup
+    /// test module is built against them in a chroot of that release.
+    release: &'static str,
+    header_sources: &'static [&'static str],
 }
 
 /// 5.10 is Debian 11's (bullseye-security), 7.3 the newest Debian ships (trixie-backports, whose
@@ -56,18 +61,45 @@ const KERNELS: &[MatrixKernel] = &[
         prefix: "5.10.",
         label: "Debian 11 bullseye-security",
         packages: &["linux-image-5.10.0-46-amd64"],
+        release: "bullseye",
+        header_sources: &[
+            "deb http://deb.debian.org/debian bullseye main",
+            "deb http://deb.debian.org/debian-security bullseye-security main",
+        ],
     },
-    MatrixKernel { prefix: "6.1.", label: "Debian 12", packages: &["linux-image-amd64"] },
+    MatrixKernel {
+        prefix: "6.1.",
+        label: "Debian 12",
+        packages: &["linux-image-amd64"],
+        release: "bookworm",
+        header_sources: BOOKWORM,
+    },
     MatrixKernel {
         prefix: "6.12.",
         label: "Debian 12 bookworm-backports",
         packages: &["linux-image-6.12.*+deb12-amd64"],
+        release: "bookworm",
+        header_sources: BOOKWORM,
     },
     MatrixKernel {
         prefix: "7.3.",
         label: "Debian 13 trixie-backports",
         packages: &["linux-binary-7.3.4+deb13-amd64", "linux-modules-7.3.4+deb13-amd64"],
+        release: "trixie",
+        header_sources: &[
+            "deb http://deb.debian.org/debian trixie main",
+            "deb http://deb.debian.org/debian trixie-backports main",
+        ],
     },
+];
+
+/// Debian 12's kernels (and their headers) are in its point releases, its security suite and its
+/// backports.
+const BOOKWORM: &[&str] = &[
+    "deb http://deb.debian.org/debian bookworm main",
+    "deb http://deb.debian.org/debian bookworm-updates main",
+    "deb http://deb.debian.org/debian-security bookworm-security main",
+    "deb http://deb.debian.org/debian bookworm-backports main",
 ];
 
 /// The suites the 5.10 and 7.3 kernels come from, pinned below the machine's own suites so that
@@ -131,6 +163,9 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
     if selected.is_empty() {
         let known: Vec<&str> = KERNELS.iter().map(|m| m.prefix.trim_end_matches('.')).collect();
         bail!("--kernel {}: the matrix has {}", kernels.join(" --kernel "), known.join(", "));
+    }
+    for kernel in &selected {
+        lockup_module::build(&vm_dir, &kernel.version, kernel.release, kernel.header_sources)?;
     }
     let mut tally = Tally::default();
     for run in 1..=repeat {
@@ -356,6 +391,8 @@ struct Kernel {
     version: String,
     image: PathBuf,
     label: &'static str,
+    release: &'static str,
+    header_sources: &'static [&'static str],
 }
 
 /// The newest installed kernel of `m`: `/boot/vmlinuz-<version>`, or
@@ -374,7 +411,13 @@ fn installed_kernel(m: &MatrixKernel) -> Option<Kernel> {
         .chain(in_modules)
         .filter(|(version, _)| version.starts_with(m.prefix))
         .max_by_key(|(version, _)| version_key(version))
-        .map(|(version, image)| Kernel { version, image, label: m.label })
+        .map(|(version, image)| Kernel {
+            version,
+            image,
+            label: m.label,
+            release: m.release,
+            header_sources: m.header_sources,
+        })
 }
 
 /// A version's numbers, for ordering (`6.12.117+deb12` after `6.12.9`).
@@ -434,6 +477,7 @@ fn install(vm_dir: &Path) -> anyhow::Result<PathBuf> {
         "socat",
         "iptables",
         "iproute2",
+        "mmdebstrap",
     ]
     .into_iter()
     .filter(|p| !bootstrap::dpkg_installed(p))
@@ -694,6 +738,7 @@ kill -TERM "$AGENT"; wait "$AGENT"
 echo "agent exit $?" >> "$OUT/guest.log"
 START=$(cut -d' ' -f1 /proc/uptime)
 KSTALL_VM_GUEST=1 KSTALL_KERNEL_TESTS=require KSTALL_BIN="$KSTALL" \
+    KSTALL_LOCKUP_MODULE="$OUT/../../lockup-module/$(uname -r)/kstall_spin.ko" \
     timeout "$TIMEOUT" "$SCENARIOS" --ignored --test-threads=1 --show-output $FILTER > "$OUT/scenarios.log" 2>&1
 echo $? > "$OUT/scenarios.rc"
 awk -v start="$START" '{ print $1 - start }' /proc/uptime > "$OUT/scenarios_secs"

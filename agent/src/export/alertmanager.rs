@@ -455,6 +455,7 @@ mod tests {
     fn alerts_carry_the_rules_labels() {
         assert_eq!(alert_name("nfs-sidecar-redirect"), "KstallNfsSidecarRedirect");
         assert_eq!(alert_name("system-oom"), "KstallSystemOom");
+        assert_eq!(alert_name("cpu-soft-lockup"), "KstallCpuSoftLockup");
         let a = alert(&incident(None), 1_796_000_020_000_000_000);
         assert_eq!(
             a.labels.keys().map(String::as_str).collect::<Vec<_>>(),
