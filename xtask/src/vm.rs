@@ -126,6 +126,10 @@ const VM_MEMORY: &str = "1G";
 /// apart in 305 + 365 s). Two two-CPU guests at once ran half as fast each: no gain.
 const GUESTS_AT_ONCE: usize = 2;
 const VM_CPUS: &str = "1";
+/// Scenarios that run in a guest of their own with two CPUs, and why: a soft lockup holds its CPU,
+/// so on one alone the agent could not run until the spin ends, and RCU could start no grace period
+/// for the stuck CPU to hold up (its kthread needs a CPU).
+const TWO_CPU_SCENARIOS: &[&str] = &["a_soft_lockup_is_named_with_its_cpu_task_pod_and_stack"];
 /// Drivers for the emulated q35 machine's hardware (KVM for its virtual CPU, SATA, the CD drive,
 /// PS/2, the TCO watchdog, SMBus) and CPU-accelerated crypto, which udev's coldplug loads at
 /// every boot and no scenario uses: loading them under emulation held the boot 15-55 s (5.10 the
@@ -177,18 +181,25 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
         let mut tested = Vec::new();
         let mut times_to_name = Vec::new();
         let mut benches = Vec::new();
-        let runs = boot_all(&selected, |booted| {
-            boot_and_check(&vng, &vm_dir, &guest, &scenarios, scenario.unwrap_or(""), booted)
-        })?;
-        for (booted, kernel) in selected.iter().zip(runs) {
+        let boots = boots(&selected, scenario);
+        let mut runs =
+            boot_all(&boots, |b| boot_and_check(&vng, &vm_dir, &guest, &scenarios, b))?.into_iter();
+        for booted in &selected {
             let version = &booted.version;
+            // Its boots, in the order `boots` listed them: the main one first.
+            let mut kernel = runs.next().expect("a run per boot");
+            for _ in boots.iter().filter(|b| b.kernel.version == *version).skip(1) {
+                kernel.add(runs.next().expect("a run per boot"));
+            }
             if !kernel.failed.is_empty() && repeat > 1 {
                 // The next run overwrites the logs: keep this run's.
-                let out = vm_dir.join("out").join(version);
-                let kept = vm_dir.join("out").join(format!("{version}.failed-run{run}"));
-                let _ = std::fs::remove_dir_all(&kept);
-                if std::fs::rename(&out, &kept).is_ok() {
-                    println!("vm-test {version}: this run's logs kept in {}", kept.display());
+                for boot in boots.iter().filter(|b| b.kernel.version == *version) {
+                    let out = vm_dir.join("out").join(&boot.name);
+                    let kept = vm_dir.join("out").join(format!("{}.failed-run{run}", boot.name));
+                    let _ = std::fs::remove_dir_all(&kept);
+                    if std::fs::rename(&out, &kept).is_ok() {
+                        println!("vm-test {version}: this run's logs kept in {}", kept.display());
+                    }
                 }
             }
             passed.extend(kernel.passed.iter().map(|t| format!("{version} {t}")));
@@ -354,26 +365,62 @@ fn nfs_rpc_cost_table(benches: &[(String, Vec<(String, String)>)]) -> String {
 /// Boots `kernels` [`GUESTS_AT_ONCE`] at a time, the next kernel in the list into the first free
 /// slot (the list is slowest first: 5.10 verifies longest), printing each kernel's report as it
 /// finishes; returns the runs in the list's order.
+/// One boot of a kernel: its guest's CPUs, the scenarios it runs and its output directory's name.
+struct Boot<'a> {
+    kernel: &'a Kernel,
+    cpus: &'static str,
+    /// The scenarios' filter, as libtest takes it.
+    filter: String,
+    name: String,
+}
+
+/// Each kernel's boots, a kernel's main one first: the main one runs every scenario `scenario`
+/// selects but the two-CPU ones (and checks the probes); a second, with two CPUs, those of
+/// [`TWO_CPU_SCENARIOS`] it selects.
+fn boots<'a>(kernels: &'a [Kernel], scenario: Option<&str>) -> Vec<Boot<'a>> {
+    let selected = |name: &str| scenario.is_none_or(|s| name.contains(s));
+    let skipped: String = TWO_CPU_SCENARIOS.iter().map(|t| format!(" --skip {t}")).collect();
+    let mut boots = Vec::new();
+    for kernel in kernels {
+        let filter = format!("{}{skipped}", scenario.unwrap_or(""));
+        boots.push(Boot {
+            kernel,
+            cpus: VM_CPUS,
+            filter: filter.trim().to_string(),
+            name: kernel.version.clone(),
+        });
+        for test in TWO_CPU_SCENARIOS.iter().filter(|t| selected(t)) {
+            boots.push(Boot {
+                kernel,
+                cpus: "2",
+                filter: format!("{test} --exact"),
+                name: format!("{}.2cpus", kernel.version),
+            });
+        }
+    }
+    boots
+}
+
 fn boot_all(
-    kernels: &[Kernel],
-    boot: impl Fn(&Kernel) -> anyhow::Result<KernelRun> + Sync,
+    boots: &[Boot],
+    boot: impl Fn(&Boot) -> anyhow::Result<KernelRun> + Sync,
 ) -> anyhow::Result<Vec<KernelRun>> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let runs: std::sync::Mutex<Vec<Option<anyhow::Result<KernelRun>>>> =
-        std::sync::Mutex::new(kernels.iter().map(|_| None).collect());
+        std::sync::Mutex::new(boots.iter().map(|_| None).collect());
     std::thread::scope(|scope| {
-        for _ in 0..GUESTS_AT_ONCE.min(kernels.len()) {
+        for _ in 0..GUESTS_AT_ONCE.min(boots.len()) {
             scope.spawn(|| {
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(kernel) = kernels.get(i) else { break };
-                    let run = boot(kernel);
+                    let Some(b) = boots.get(i) else { break };
+                    let run = boot(b);
                     if let Ok(run) = &run {
                         let mut report = run.report.clone();
                         for failure in &run.failed {
                             report.push_str(&format!(
                                 "vm-test {}: FAILED {}: {}\n",
-                                kernel.version, failure.test, failure.why
+                                b.name, failure.test, failure.why
                             ));
                         }
                         print!("{report}");
@@ -383,7 +430,7 @@ fn boot_all(
             });
         }
     });
-    runs.into_inner().unwrap().into_iter().map(|run| run.expect("every kernel was booted")).collect()
+    runs.into_inner().unwrap().into_iter().map(|run| run.expect("every boot ran")).collect()
 }
 
 /// A kernel to boot: its version, its image and how the README names it.
@@ -551,16 +598,27 @@ struct KernelRun {
     benches: Vec<(String, String)>,
 }
 
+impl KernelRun {
+    /// Another boot's run of the same kernel (its report already printed): its scenarios and
+    /// failures join this one's; the main boot's status stays the kernel's.
+    fn add(&mut self, other: KernelRun) {
+        self.passed.extend(other.passed);
+        self.failed.extend(other.failed);
+        self.times_to_name.extend(other.times_to_name);
+        self.benches.extend(other.benches);
+    }
+}
+
 /// Boots `version` and reads what the guest left. Errs only when the VM cannot be started at all.
 fn boot_and_check(
     vng: &Path,
     vm_dir: &Path,
     guest: &Path,
     scenarios: &Path,
-    filter: &str,
-    kernel: &Kernel,
+    boot: &Boot,
 ) -> anyhow::Result<KernelRun> {
-    let version = &kernel.version;
+    let (kernel, filter) = (boot.kernel, &boot.filter);
+    let version = &boot.name;
     let out = vm_dir.join("out").join(version);
     let kstall = build::release_binary();
     let started = Instant::now();
@@ -580,7 +638,7 @@ fn boot_and_check(
             .arg(BOOT_TIMEOUT_SECS.to_string())
             .arg(vng)
             .env("PATH", path)
-            .args(["--disable-kvm", "--memory", VM_MEMORY, "--cpus", VM_CPUS, "--rwdir"])
+            .args(["--disable-kvm", "--memory", VM_MEMORY, "--cpus", boot.cpus, "--rwdir"])
             .arg(&out)
             .args(["--append", &format!("module_blacklist={UNUSED_MODULES}")])
             .arg("--run")
@@ -756,6 +814,42 @@ mod tests {
             ("5.10.0-46-amd64".into(), named(&[("nfs-sidecar-redirect", 4.25), ("system-oom", 31.0)])),
             ("6.1.0-44-amd64".into(), named(&[("nfs-sidecar-redirect", 3.0), ("nfs-node-wide-stall", 12.5)])),
         ]
+    }
+
+    #[test]
+    fn the_two_cpu_scenarios_boot_a_guest_of_their_own_when_selected() {
+        let kernel = |version: &str| Kernel {
+            version: version.into(),
+            image: PathBuf::from("/boot/vmlinuz"),
+            label: "Debian",
+            release: "bookworm",
+            header_sources: BOOKWORM,
+        };
+        let kernels = [kernel("6.1.0-57-amd64"), kernel("7.3.4+deb13-amd64")];
+        let shown = |scenario| {
+            boots(&kernels, scenario)
+                .iter()
+                .map(|b| format!("{} {} {}", b.name, b.cpus, b.filter))
+                .collect::<Vec<_>>()
+        };
+        let lockup = TWO_CPU_SCENARIOS[0];
+        assert_eq!(
+            shown(None),
+            [
+                format!("6.1.0-57-amd64 1 --skip {lockup}"),
+                format!("6.1.0-57-amd64.2cpus 2 {lockup} --exact"),
+                format!("7.3.4+deb13-amd64 1 --skip {lockup}"),
+                format!("7.3.4+deb13-amd64.2cpus 2 {lockup} --exact"),
+            ]
+        );
+        assert_eq!(
+            shown(Some("nfs_slow")),
+            [
+                format!("6.1.0-57-amd64 1 nfs_slow --skip {lockup}"),
+                format!("7.3.4+deb13-amd64 1 nfs_slow --skip {lockup}")
+            ]
+        );
+        assert_eq!(shown(Some("soft_lockup"))[1], format!("6.1.0-57-amd64.2cpus 2 {lockup} --exact"));
     }
 
     #[test]
