@@ -280,6 +280,7 @@ impl Drop for Namespace<'_> {
 ///    its own status every 10 s: kstall's are there and stay, the kubelet's Ready untouched.
 #[test]
 fn kstalls_node_conditions_live_beside_the_kubelets() {
+    const CONDITIONS: [&str; 4] = ["NFSClientStalled", "KernelSystemOOM", "KubeletDegraded", "CPUSoftLockup"];
     let Some(cluster) = Cluster::running("kstalls_node_conditions_live_beside_the_kubelets") else { return };
     deployed(&cluster);
     let conditions = || -> Vec<Value> {
@@ -288,10 +289,7 @@ fn kstalls_node_conditions_live_beside_the_kubelets() {
     let of = |all: &[Value], kind: &str| all.iter().find(|c| c["type"] == kind).cloned();
     let first = wait_for(Duration::from_secs(60), || {
         let all = conditions();
-        ["NFSClientStalled", "KernelSystemOOM", "KubeletDegraded"]
-            .iter()
-            .all(|t| of(&all, t).is_some())
-            .then_some(all)
+        CONDITIONS.iter().all(|t| of(&all, t).is_some()).then_some(all)
     })
     .unwrap_or_else(|| {
         panic!("kstall's conditions not written: {:#?}\n{}", conditions(), cluster.agent_logs())
@@ -310,7 +308,7 @@ fn kstalls_node_conditions_live_beside_the_kubelets() {
         (beats >= 2).then_some(all)
     })
     .expect("the kubelet's heartbeat did not move twice in 90 s");
-    for kind in ["NFSClientStalled", "KernelSystemOOM", "KubeletDegraded"] {
+    for kind in CONDITIONS {
         let condition =
             of(&after, kind).unwrap_or_else(|| panic!("{kind} gone after the kubelet's updates: {after:#?}"));
         assert_eq!(condition["status"], "False", "nothing fires on this node: {condition}");
