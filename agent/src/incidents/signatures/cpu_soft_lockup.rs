@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::{evidence, human_secs, pod_name};
+use super::{evidence, human_secs, task_owner};
 use crate::{
     attribution::{Attributed, Attribution},
     events::Payload,
@@ -111,11 +111,7 @@ fn task_of(attributed: &Attributed, lockup: &CpuLockup) -> Task {
         comm: header.comm.clone(),
         pid: header.pid,
         tgid: header.tgid,
-        pod: if who.host {
-            who.unit.clone().unwrap_or_else(|| "host process".into())
-        } else {
-            pod_name(&who)
-        },
+        pod: task_owner(&who),
         wait: lockup.wait,
         stack: lockup.stack.texts().take(STACK_FRAMES).collect(),
         who,

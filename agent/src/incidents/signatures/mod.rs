@@ -30,6 +30,11 @@ pub fn pod_name(who: &Attribution) -> String {
     }
 }
 
+/// Whose a task is, in words: its pod, or for a node process its systemd unit.
+pub fn task_owner(who: &Attribution) -> String {
+    if who.host { who.unit.clone().unwrap_or_else(|| "host process".into()) } else { pod_name(who) }
+}
+
 /// A duration in words: `45 s`, `12 min`, `20 h`.
 pub fn human_secs(secs: u64) -> String {
     match secs {

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
-use super::{evidence, pod_name};
+use super::{evidence, task_owner};
 use crate::{
     attribution::{Attributed, Attribution},
     events::Payload,
@@ -75,11 +75,7 @@ impl Signature for SystemOom {
             anon_rss_bytes: kill.anon_rss_bytes,
             memory_limit_overcommit_ratio: None,
             ratio_taken: false,
-            victim: if who.host {
-                who.unit.clone().unwrap_or_else(|| "host process".into())
-            } else {
-                pod_name(&who)
-            },
+            victim: task_owner(&who),
             who,
         });
     }
