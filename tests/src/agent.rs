@@ -394,6 +394,15 @@ impl EventStream {
         thread::sleep(Duration::from_millis(500));
         self.events.lock().unwrap().iter().filter(|e| pred(e)).cloned().collect()
     }
+
+    /// Waits up to `timeout` until `found` finds what it looks for in the events so far.
+    pub fn wait_until<T>(
+        &self,
+        timeout: Duration,
+        mut found: impl FnMut(&[Value]) -> Option<T>,
+    ) -> Option<T> {
+        wait_for(timeout, || found(&self.events.lock().unwrap()))
+    }
 }
 
 fn unique() -> u64 {

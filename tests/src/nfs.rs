@@ -30,10 +30,10 @@ const WORK: &str = "/tmp/kstall-nfs";
 /// in is thrown away after the scenarios.
 fn ensure_server() {
     static STARTED: OnceLock<()> = OnceLock::new();
-    STARTED.get_or_init(start_server);
+    STARTED.get_or_init(set_up_server);
 }
 
-fn start_server() {
+fn set_up_server() {
     run("modprobe", &["nfsd"]);
     run("modprobe", &["nfsv4"]);
     run("ip", &["link", "add", "kstall-nfs0", "type", "dummy"]);
@@ -72,14 +72,18 @@ const NFSD: [&str; 9] = ["-N", "3", "-V", "4", "-L", "10", "-G", "10", "4"];
 /// The server restarts, as in a failover: nfsd forgets every client's state and comes back in its
 /// grace period, so a client must establish a new client ID and session and reclaim what it held.
 pub fn restart_server() {
-    restart_server_down_for(Duration::ZERO);
+    stop_nfsd();
+    start_nfsd();
 }
 
-/// [`restart_server`], nfsd down for `gap` in between, as `systemctl restart nfs-server` takes a
-/// few seconds: clients that reconnect then are refused.
-pub fn restart_server_down_for(gap: Duration) {
+/// nfsd stopped, its connections closed: the first half of a restart. A client that reconnects
+/// before [`start_nfsd`] is refused.
+pub fn stop_nfsd() {
     run("rpc.nfsd", &["0"]);
-    thread::sleep(gap);
+}
+
+/// nfsd started again, in its grace period.
+pub fn start_nfsd() {
     run("rpc.nfsd", &NFSD);
 }
 

@@ -8,6 +8,7 @@
 
 use std::{
     process::{Child, Command, Stdio},
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
@@ -106,18 +107,20 @@ const KUBELET_DEFAULTS: &str = "vers=4.1,hard,proto=tcp";
 /// reconnects well inside it).
 const BEFORE_RESTART: Duration = Duration::from_secs(15);
 const AFTER_RESTART: Duration = Duration::from_secs(45);
-/// How long nfsd is down in the restart, as `systemctl restart nfs-server` takes.
-const RESTART_GAP: Duration = Duration::from_secs(3);
+/// nfsd stays down until every client was refused, as `systemctl restart nfs-server` takes a few
+/// seconds; each writes once a second, so this is a bound, never waited out.
+const REFUSED_WITHIN: Duration = Duration::from_secs(20);
 /// A healthy write waits out the restart and the grace period, never longer.
 const REWRITE_WITHIN: Duration = Duration::from_secs(40);
 
 /// A healthy NFS node (issue 37): three pods rewrite and fsync their files over NFS once a second
 /// — one mounted in its own namespace, one through a live sidecar (the redirect of incident 1,
 /// with its proxy relaying to the server), one volume mounted from the node — with the kubelet's
-/// default mount options; in the middle, the server restarts as in a failover, down for 3 s. Every
-/// client loses its connection, is refused while nfsd is down, reconnects and reclaims its state in
-/// the grace period; the writes wait a few seconds and go on. That is no incident: nothing may
-/// fire, and a failure names what fired and the NFS events of the run.
+/// default mount options; in the middle, the server restarts as in a failover, down until every
+/// client was refused (a second or two: each pod writes on its own, as apps do). Every client loses
+/// its connection, is refused while nfsd is down, reconnects and reclaims its state in the grace
+/// period; the writes wait a few seconds and go on. That is no incident: nothing may fire, and a
+/// failure names what fired and the NFS events of the run.
 #[test]
 #[ignore = "runs inside the kernel-matrix VMs: cargo xtask vm-test"]
 fn a_healthy_nfs_node_rides_out_a_server_restart_in_grace_without_an_incident() {
@@ -139,41 +142,47 @@ fn a_healthy_nfs_node_rides_out_a_server_restart_in_grace_without_an_incident() 
         Writer::start(&volume, "archive.tar"),
     ];
     let recovery = StateRecoveryTrace::start();
-    let (mut rewrites, mut longest) = (0, Duration::ZERO);
-    let mut traffic = |writers: &mut [Writer], length: Duration| {
-        let started = Instant::now();
-        while started.elapsed() < length {
-            let round = Instant::now();
-            for w in writers.iter_mut() {
-                longest = longest.max(w.rewrite(REWRITE_WITHIN));
-                rewrites += 1;
-            }
-            std::thread::sleep(Duration::from_secs(1).saturating_sub(round.elapsed()));
+    let stop = AtomicBool::new(false);
+    let (rewrites, longest, after, refused, answered) = std::thread::scope(|scope| {
+        // Set also when an assertion below unwinds: the scope then waits for the writers.
+        let _stop = StopOnDrop(&stop);
+        // Each pod writes on its own, as apps do: one waiting out the restart holds up no other.
+        let stop = &stop;
+        let writing: Vec<_> =
+            writers.iter_mut().map(|w| scope.spawn(move || rewrite_each_second(w, stop))).collect();
+        std::thread::sleep(BEFORE_RESTART);
+        let restarted_at = unix_now_ns();
+        nfs::stop_nfsd();
+        let everyone_refused = |events: &[Value]| {
+            let after = nfs_events_since(events, restarted_at);
+            let refused = |pod: &str| after.iter().any(|e| connection_failed(e) && text(&e["pod"]) == pod);
+            [local.name.as_str(), meshed.name.as_str(), ""].into_iter().all(refused).then_some(())
+        };
+        let refused = events.wait_until(REFUSED_WITHIN, everyone_refused).is_some();
+        nfs::start_nfsd();
+        std::thread::sleep(AFTER_RESTART);
+        // Every refused client is answered once its writes go through again, long before now: at
+        // the latest, its answer is one interval of the agent away.
+        let everyone_answered = |events: &[Value]| {
+            let after = nfs_events_since(events, restarted_at);
+            let answered =
+                |pod: &str| after.iter().any(|e| e["what"] == "server_responding" && text(&e["pod"]) == pod);
+            after.iter().filter(|e| connection_failed(e)).all(|e| answered(text(&e["pod"]))).then_some(())
+        };
+        let answered = events.wait_until(COUNTED_WITHIN, everyone_answered).is_some();
+        stop.store(true, Ordering::Relaxed);
+        let (mut rewrites, mut longest) = (0, Duration::ZERO);
+        for w in writing {
+            let (n, l) = w.join().expect("a writer");
+            rewrites += n;
+            longest = longest.max(l);
         }
-    };
-    traffic(&mut writers, BEFORE_RESTART);
-    let restarted_at = unix_now_ns();
-    // The apps write on while nfsd is down.
-    let restart = std::thread::spawn(|| nfs::restart_server_down_for(RESTART_GAP));
-    traffic(&mut writers, AFTER_RESTART);
-    restart.join().expect("the server restarted");
-    // The last events' interval and the evaluation after it are in by then: waiting can only find
-    // more.
-    std::thread::sleep(Duration::from_secs(3));
-
-    // The server's: nfsd's own RPC clients (registering with rpcbind as it starts) are not this.
-    let nfs_events =
-        events.collect(|e| e["kind"] == "nfs" && e["server_addr"] == nfs::SERVER, usize::MAX, Duration::ZERO);
-    let after: Vec<&Value> =
-        nfs_events.iter().filter(|e| e["time_unix_ns"].as_u64() >= Some(restarted_at)).collect();
-    let by_what = |events: &[&Value]| {
-        let mut seen = std::collections::BTreeMap::<String, usize>::new();
-        for e in events {
-            let key = format!("{} {} ({})", text(&e["pod"]), text(&e["what"]), text(&e["error_name"]));
-            *seen.entry(key).or_default() += 1;
-        }
-        seen
-    };
+        let after = nfs_events_since(&events.collect(|_| true, usize::MAX, Duration::ZERO), restarted_at);
+        (rewrites, longest, after, refused, answered)
+    });
+    let by_what = by_what(&after);
+    assert!(refused, "not every client was refused while nfsd was down: kstall saw {by_what:#?}");
+    assert!(answered, "kstall saw a refused client never answered again: {by_what:#?}");
     let incidents = agent.incidents();
     assert!(
         incidents.is_empty(),
@@ -189,29 +198,57 @@ fn a_healthy_nfs_node_rides_out_a_server_restart_in_grace_without_an_incident() 
     for step in ["nfs4_exchange_id", "nfs4_create_session", "nfs4_reclaim_complete"] {
         assert!(recovered.contains_key(step), "the clients recovered their state: {recovered:?}");
     }
-    // The restart as kstall saw it: clients whose connections failed while nfsd was down (reset,
-    // refused, or broken through the sidecar: which ones depends on when each wrote), each
-    // answered again after.
-    let failed = |e: &Value| {
-        e["what"] == "socket_error"
-            || (e["what"] == "socket_connect" && !matches!(text(&e["error_name"]), "" | "EINPROGRESS"))
-    };
-    let failing: std::collections::BTreeSet<&str> =
-        after.iter().filter(|e| failed(e)).map(|e| text(&e["pod"])).collect();
-    let answered = |pod: &str| after.iter().any(|e| e["what"] == "server_responding" && e["pod"] == pod);
-    assert!(
-        !failing.is_empty() && failing.iter().all(|pod| answered(pod)),
-        "kstall saw no client fail and be answered again: {:#?}",
-        by_what(&after)
-    );
     println!(
         "vm-scenario healthy-nfs: server {} restarted in grace under three pods' writes (own namespace, through a \
          live sidecar, from the node; kubelet's default options): {rewrites} rewrites with fsync, the longest \
-         {:.1} s; the clients recovered ({recovered:?}); kstall saw {:?} after the restart; no incident",
+         {:.1} s; the clients recovered ({recovered:?}); kstall saw {by_what:?} after the restart; no incident",
         nfs::SERVER,
         longest.as_secs_f64(),
-        by_what(&after),
     );
+}
+
+/// Rewrites and fsyncs `writer`'s file once a second until `stop`; how many times, and the longest.
+fn rewrite_each_second(writer: &mut Writer, stop: &AtomicBool) -> (usize, Duration) {
+    let (mut rewrites, mut longest) = (0, Duration::ZERO);
+    while !stop.load(Ordering::Relaxed) {
+        let round = Instant::now();
+        longest = longest.max(writer.rewrite(REWRITE_WITHIN));
+        rewrites += 1;
+        std::thread::sleep(Duration::from_secs(1).saturating_sub(round.elapsed()));
+    }
+    (rewrites, longest)
+}
+
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The events about the test's NFS server since `since` (unix ns); nfsd's own RPC clients
+/// (registering with rpcbind as it starts) are not this.
+fn nfs_events_since(events: &[Value], since: u64) -> Vec<Value> {
+    let ours = |e: &&Value| e["kind"] == "nfs" && e["server_addr"] == nfs::SERVER;
+    events.iter().filter(ours).filter(|e| e["time_unix_ns"].as_u64() >= Some(since)).cloned().collect()
+}
+
+/// A client's connection to the server failed: reset, refused, or broken through the sidecar
+/// (which one depends on when it wrote). Every TCP connect first says "in progress".
+fn connection_failed(e: &Value) -> bool {
+    e["what"] == "socket_error"
+        || (e["what"] == "socket_connect" && !matches!(text(&e["error_name"]), "" | "EINPROGRESS"))
+}
+
+/// The events by pod, what and error, counted.
+fn by_what(events: &[Value]) -> std::collections::BTreeMap<String, usize> {
+    let mut seen = std::collections::BTreeMap::new();
+    for e in events {
+        let key = format!("{} {} ({})", text(&e["pod"]), text(&e["what"]), text(&e["error_name"]));
+        *seen.entry(key).or_default() += 1;
+    }
+    seen
 }
 
 /// NFS as users feel it (issue 38): two pods write to the same server; its replies to one are
