@@ -376,7 +376,7 @@ mod tests {
         assert_eq!(memory_only.unwrap().state_dir, None);
         assert_eq!(
             c.probes.enabled,
-            vec!["tcp-reset", "hung-task", "oom", "nfs", "stuck-task", "cpu-lockup"]
+            vec!["tcp-reset", "hung-task", "oom", "nfs", "stuck-task", "cpu-lockup", "packet-drop"]
         );
         assert_eq!(c.probes.stuck_task, probes::stuck_task::Settings::default());
         assert_eq!(c.probes.stuck_task.interval, Duration::from_secs(5));

@@ -32,6 +32,40 @@ pub const GENERATIONS: u32 = 2;
 /// Events of one key sent in full per CPU per interval when the agent does not say (`--sample-events`).
 pub const DEFAULT_SAMPLE_EVENTS: u32 = 32;
 
+/// The ports the counters keep by number (one bit a port); every other port is counted as a
+/// class, so a port scan makes two keys, not one a port. The global `KEPT_PORTS`, written by the
+/// agent before load.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeptPorts {
+    pub words: [u64; 1024],
+}
+
+const _: () = assert!(size_of::<KeptPorts>() == 8192);
+
+impl KeptPorts {
+    pub const NONE: Self = Self { words: [0; 1024] };
+
+    pub fn insert(&mut self, port: u16) {
+        self.words[usize::from(port >> 6)] |= 1 << (port & 63);
+    }
+
+    #[inline(always)]
+    pub fn contains(&self, port: u16) -> bool {
+        // `port >> 6` < 1024 always; `get` spares the verifier a panic path.
+        self.words.get(usize::from(port >> 6)).is_some_and(|w| w >> (port & 63) & 1 != 0)
+    }
+}
+
+impl Default for KeptPorts {
+    fn default() -> Self {
+        Self::NONE
+    }
+}
+
 #[cfg(feature = "user")]
-// SAFETY: repr(C), two u64.
-unsafe impl aya::Pod for Counter {}
+mod user {
+    // SAFETY: repr(C), integers only.
+    unsafe impl aya::Pod for super::Counter {}
+    unsafe impl aya::Pod for super::KeptPorts {}
+}

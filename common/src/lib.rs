@@ -13,6 +13,7 @@ pub mod hung_task;
 pub mod metrics;
 pub mod nfs;
 pub mod oom;
+pub mod packet_drop;
 pub mod stuck_task;
 pub mod task;
 pub mod tcp_reset;
@@ -27,6 +28,7 @@ pub mod kind {
     pub const NFS: u32 = 4;
     pub const STUCK_TASK: u32 = 5;
     pub const CPU_LOCKUP: u32 = 6;
+    pub const PACKET_DROP: u32 = 7;
     /// One past the highest kind: sizes the per-kind loss counter map.
     pub const COUNT: u32 = 8;
 }

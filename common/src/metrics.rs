@@ -62,6 +62,15 @@ pub const TCP_RESETS: Metric = pod(
     "TCP resets. port: the refusing local port (sent) or the remote port (received); original_port: \
      pre-NAT destination port of a redirected connection, empty otherwise.",
 );
+pub const PACKET_DROPS: Metric = pod(
+    "kstall_packet_drops_total",
+    Counter,
+    &["reason", "protocol", "direction", "port"],
+    "Packets the kernel dropped, by its drop reason (NETFILTER_DROP: a firewall rule or conntrack; the \
+     kernel's enum names, per kernel), protocol, direction (egress: sent by the pod's sockets; \
+     ingress: arriving) and destination port (by number for well-known ports, else ephemeral or \
+     other; empty without ports).",
+);
 pub const STUCK_TASKS_TOTAL: Metric = pod(
     "kstall_stuck_tasks_total",
     Counter,
@@ -337,6 +346,7 @@ pub const API_EVENTS_DROPPED: Metric = node(
 /// Every metric the agent exports.
 pub const ALL: &[&Metric] = &[
     &TCP_RESETS,
+    &PACKET_DROPS,
     &STUCK_TASKS_TOTAL,
     &CPU_LOCKUPS,
     &OOM_KILLS,

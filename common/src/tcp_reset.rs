@@ -112,41 +112,11 @@ pub struct ConntrackOffsets {
 pub const KEY_PORT_EPHEMERAL: u8 = 1 << 4;
 /// The original destination port is in the ephemeral range (`orig_dst_port` is 0).
 pub const KEY_ORIGINAL_EPHEMERAL: u8 = 1 << 5;
-/// The counted port is neither kept ([`KeptPorts`]) nor ephemeral: the class `other`.
+/// The counted port is neither kept ([`crate::counter::KeptPorts`]) nor ephemeral: the class
+/// `other`.
 pub const KEY_PORT_OTHER: u8 = 1 << 6;
 /// The original destination port is of the class `other`.
 pub const KEY_ORIGINAL_OTHER: u8 = 1 << 7;
-
-/// The ports a reset counter keeps by number (one bit a port); every other port is counted as a
-/// class, so a port scan makes two keys, not one a port. The global `KEPT_PORTS`, written by the
-/// agent before load.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KeptPorts {
-    pub words: [u64; 1024],
-}
-
-const _: () = assert!(size_of::<KeptPorts>() == 8192);
-
-impl KeptPorts {
-    pub const NONE: Self = Self { words: [0; 1024] };
-
-    pub fn insert(&mut self, port: u16) {
-        self.words[usize::from(port >> 6)] |= 1 << (port & 63);
-    }
-
-    #[inline(always)]
-    pub fn contains(&self, port: u16) -> bool {
-        // `port >> 6` < 1024 always; `get` spares the verifier a panic path.
-        self.words.get(usize::from(port >> 6)).is_some_and(|w| w >> (port & 63) & 1 != 0)
-    }
-}
-
-impl Default for KeptPorts {
-    fn default() -> Self {
-        Self::NONE
-    }
-}
 
 /// A key of the in-kernel reset counters (`TCP_RESET_COUNTS`): one `kstall_tcp_resets_total`
 /// series before attribution (its network namespace is attributed to a pod when the agent reads
@@ -181,6 +151,5 @@ mod user {
     // SAFETY: repr(C), only integer fields, no implicit padding (the padding is written out).
     unsafe impl aya::Pod for super::TcpResetConfig {}
     unsafe impl aya::Pod for super::ConntrackOffsets {}
-    unsafe impl aya::Pod for super::KeptPorts {}
     unsafe impl aya::Pod for super::TcpResetEvent {}
 }

@@ -11,7 +11,7 @@ use aya_ebpf::{
 use kstall_common::{
     EventHeader,
     capture::CaptureFilter,
-    counter::{Counter, DEFAULT_SAMPLE_EVENTS},
+    counter::{Counter, DEFAULT_SAMPLE_EVENTS, KeptPorts},
     kind,
 };
 
@@ -38,6 +38,35 @@ pub static GENERATION: Array<u32> = Array::with_max_entries(1, 0);
 /// every event, nothing counted (a standalone capture, which exports no counters).
 #[unsafe(no_mangle)]
 static SAMPLE_EVENTS: u32 = DEFAULT_SAMPLE_EVENTS;
+
+/// The ports the counters keep by number, written by the agent before load (the metrics' port
+/// policy).
+#[unsafe(no_mangle)]
+static KEPT_PORTS: KeptPorts = KeptPorts::NONE;
+
+/// How a counter key holds a port.
+pub enum PortClass {
+    /// By number.
+    Kept,
+    /// In the node's ephemeral range: a client's random port.
+    Ephemeral,
+    Other,
+}
+
+/// The class of `port` (see `KeptPorts`), so that a port scan makes two keys, not one a port.
+#[inline(always)]
+pub fn port_class(port: u16, ephemeral_low: u16, ephemeral_high: u16) -> PortClass {
+    // Through a volatile copy of its address: the compiler must not fold the initializer.
+    let kept = &raw const KEPT_PORTS;
+    let kept = unsafe { &*core::ptr::read_volatile(&kept) };
+    if kept.contains(port) {
+        PortClass::Kept
+    } else if port >= ephemeral_low && port <= ephemeral_high {
+        PortClass::Ephemeral
+    } else {
+        PortClass::Other
+    }
+}
 
 /// Set by an agent run for one capture (`kstall trace --standalone`); empty otherwise.
 #[unsafe(no_mangle)]

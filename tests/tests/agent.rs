@@ -26,9 +26,9 @@ fn sigterm_detaches_every_program() {
     let left = still_loaded_after_grace(&held);
     assert!(left.is_empty(), "still loaded 5 s after SIGTERM: {left:?}");
     let log = agent.log();
-    // tcp-reset's two programs, hung-task's, oom's, the stuck-task iterator and cpu-lockup's
-    // console hook (this kernel refuses fentry; NFS waits).
-    assert!(log.contains(r#""detached":6"#), "the agent reports what it detached:\n{log}");
+    // tcp-reset's two programs, hung-task's, oom's, the stuck-task iterator, cpu-lockup's
+    // console hook (this kernel refuses fentry; NFS waits) and packet-drop's.
+    assert!(log.contains(r#""detached":7"#), "the agent reports what it detached:\n{log}");
 }
 
 /// A probe that cannot run on this kernel is reported with its reason, and the others run on. This

@@ -67,6 +67,7 @@ use kstall_common::metrics::{self as catalogue, Metric};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
     TcpResets,
+    PacketDrops,
     StuckTasks,
     CpuLockups,
     OomKills,
@@ -79,8 +80,9 @@ pub enum Family {
 }
 
 impl Family {
-    pub const ALL: [Family; 10] = [
+    pub const ALL: [Family; 11] = [
         Family::TcpResets,
+        Family::PacketDrops,
         Family::StuckTasks,
         Family::CpuLockups,
         Family::OomKills,
@@ -101,6 +103,7 @@ impl Family {
     pub fn metric(self) -> &'static Metric {
         match self {
             Family::TcpResets => &catalogue::TCP_RESETS,
+            Family::PacketDrops => &catalogue::PACKET_DROPS,
             Family::StuckTasks => &catalogue::STUCK_TASKS_TOTAL,
             Family::CpuLockups => &catalogue::CPU_LOCKUPS,
             Family::OomKills => &catalogue::OOM_KILLS,

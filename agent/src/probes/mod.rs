@@ -12,8 +12,10 @@ pub mod kind;
 pub mod misses;
 pub mod nfs;
 pub mod oom;
+pub mod packet_drop;
 pub mod payload;
 pub mod plan;
+pub mod ports;
 pub mod probe;
 pub mod settings;
 pub mod stuck_task;
@@ -52,6 +54,7 @@ pub const ALL: &[&dyn Probe] = &[
     &nfs::NfsProbe,
     &stuck_task::StuckTaskProbe,
     &cpu_lockup::CpuLockupProbe,
+    &packet_drop::PacketDropProbe,
 ];
 
 pub fn names() -> impl Iterator<Item = &'static str> {
@@ -193,7 +196,7 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
     loader.map_max_entries("EVENTS", settings.ring_buffer_bytes);
     loader.override_global("CAPTURE", &settings.capture, true);
     loader.override_global("SAMPLE_EVENTS", &settings.sample_events, true);
-    let kept_ports = tcp_reset::kept_ports(&settings.kept_ports);
+    let kept_ports = ports::kept_ports(&settings.kept_ports);
     loader.override_global("KEPT_PORTS", &kept_ports, true);
     for (name, value) in plans.iter().filter_map(|(_, plan)| plan.config.as_ref()) {
         loader.override_global(name, value.as_slice(), true);

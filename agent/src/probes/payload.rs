@@ -11,6 +11,7 @@ use super::{
     kind::{EventData, EventKind},
     nfs::event::{Nfs, NfsCount, NfsLatency},
     oom::event::{OomKill, OomKillCount},
+    packet_drop::event::{DropCount, PacketDrop},
     stuck_task::event::StuckTaskSample,
     tcp_reset::event::{ResetCount, TcpReset},
 };
@@ -40,6 +41,10 @@ pub enum Payload {
     NfsLatency(NfsLatency),
     /// A CPU the kernel's soft-lockup watchdog or RCU's stall detector found stuck.
     CpuLockup(CpuLockup),
+    /// A packet the kernel dropped, with its reason (the first of each series in an interval).
+    PacketDrop(PacketDrop),
+    /// One interval's drops of one series, from the kernel's counters, as `TcpResetCount`.
+    PacketDropCount(DropCount),
 }
 
 impl Payload {
@@ -57,6 +62,8 @@ impl Payload {
             Payload::NfsCount(p) => p,
             Payload::NfsLatency(p) => p,
             Payload::CpuLockup(p) => p,
+            Payload::PacketDrop(p) => p,
+            Payload::PacketDropCount(p) => p,
         }
     }
 

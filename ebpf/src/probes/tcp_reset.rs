@@ -31,13 +31,13 @@ use kstall_common::{
         COUNT_KEYS, ConntrackOffsets, DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6,
         FLAG_HAS_CONNTRACK, FLAG_HAS_REASON, FLAG_HAS_SOCKET, HOOK_KFREE_SKB_NO_SOCKET,
         HOOK_SEND_RESET_FUNCTION, HOOK_TCP_RECEIVE_RESET, HOOK_TCP_SEND_RESET, KEY_ORIGINAL_EPHEMERAL,
-        KEY_ORIGINAL_OTHER, KEY_PORT_EPHEMERAL, KEY_PORT_OTHER, KeptPorts, ResetCountKey, TcpResetConfig,
-        TcpResetEvent, VERSION,
+        KEY_ORIGINAL_OTHER, KEY_PORT_EPHEMERAL, KEY_PORT_OTHER, ResetCountKey, TcpResetConfig, TcpResetEvent,
+        VERSION,
     },
 };
 
 use crate::{
-    maps::{self, Filtered, emit},
+    maps::{self, Filtered, PortClass, emit},
     read::{field, typed},
     task::stamp_current,
     zero::zeroed_in,
@@ -47,10 +47,6 @@ use crate::{
 #[unsafe(no_mangle)]
 // SAFETY: plain integers; all zero means "not configured" (`valid == 0`).
 static TCP_RESET_CONFIG: TcpResetConfig = unsafe { core::mem::zeroed() };
-
-/// The ports counted by number, written by the agent before load (the metric's port policy).
-#[unsafe(no_mangle)]
-static KEPT_PORTS: KeptPorts = KeptPorts::NONE;
 
 /// Written by the agent once `struct nf_conn`'s layout is known (see `ConntrackOffsets`).
 #[map]
@@ -87,13 +83,6 @@ fn config() -> &'static TcpResetConfig {
     // Through a volatile copy of its address: the compiler must not fold the zeroed initializer.
     let config = &raw const TCP_RESET_CONFIG;
     unsafe { &*core::ptr::read_volatile(&config) }
-}
-
-/// [`KEPT_PORTS`], read a word at a time where used.
-#[inline(always)]
-fn kept_ports() -> &'static KeptPorts {
-    let kept = &raw const KEPT_PORTS;
-    unsafe { &*core::ptr::read_volatile(&kept) }
 }
 
 /// >= 6.10: `(sk, skb, reason)`, fires also without a socket.
@@ -265,15 +254,14 @@ fn counted_in_full(cfg: &TcpResetConfig, ev: &TcpResetEvent) -> bool {
     }
     // Port classes as the metric labels them, here so that a port scan makes two keys, not one
     // a port: kept ports by number, the rest `ephemeral` or `other`.
-    let kept = kept_ports();
-    let class = |port: u16, ephemeral_flag: u8, other_flag: u8| {
-        if kept.contains(port) {
-            0
-        } else if port >= cfg.ephemeral_low && port <= cfg.ephemeral_high {
-            ephemeral_flag
-        } else {
-            other_flag
-        }
+    let class = |port: u16, ephemeral_flag: u8, other_flag: u8| match maps::port_class(
+        port,
+        cfg.ephemeral_low,
+        cfg.ephemeral_high,
+    ) {
+        PortClass::Kept => 0,
+        PortClass::Ephemeral => ephemeral_flag,
+        PortClass::Other => other_flag,
     };
     let port_class = class(key.port, KEY_PORT_EPHEMERAL, KEY_PORT_OTHER);
     if port_class != 0 {

@@ -35,7 +35,8 @@ use crate::{
     incidents::{Finding, NodeView, Remediation, Settings, Severity, Signature, Step, keyed::Keyed, ns},
     probes::{
         nfs::What,
-        tcp_reset::{CountedPort, Direction, TcpReset},
+        ports::CountedPort,
+        tcp_reset::{Direction, TcpReset},
         wait::WaitClass,
     },
     stuck::StuckTask,

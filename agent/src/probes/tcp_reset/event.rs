@@ -5,7 +5,10 @@ use std::net::IpAddr;
 use kstall_common::metrics;
 use serde::Serialize;
 
-use crate::probes::kind::{Change, EventData, EventKind, FilterFields, Source, Subject, Update};
+use crate::probes::{
+    kind::{Change, EventData, EventKind, FilterFields, Source, Subject, Update},
+    ports::CountedPort,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -46,36 +49,6 @@ pub struct TcpReset {
     /// silent empty value.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unavailable: Vec<&'static str>,
-}
-
-/// A port as a reset counter counts it: by number, or a class. Serialized as its label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CountedPort {
-    Number(u16),
-    /// In the node's ephemeral range (`net.ipv4.ip_local_port_range`).
-    Ephemeral,
-    /// Neither kept by number nor ephemeral (a port scan's targets, a client's odd port).
-    Other,
-    /// The counters' map was full: the reset was counted without its key.
-    Overflow,
-}
-
-impl CountedPort {
-    /// The metric's label value.
-    pub fn label(self) -> String {
-        match self {
-            CountedPort::Number(port) => port.to_string(),
-            CountedPort::Ephemeral => "ephemeral".into(),
-            CountedPort::Other => "other".into(),
-            CountedPort::Overflow => "overflow".into(),
-        }
-    }
-}
-
-impl Serialize for CountedPort {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.label())
-    }
 }
 
 /// Resets of one counter key in one interval, read from the kernel's counters: the exact count,

@@ -15,7 +15,6 @@ pub use event::*;
 use std::{
     collections::HashMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    ops::RangeInclusive,
 };
 
 use kstall_common::{
@@ -25,7 +24,7 @@ use kstall_common::{
     tcp_reset::{
         self as raw, ConntrackOffsets, DIRECTION_RECEIVED, DIRECTION_SENT, FAMILY_INET, FAMILY_INET6,
         FLAG_HAS_CONNTRACK, FLAG_HAS_REASON, FLAG_HAS_SOCKET, KEY_ORIGINAL_EPHEMERAL, KEY_ORIGINAL_OTHER,
-        KEY_PORT_EPHEMERAL, KEY_PORT_OTHER, KeptPorts, ResetCountKey, TcpResetConfig, TcpResetEvent,
+        KEY_PORT_EPHEMERAL, KEY_PORT_OTHER, ResetCountKey, TcpResetConfig, TcpResetEvent,
     },
 };
 
@@ -38,6 +37,7 @@ use super::{
     kind::EventKind,
     payload::Payload,
     plan::{Fallback, Plan, ProbeStatus, ProgramSpec, Unavailable},
+    ports::CountedPort,
     probe::{Completion, Counted, Counting, Decoding, Drained, EnumNames, Planned, Probe},
     settings::Settings,
 };
@@ -333,55 +333,6 @@ pub fn decode(ev: &TcpResetEvent, names: &EnumNames) -> Result<TcpReset, DecodeE
     })
 }
 
-/// Ports the reset counters keep by number whatever the configuration: IANA's system ports and
-/// the registered ports of what runs on and around Kubernetes nodes (NFS, etcd, the API server,
-/// the kubelet, service-mesh proxies, databases, brokers, monitoring). Every other port is
-/// counted as a class, `ephemeral` or `other`, unless `--metric-ports` keeps it.
-pub const WELL_KNOWN_PORTS: &[RangeInclusive<u16>] = &[
-    1..=1023,
-    1433..=1433,   // SQL Server
-    1521..=1521,   // Oracle
-    2049..=2049,   // NFS
-    2181..=2181,   // ZooKeeper
-    2379..=2380,   // etcd
-    3000..=3000,   // Grafana
-    3306..=3306,   // MySQL
-    4140..=4143,   // Linkerd proxy
-    4191..=4191,   // Linkerd admin
-    4222..=4222,   // NATS
-    4317..=4318,   // OTLP
-    5432..=5432,   // PostgreSQL
-    5672..=5672,   // AMQP
-    6379..=6379,   // Redis
-    6443..=6443,   // Kubernetes API server
-    8080..=8080,   // HTTP alternate
-    8443..=8443,   // HTTPS alternate
-    9042..=9042,   // Cassandra
-    9090..=9093,   // Prometheus, Alertmanager, Kafka
-    9100..=9100,   // node_exporter
-    9200..=9200,   // Elasticsearch
-    9300..=9300,   // Elasticsearch transport
-    9443..=9443,   // admission webhooks
-    9700..=9700,   // kstall
-    10250..=10250, // kubelet
-    10255..=10257, // kubelet read-only, kube-proxy, controller-manager
-    10259..=10259, // scheduler
-    11211..=11211, // memcached
-    15000..=15021, // Istio / Envoy sidecar (15001 outbound, 15006 inbound)
-    15090..=15090, // Envoy metrics
-    20048..=20048, // NFS mountd
-    27017..=27017, // MongoDB
-];
-
-/// The kernel's set of ports counted by number: the well-known ones and `extra`.
-pub fn kept_ports(extra: &[RangeInclusive<u16>]) -> KeptPorts {
-    let mut kept = KeptPorts::NONE;
-    for port in WELL_KNOWN_PORTS.iter().chain(extra).cloned().flatten() {
-        kept.insert(port);
-    }
-    kept
-}
-
 /// A counter key and its value, read back.
 pub fn decode_count(
     key: &ResetCountKey,
@@ -669,18 +620,6 @@ pub(crate) mod tests {
             decode_count(&key, &counter, &names_6_18()),
             Err(DecodeError::BadField { field: "tcp_reset_count.direction", .. })
         ));
-    }
-
-    #[test]
-    fn keeps_the_well_known_ports_and_the_extra_ones_by_number() {
-        let kept = kept_ports(&[30000..=30002]);
-        for port in [22, 53, 443, 1023, 2049, 6443, 10250, 15001, 15006, 20048, 30000, 30002] {
-            assert!(kept.contains(port), "{port}");
-        }
-        for port in [0, 1024, 2048, 20000, 29999, 30003, 40000, 65535] {
-            assert!(!kept.contains(port), "{port}");
-        }
-        assert!(!kept_ports(&[]).contains(30000));
     }
 
     fn names_6_18() -> EnumNames {
