@@ -1059,6 +1059,8 @@ mod tests {
             ("nfs_slow_threshold", s("750ms"), one("750ms")),
             ("nfs_slow_for", "90".into(), one("90s")),
             ("cpu_lockup_hold", "900".into(), one("15m")),
+            ("policy_drops_min", "10".into(), one("10")),
+            ("policy_drops_window", "120".into(), one("2m")),
         ]
     }
 

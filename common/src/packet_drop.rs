@@ -13,8 +13,11 @@ pub const DIRECTION_INGRESS: u8 = 2;
 
 /// `protocol`: the IP protocol number for TCP, UDP, ICMP and ICMPv6; these for the rest.
 pub const PROTOCOL_OTHER_IP: u8 = 0xfe;
-/// Not IPv4 or IPv6 (ARP, ...), or headers the kernel had not set.
+/// Not IPv4 or IPv6 (ARP, ...).
 pub const PROTOCOL_NOT_IP: u8 = 0xff;
+
+/// `reason` on kernels whose `kfree_skb` carries none (< 5.17).
+pub const REASON_UNKNOWN: u32 = u32::MAX;
 
 pub const FAMILY_INET: u8 = 4;
 pub const FAMILY_INET6: u8 = 6;
@@ -32,7 +35,8 @@ pub const KEY_PORT_OTHER: u8 = 1 << 1;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PacketDropEvent {
     pub header: EventHeader,
-    /// Raw `enum skb_drop_reason` value (a subsystem's reason in the high 16 bits, 6.12+).
+    /// Raw `enum skb_drop_reason` value (a subsystem's reason in the high 16 bits, 6.12+), or
+    /// `REASON_UNKNOWN`.
     pub reason: u32,
     pub direction: u8,
     pub family: u8,

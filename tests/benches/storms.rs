@@ -10,8 +10,8 @@ use kstall_tests::{
     host::{Sysctl, run},
     kernel_tests_can_run,
     storms::{
-        Detail, RESETS_BY_PORTS_ONE_LINER, RESETS_ONE_LINER, Row, distinct_ports, hung_tasks, idle,
-        oom_storm, reset_storm, table,
+        Detail, RESETS_BY_PORTS_ONE_LINER, RESETS_ONE_LINER, Row, distinct_ports, drop_storm,
+        drops_one_liner, hung_tasks, idle, oom_storm, reset_storm, table,
     },
 };
 
@@ -23,7 +23,7 @@ fn main() {
     // Per-program run time in the kernel; restored when the guard drops.
     let _stats = Sysctl::set("kernel.bpf_stats_enabled", "1");
     let _tracefs = Tracefs::mount();
-    // `KSTALL_BENCH_STORMS=idle,resets,ports,hung,oom`: only these (all by default), to iterate on one.
+    // `KSTALL_BENCH_STORMS=idle,resets,ports,drops,hung,oom`: only these (all by default), to iterate on one.
     let only = std::env::var("KSTALL_BENCH_STORMS").ok();
     let wanted = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|w| w.trim() == name));
     let mut rows: Vec<Row> = Vec::new();
@@ -40,6 +40,10 @@ fn main() {
         rows.push(distinct_ports(3000, true));
         // Two series a port: 10,000 live series.
         rows.push(distinct_ports(5000, true));
+    }
+    if wanted("drops") {
+        rows.push(drop_storm(secs, 1, Some(drops_one_liner())));
+        rows.push(drop_storm(secs, 3000, None));
     }
     if wanted("hung") {
         rows.push(hung_tasks(50, true));

@@ -119,6 +119,17 @@ pub fn refused_connects(addr: SocketAddr, n: usize) {
     }
 }
 
+/// `n` TCP connects to `addr` that must time out (their SYNs dropped), each waiting `timeout`: a
+/// SYN and its retransmissions within it.
+pub fn timed_out_connects(addr: SocketAddr, n: usize, timeout: Duration) {
+    for i in 0..n {
+        match TcpStream::connect_timeout(&addr, timeout) {
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            other => panic!("connect #{i} to {addr}: expected a timeout (SYNs dropped), got {other:?}"),
+        }
+    }
+}
+
 /// A local TCP port nothing listens on, outside the ephemeral range (so kstall labels it).
 pub fn closed_low_port() -> u16 {
     (20000..30000)

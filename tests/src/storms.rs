@@ -18,7 +18,7 @@ use crate::{
     agent::{Agent, COUNTED_WITHIN, LimitedAgent, pod_json, write_pods_file},
     bpf::{ProgramRuns, program_runs_of},
     bpftrace::{Bpftrace, Counted},
-    cgroup::{Cgroup, MemoryLimit},
+    cgroup::{Cgroup, MemoryLimit, PodProcess},
     host::{Sysctl, cpu_ticks, memory_kib, wait_for},
     netns::{NetNs, refused_connects},
     oom::{OOM_LIMIT, oom_kill},
@@ -132,6 +132,16 @@ const OOM_KILLS: Counter = Counter {
     one_event_each: true,
     reported_by: None,
     pod: None,
+};
+const DROPS: Counter = Counter {
+    metric: "kstall_packet_drops_total",
+    probes: &["packet-drop"],
+    // One event a drop, but the probe's event totals are the node's: its own drops (a socket
+    // closed with data unread) count there too. The pod's counter is the storm's alone.
+    one_event_each: false,
+    reported_by: None,
+    // The storm's own: the host drops a packet now and then too.
+    pod: Some(DROPPING_POD),
 };
 const STUCK_TASKS: Counter = Counter {
     metric: "kstall_stuck_tasks_total",
@@ -487,6 +497,114 @@ pub fn distinct_ports(ports: u16, side_by_side: bool) -> Row {
             2 * u64::from(ports)
         },
     )
+}
+
+/// The pod whose network policy drops the drop storms' datagrams.
+const DROPPING_POD: &str = "storm-dropped-5f6a";
+const DROPPING_UID: &str = "6b1c2d3e-4f5a-4b6c-9d7e-8f9a0b1c2d3e";
+const DROPPING_CONTAINER: &str = "d20bd20bd20bd20bd20bd20bd20bd20bd20bd20bd20bd20bd20bd20bd20bd20b";
+
+/// UDP datagrams a pod sends for `secs` from two threads to ports its network policy drops (an
+/// OUTPUT DROP rule in its namespace): to one well-known port, or spread over `ports` ports
+/// outside the ephemeral range (a scan: the series budget's test). Driven is what the rule's own
+/// counter says it dropped. Measured first without the agent, for the slowdown it causes.
+pub fn drop_storm(secs: u64, ports: u16, bpftrace: Option<OneLiner>) -> Row {
+    let dir = tempfile::tempdir().expect("a folder for the pods file");
+    let pods_file = dir.path().join("pods.json");
+    write_pods_file(&pods_file, &[pod_json(DROPPING_UID, DROPPING_POD, DROPPING_CONTAINER)]);
+    let container = Cgroup::kubepods_container("burstable", DROPPING_UID, DROPPING_CONTAINER);
+    let ns = NetNs::new("drops");
+    let _sandbox = PodProcess::start(&ns, &container.procs());
+    let first = if ports == 1 { DISCARD } else { SCANNED_FROM };
+    let range = if ports == 1 { DISCARD.to_string() } else { format!("{first}:{}", first + ports - 1) };
+    ns.exec("iptables", &["-A", "OUTPUT", "-p", "udp", "--dport", &range, "-j", "DROP"]);
+    let without = send_storm(&ns, secs, first, ports);
+    let mut with = 0.0;
+    let scenario = match ports {
+        1 => format!(
+            "drop storm (a pod's UDP to port {DISCARD} dropped by its policy){}",
+            bpftrace.map_or("", |b| b.by)
+        ),
+        n => format!("drops to {n} distinct ports (one policy rule)"),
+    };
+    let mut row = measure(
+        scenario,
+        "drops",
+        &DROPS,
+        &["--pods-file", pods_file.to_str().expect("a UTF-8 path")],
+        bpftrace,
+        COUNTED_WITHIN,
+        || {
+            let before = dropped_by_rule(&ns);
+            let (sent, elapsed) = send_storm(&ns, secs, first, ports);
+            with = sent as f64 / elapsed.as_secs_f64();
+            dropped_by_rule(&ns) - before
+        },
+    );
+    let without = without.0 as f64 / without.1.as_secs_f64();
+    row.notes.push(format!(
+        "{}: {without:.0} datagrams/s without the agent, {with:.0} with it: {:.1}% slower",
+        row.scenario,
+        100.0 * (1.0 - with / without)
+    ));
+    row
+}
+
+/// The discard port: well-known, so counted by number.
+const DISCARD: u16 = 9;
+/// Where a scan's ports start: outside the ephemeral range, and none kept up to 3,000 on.
+const SCANNED_FROM: u16 = 21000;
+
+/// Datagrams from two threads in `ns` to `ports` ports from `first` on, round robin, until `secs`
+/// pass; how many and for how long. Each is dropped on its way out (the send fails: EPERM).
+fn send_storm(ns: &NetNs, secs: u64, first: u16, ports: u16) -> (u64, Duration) {
+    const THREADS: usize = 2;
+    let sent = AtomicU64::new(0);
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(secs);
+    thread::scope(|s| {
+        for _ in 0..THREADS {
+            let sent = &sent;
+            s.spawn(move || {
+                let n = ns.run_inside(move || {
+                    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("a UDP socket");
+                    let mut n = 0u64;
+                    while Instant::now() < deadline {
+                        let port = first + (n % u64::from(ports)) as u16;
+                        let _ = socket.send_to(b"dropped", ("127.0.0.1", port));
+                        n += 1;
+                    }
+                    n
+                });
+                sent.fetch_add(n, Ordering::Relaxed);
+            });
+        }
+    });
+    (sent.into_inner(), start.elapsed())
+}
+
+/// The packets the storm's DROP rule dropped: the kernel's own count.
+fn dropped_by_rule(ns: &NetNs) -> u64 {
+    let listing = ns.exec("iptables", &["-L", "OUTPUT", "-v", "-x", "-n"]);
+    listing
+        .lines()
+        .find(|l| l.contains("DROP"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no DROP rule in:\n{listing}"))
+}
+
+/// The yardstick for the drop storm: bpftrace counting the kernel's `kfree_skb` drops whose
+/// reason is `NETFILTER_DROP` (its number on this kernel, read from the tracepoint's format).
+pub fn drops_one_liner() -> OneLiner {
+    let format = std::fs::read_to_string("/sys/kernel/tracing/events/skb/kfree_skb/format")
+        .expect("the kfree_skb tracepoint's format (tracefs mounted)");
+    let value = format
+        .split('{')
+        .find_map(|entry| entry.split_once(", \"NETFILTER_DROP\"").map(|(n, _)| n.trim().to_string()))
+        .expect("NETFILTER_DROP in kfree_skb's reasons");
+    let script = format!("tracepoint:skb:kfree_skb /args->reason == {value}/ {{ @drops = count(); }}");
+    OneLiner { by: "", script: Box::leak(script.into_boxed_str()), counted: |c| c.total("drops") }
 }
 
 /// `tasks` writers in D at once, stuck in writeback on a frozen FUSE-backed disk, with the

@@ -2,7 +2,7 @@
 //! data: a real agent and a real Prometheus scraping it, while this host's kernel does what the
 //! panels are about — a pod's NFS connections redirected by a sidecar's rule and reset, a task of
 //! the pod stuck in writeback, its container OOM-killed again and again (one victim named like a
-//! node daemon), events of a namespace of no pod and an API client that stops reading — and the
+//! node daemon), its connects to a database dropped by its network policy, events of a namespace of no pod and an API client that stops reading — and the
 //! incidents these fire. Every query of every panel, with the variables set to that node, namespace
 //! and pod, must return data, except the ones listed as fed by the VM scenarios (this host has no
 //! NFS client and must not run out of memory) or by none. A test without root checks that every
@@ -26,7 +26,7 @@ use kstall_tests::{
     host::{Sysctl, wait_for},
     kernel_tests_can_run,
     kubelet::FakeKubelet,
-    netns::{NetNs, NfsReconnects, closed_low_ports, refused_connects},
+    netns::{NetNs, NfsReconnects, closed_low_ports, refused_connects, timed_out_connects},
     oom::{OOM_LIMIT, oom_kill_as},
     writeback::FreezableDisk,
 };
@@ -201,6 +201,11 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
     let _sandbox = PodProcess::start(&netns, &container.procs());
     netns.redirect_tcp("iptables", 2049, 15001);
     let reconnecting = NfsReconnects::start(&netns);
+    // Its network policy drops its connects to a database: each times out.
+    netns.exec("iptables", &["-A", "OUTPUT", "-p", "tcp", "--dport", "5432", "-j", "DROP"]);
+    netns.run_inside(|| {
+        timed_out_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 5432)), 3, Duration::from_millis(1500))
+    });
     // A task of the pod that cannot finish its flush.
     disk.freeze();
     disk.start_writer(&container.procs());
@@ -231,7 +236,9 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
     assert!(cut_off.is_some(), "the stalled client's events were not dropped:\n{}", agent.metrics());
     drop(stalled);
 
-    for signature in ["nfs-sidecar-redirect", "pod-termination-blocked", "container-oom-loop"] {
+    for signature in
+        ["nfs-sidecar-redirect", "pod-termination-blocked", "container-oom-loop", "network-policy-drops"]
+    {
         let firing = agent.wait_incident(
             |i| i["signature"] == signature && i["state"] == "firing" && i["pod"] == POD,
             Duration::from_secs(60),

@@ -5,34 +5,21 @@
 //! with the kernel's reason, the direction and the port, attributed to the pod.
 
 use std::{
-    net::{Ipv4Addr, SocketAddr, TcpStream},
+    net::{Ipv4Addr, SocketAddr},
     time::Duration,
 };
 
 use kstall_tests::{
-    agent::{Agent, pod_json, write_pods_file},
+    agent::{Agent, COUNTED_WITHIN, pod_json, write_pods_file},
     cgroup::{Cgroup, PodProcess},
     kernel_tests_can_run,
-    netns::NetNs,
+    netns::{NetNs, timed_out_connects},
 };
 use serde_json::Value;
 
 const DATABASE: u16 = 5432;
 const WEB: u16 = 8080;
 const CONNECTS: usize = 3;
-
-/// Connects to `port` on loopback that time out: their SYNs are dropped.
-fn timed_out_connects(port: u16) {
-    for i in 0..CONNECTS {
-        match TcpStream::connect_timeout(
-            &SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
-            Duration::from_millis(1500),
-        ) {
-            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
-            other => panic!("connect #{i} to port {port}: expected a timeout (SYNs dropped), got {other:?}"),
-        }
-    }
-}
 
 /// Packets the filter table's DROP rule for `--dport port` in `chain` dropped: the kernel's own
 /// count.
@@ -60,7 +47,8 @@ fn drops_by_a_pods_network_policy_are_counted_with_their_reason_direction_and_po
     let dir = tempfile::tempdir().unwrap();
     let pods_file = dir.path().join("pods.json");
     write_pods_file(&pods_file, &[pod_json(&uid, name, &container_id)]);
-    let mut agent = Agent::start(&["--pods-file", pods_file.to_str().unwrap()]);
+    // Resolved 5 s after the last drop, not 60.
+    let mut agent = Agent::start(&["--pods-file", pods_file.to_str().unwrap(), "--quiet-window", "5s"]);
     let events = agent.subscribe();
     let container = Cgroup::kubepods_container("burstable", &uid, &container_id);
     let netns = NetNs::new("drop");
@@ -71,8 +59,13 @@ fn drops_by_a_pods_network_policy_are_counted_with_their_reason_direction_and_po
     netns.exec("iptables", &["-A", "INPUT", "-i", "lo", "-p", "tcp", "--dport", &web, "-j", "DROP"]);
 
     netns.run_inside(|| {
-        timed_out_connects(DATABASE);
-        timed_out_connects(WEB);
+        for port in [DATABASE, WEB] {
+            timed_out_connects(
+                SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+                CONNECTS,
+                Duration::from_millis(1500),
+            );
+        }
     });
     // Each connect's SYN and its retransmissions until the timeout: the kernel's count.
     let (egress, ingress) =
@@ -108,8 +101,34 @@ fn drops_by_a_pods_network_policy_are_counted_with_their_reason_direction_and_po
         );
         assert_eq!(agent.counted(&series, expected as f64), Some(expected as f64), "{}", agent.metrics());
     }
+    // The incident: the pod, what it lost and from whom, every drop counted.
+    let all_counted = |i: &Value| {
+        i["signature"] == "network-policy-drops"
+            && i["pod"] == name
+            && i["evidence"]["drops_total"] == egress + ingress
+    };
+    let incident = agent
+        .wait_incident(all_counted, COUNTED_WITHIN)
+        .unwrap_or_else(|| panic!("no network-policy-drops with every drop: {:#?}", agent.incidents()));
+    let summary = incident["summary"].as_str().unwrap_or_default().to_string();
+    for lost in [
+        format!("egress tcp port {DATABASE} (to 127.0.0.1): {egress}"),
+        format!("ingress tcp port {WEB} (from 127.0.0.1): {ingress}"),
+    ] {
+        assert!(summary.contains(&lost), "{lost} in {summary}");
+    }
+    assert_eq!(
+        (incident["severity"].as_str(), incident["namespace"].as_str()),
+        (Some("warning"), Some("shop"))
+    );
+    let resolved = agent.wait_incident(
+        |i| i["signature"] == "network-policy-drops" && i["state"] == "resolved",
+        Duration::from_secs(30),
+    );
+    assert!(resolved.is_some(), "not resolved after the quiet window: {:#?}", agent.incidents());
     println!(
-        "packet-drop: the pod's rules dropped {egress} egress and {ingress} ingress packets; kstall counted as many"
+        "packet-drop: the pod's rules dropped {egress} egress and {ingress} ingress packets; kstall counted as many \
+         and network-policy-drops said: {summary}"
     );
     assert_eq!(agent.metric(r#"kstall_events_lost_total{probe="packet-drop"}"#), Some(0.0));
     assert_eq!(agent.metric(r#"kstall_probe_up{probe="packet-drop"}"#), Some(1.0));

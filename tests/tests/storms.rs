@@ -4,7 +4,7 @@
 
 use kstall_tests::{
     kernel_tests_can_run,
-    storms::{Detail, Row, distinct_ports, hung_tasks, oom_storm, reset_storm},
+    storms::{Detail, Row, distinct_ports, drop_storm, hung_tasks, oom_storm, reset_storm},
 };
 
 fn assert_counted(row: &Row) {
@@ -62,5 +62,21 @@ fn a_hung_task_storm_is_counted_once_per_task() {
 fn an_oom_storm_is_counted_exactly() {
     if kernel_tests_can_run("an_oom_storm_is_counted_exactly") {
         assert_counted(&oom_storm(3, false));
+    }
+}
+
+#[test]
+fn a_drop_storm_is_counted_exactly() {
+    if kernel_tests_can_run("a_drop_storm_is_counted_exactly") {
+        assert_counted(&drop_storm(1, 1, None));
+    }
+}
+
+#[test]
+fn drops_to_distinct_ports_make_one_series() {
+    if kernel_tests_can_run("drops_to_distinct_ports_make_one_series") {
+        let row = drop_storm(1, 3000, None);
+        assert_counted(&row);
+        assert_eq!(row.series, 1, "ports outside the kept ones are one class: port=\"other\"");
     }
 }

@@ -762,9 +762,10 @@ fn nfs() -> anyhow::Result<Dashboard> {
 fn tcp_resets() -> anyhow::Result<Dashboard> {
     Ok(Dashboard::new(
         "kstall-tcp-resets",
-        "kstall / TCP resets",
+        "kstall / TCP resets and dropped packets",
         "TCP resets by pod, direction, reason and port. A reset with an original port is a NAT-redirected \
-         connection; original port 2049 with port 15001 is incident 1's sidecar redirect.",
+         connection; original port 2049 with port 15001 is incident 1's sidecar redirect. Below them, the \
+         packets the kernel dropped, by pod and drop reason: a reset is a refusal, a drop a timeout.",
     )
     .panel(
         Panel::stat(
@@ -818,6 +819,34 @@ fn tcp_resets() -> anyhow::Result<Dashboard> {
                 "A",
                 "sum by (node, namespace, pod, direction, port, original_port, reason) \
                  (increase(kstall_tcp_resets_total[$__range]))",
+            )?],
+        )
+        .size(24, 8),
+    )
+    .panel(
+        Panel::timeseries(
+            "Dropped packets by pod and reason",
+            "Packets per second the kernel dropped, by pod, direction and the kernel's drop reason. \
+             NETFILTER_DROP in a pod is a firewall rule of its namespace (a NetworkPolicy: \
+             network-policy-drops fires); empty reason: a kernel before 5.17.",
+            "pps",
+            vec![range(
+                "A",
+                "sum by (node, namespace, pod, direction, reason) (rate(kstall_packet_drops_total[$__rate_interval]))",
+                "{{node}} {{namespace}}/{{pod}} {{direction}} {{reason}}",
+            )?],
+        )
+        .size(24, 8),
+    )
+    .panel(
+        Panel::table(
+            "Dropped packets by protocol and port",
+            "Packets dropped in the time range, by pod, reason, protocol, direction and destination port \
+             (well-known ports by number, others ephemeral or other).",
+            vec![instant(
+                "A",
+                "sum by (node, namespace, pod, reason, protocol, direction, port) \
+                 (increase(kstall_packet_drops_total[$__range]))",
             )?],
         )
         .size(24, 8),

@@ -65,6 +65,13 @@ pub struct Flags {
     /// [default: 5m].
     #[arg(long, env = "KSTALL_CPU_LOCKUP_HOLD", value_name = "DURATION")]
     pub cpu_lockup_hold: Option<String>,
+    /// Packets of a pod a firewall rule in its namespace dropped within --policy-drops-window that
+    /// fire network-policy-drops [default: 5].
+    #[arg(long, env = "KSTALL_POLICY_DROPS_MIN", value_name = "N")]
+    pub policy_drops_min: Option<String>,
+    /// The window --policy-drops-min counts in [default: 60s].
+    #[arg(long, env = "KSTALL_POLICY_DROPS_WINDOW", value_name = "DURATION")]
+    pub policy_drops_window: Option<String>,
 }
 
 impl Flags {
@@ -135,6 +142,10 @@ impl Flags {
         s.nfs_slow_threshold = duration("nfs_slow_threshold", self.nfs_slow_threshold, s.nfs_slow_threshold)?;
         s.nfs_slow_for = duration("nfs_slow_for", self.nfs_slow_for, s.nfs_slow_for)?;
         s.cpu_lockup_hold = duration("cpu_lockup_hold", self.cpu_lockup_hold, s.cpu_lockup_hold)?;
+        s.policy_drops_min =
+            count("policy_drops_min", self.policy_drops_min, s.policy_drops_min, Settings::MIN_POLICY_DROPS)?;
+        s.policy_drops_window =
+            duration("policy_drops_window", self.policy_drops_window, s.policy_drops_window)?;
         Ok(s)
     }
 }

@@ -171,6 +171,10 @@ pub struct Settings {
     pub nfs_slow_for: Duration,
     /// A stuck CPU's incident stays firing this long after the kernel's last report of it.
     pub cpu_lockup_hold: Duration,
+    /// Packets of a pod a firewall rule dropped within `policy_drops_window` that fire
+    /// `network-policy-drops`.
+    pub policy_drops_min: u32,
+    pub policy_drops_window: Duration,
 }
 
 impl Default for Settings {
@@ -194,6 +198,10 @@ impl Default for Settings {
             // The kernel repeats its report every 2 × watchdog_thresh (at most 120 s) while the
             // CPU stays stuck: longer than that, so a lasting lockup stays one incident.
             cpu_lockup_hold: Duration::from_secs(300),
+            // A connect's SYN and its first four retransmissions take 15 s: one blocked connect
+            // fires, one dropped datagram or probe does not.
+            policy_drops_min: 5,
+            policy_drops_window: Duration::from_secs(60),
         }
     }
 }
@@ -208,6 +216,8 @@ impl Settings {
     /// A pod or two waiting for an image is a typo, not a pile.
     pub const MIN_KUBELET_IMAGE_PULL_PODS: u32 = 2;
     pub const MIN_KUBELET_STUCK_TERMINATING_PODS: u32 = 1;
+    /// One dropped packet is no pattern.
+    pub const MIN_POLICY_DROPS: u32 = 2;
 }
 
 /// Nanoseconds of a duration, for comparisons with event timestamps.

@@ -3,7 +3,9 @@
 //!
 //! Hook (match-proto, include/trace/events/skb.h): `tp_btf/kfree_skb`: `TP_PROTO(struct sk_buff
 //! *skb, void *location, enum skb_drop_reason reason[, struct sock *rx_sk])` — reason from 5.17,
-//! rx_sk from 6.12 (not read: it is NULL for every netfilter drop). A packet a socket sent has
+//! rx_sk from 6.12 (not read: it is NULL for every netfilter drop); before 5.17 `(skb,
+//! location)`, and every drop is counted with `REASON_UNKNOWN`. Only network packets count: an skb
+//! without a protocol is a local socket's message (netlink, unix), and its drops are not traffic's. A packet a socket sent has
 //! `skb->sk` and, before routing, no device: its namespace is the socket's; an arriving packet has
 //! a device and no socket: its namespace is the device's.
 //!
@@ -25,7 +27,7 @@ use kstall_common::{
     packet_drop::{
         COUNT_KEYS, DIRECTION_EGRESS, DIRECTION_INGRESS, DropCountKey, FAMILY_INET, FAMILY_INET6,
         KEY_PORT_EPHEMERAL, KEY_PORT_OTHER, PROTOCOL_NOT_IP, PROTOCOL_OTHER_IP, PacketDropConfig,
-        PacketDropEvent, VERSION,
+        PacketDropEvent, REASON_UNKNOWN, VERSION,
     },
 };
 
@@ -74,23 +76,43 @@ pub fn kfree_skb_drop(ctx: BtfTracePointContext) -> u32 {
     if cfg.not_counted.contains(&reason) {
         return 0;
     }
+    count_and_emit(&ctx, cfg, reason);
+    0
+}
+
+/// Before 5.17: no reason to read (the argument does not exist), every drop counted.
+#[btf_tracepoint(function = "kfree_skb")]
+pub fn kfree_skb_drop_without_reason(ctx: BtfTracePointContext) -> u32 {
+    let cfg = config();
+    if cfg.valid != 0 {
+        count_and_emit(&ctx, cfg, REASON_UNKNOWN);
+    }
+    0
+}
+
+#[inline(always)]
+fn count_and_emit(ctx: &BtfTracePointContext, cfg: &PacketDropConfig, reason: u32) {
     let skb: *const u8 = ctx.arg(0);
+    // A local socket's message (netlink, unix) is no network packet: its protocol is unset.
+    let protocol = u16::from_be(typed(skb, cfg.skb_protocol));
+    if protocol == 0 {
+        return;
+    }
     let mut slot = MaybeUninit::<PacketDropEvent>::uninit();
     let ev = zeroed_in(&mut slot);
     ev.reason = reason;
-    read_packet(cfg, ev, skb);
+    read_packet(cfg, ev, skb, protocol);
     if counted_in_full(cfg, ev) {
-        stamp_current(&ctx, &mut ev.header, kind::PACKET_DROP, VERSION);
+        stamp_current(ctx, &mut ev.header, kind::PACKET_DROP, VERSION);
         ev.location = ctx.arg(1);
         emit(kind::PACKET_DROP, ev);
     }
-    0
 }
 
 /// The packet's namespace, direction, protocol, addresses and ports. Best-effort reads
 /// ([`typed`], [`field`]: a failed one is zero); a packet that is not IP is counted as such.
 #[inline(always)]
-fn read_packet(cfg: &PacketDropConfig, ev: &mut PacketDropEvent, skb: *const u8) {
+fn read_packet(cfg: &PacketDropConfig, ev: &mut PacketDropEvent, skb: *const u8, protocol: u16) {
     let sk: *const u8 = typed(skb, cfg.skb_sk);
     let net: *const u8 = if sk.is_null() {
         let dev: *const u8 = typed(skb, cfg.skb_dev);
@@ -99,7 +121,7 @@ fn read_packet(cfg: &PacketDropConfig, ev: &mut PacketDropEvent, skb: *const u8)
         typed(sk, cfg.sk_net)
     };
     ev.header.netns_ino = typed(net, cfg.net_ns_inum);
-    read_headers(cfg, ev, skb);
+    read_headers(cfg, ev, skb, protocol);
     // A socket's packet is leaving, but one delivered to it: to its port, from another.
     let local_port: u16 = if sk.is_null() { 0 } else { typed(sk, cfg.sk_num) };
     let delivered = local_port != 0 && ev.dst_port == local_port && ev.src_port != local_port;
@@ -107,7 +129,7 @@ fn read_packet(cfg: &PacketDropConfig, ev: &mut PacketDropEvent, skb: *const u8)
 }
 
 #[inline(always)]
-fn read_headers(cfg: &PacketDropConfig, ev: &mut PacketDropEvent, skb: *const u8) {
+fn read_headers(cfg: &PacketDropConfig, ev: &mut PacketDropEvent, skb: *const u8, protocol: u16) {
     ev.protocol = PROTOCOL_NOT_IP;
     // `head` is a `char *`: an integer to the verifier, so the packet is read with the helper.
     let head: *const u8 = typed(skb, cfg.skb_head);
@@ -116,7 +138,6 @@ fn read_headers(cfg: &PacketDropConfig, ev: &mut PacketDropEvent, skb: *const u8
     }
     let network: u16 = typed(skb, cfg.skb_network_header);
     let ip = head.wrapping_add(network as usize);
-    let protocol = u16::from_be(typed(skb, cfg.skb_protocol));
     let (next, ports_at) = if protocol == ETH_P_IP {
         // Header length at 0, protocol at 9, source at 12, destination at 16.
         let header: [u8; 20] = field(ip, 0);

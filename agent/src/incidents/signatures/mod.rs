@@ -4,6 +4,7 @@
 pub mod container_oom_loop;
 pub mod cpu_soft_lockup;
 pub mod kubelet_degraded;
+pub mod network_policy_drops;
 pub mod nfs_node_wide_stall;
 pub mod nfs_server_unreachable;
 pub mod nfs_sidecar_redirect;

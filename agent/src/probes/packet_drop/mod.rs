@@ -4,9 +4,10 @@
 //! A NetworkPolicy's or a mesh's DROP rule, a full conntrack table, a full socket buffer: the app
 //! sees timeouts, not resets, and nothing on the node says which pod lost what. `kfree_skb`
 //! carries the kernel's drop reason from 5.17 (its names and numbers change from kernel to
-//! kernel, even within a stable series: read from BTF, never compiled in); 5.10 has none, and
-//! this probe is off there. Drops are counted in the kernel by namespace, reason, protocol,
-//! direction and destination port (or its class), attributed like resets.
+//! kernel, even within a stable series: read from BTF, never compiled in); 5.10 has none: drops
+//! are counted there without one (`reason=""`, and `kstall status` says so). Drops are counted in
+//! the kernel by namespace, reason, protocol, direction and destination port (or its class),
+//! attributed like resets.
 
 pub mod event;
 
@@ -25,7 +26,7 @@ use kstall_common::{
     packet_drop::{
         self as raw, DIRECTION_EGRESS, DIRECTION_INGRESS, DropCountKey, FAMILY_INET, FAMILY_INET6,
         KEY_PORT_EPHEMERAL, KEY_PORT_OTHER, PROTOCOL_NOT_IP, PROTOCOL_OTHER_IP, PacketDropConfig,
-        PacketDropEvent,
+        PacketDropEvent, REASON_UNKNOWN,
     },
 };
 
@@ -34,7 +35,7 @@ use super::{
     error::ProbeError,
     kind::EventKind,
     payload::Payload,
-    plan::{Plan, ProgramSpec},
+    plan::{Plan, ProgramSpec, Unavailable},
     ports::CountedPort,
     probe::{Counted, Counting, Decoding, Drained, EnumNames, Planned, Probe},
     settings::Settings,
@@ -49,21 +50,14 @@ pub const NAME: &str = "packet-drop";
 
 const GLOBAL: &str = "PACKET_DROP_CONFIG";
 const PROGRAM: ProgramSpec = ProgramSpec::tp_btf("kfree_skb_drop", "kfree_skb");
+/// Before 5.17: `kfree_skb` without its reason argument.
+const PROGRAM_WITHOUT_REASON: ProgramSpec = ProgramSpec::tp_btf("kfree_skb_drop_without_reason", "kfree_skb");
 /// The reason names, core and subsystems' (7.3's qdisc reasons), by their full value.
 const REASONS: &str = "packet_drop_reason";
 
 pub fn plan(vmlinux: &KernelBtf) -> Result<(Plan, EnumNames), ProbeError> {
-    if vmlinux.tracepoint_arg_count("kfree_skb")? < 3 {
-        return Err(ProbeError::Missing("kfree_skb has no drop reason before 5.17".into()));
-    }
-    let reasons = reason_names(vmlinux)?;
-    let value = |name: &str| reasons.iter().find(|(_, n)| n.as_str() == name).map(|(v, _)| *v);
-    let not_dropped = value("NOT_DROPPED_YET").unwrap_or(0);
-    let not_specified = value("NOT_SPECIFIED")
-        .ok_or_else(|| ProbeError::Missing("BTF enum skb_drop_reason has no NOT_SPECIFIED".into()))?;
     let mut cfg = PacketDropConfig {
         valid: 1,
-        not_counted: [not_dropped, value("SKB_CONSUMED").unwrap_or(not_dropped), not_specified],
         skb_sk: vmlinux.offset_of("sk_buff", "sk")?,
         skb_dev: vmlinux.offset_of("sk_buff", "dev")?,
         skb_head: vmlinux.offset_of("sk_buff", "head")?,
@@ -79,16 +73,33 @@ pub fn plan(vmlinux: &KernelBtf) -> Result<(Plan, EnumNames), ProbeError> {
     let ephemeral = crate::kernel::ephemeral_port_range();
     (cfg.ephemeral_low, cfg.ephemeral_high) = (*ephemeral.start(), *ephemeral.end());
     let mut names = EnumNames::default();
-    names.insert(REASONS, reasons);
+    let (program, hook, unavailable) = if vmlinux.tracepoint_arg_count("kfree_skb")? < 3 {
+        let why = "kfree_skb has no drop reason before 5.17: every drop is counted, with reason=\"\"";
+        (PROGRAM_WITHOUT_REASON, "tp_btf/kfree_skb (every drop)", vec![Unavailable::new("reason", why)])
+    } else {
+        let reasons = reason_names(vmlinux)?;
+        let value = |name: &str| reasons.iter().find(|(_, n)| n.as_str() == name).map(|(v, _)| *v);
+        let not_dropped = value("NOT_DROPPED_YET").unwrap_or(0);
+        let not_specified = value("NOT_SPECIFIED")
+            .ok_or_else(|| ProbeError::Missing("BTF enum skb_drop_reason has no NOT_SPECIFIED".into()))?;
+        cfg.not_counted = [not_dropped, value("SKB_CONSUMED").unwrap_or(not_dropped), not_specified];
+        names.insert(REASONS, reasons);
+        (PROGRAM, "tp_btf/kfree_skb (every drop reason but NOT_SPECIFIED)", vec![])
+    };
     let plan = Plan {
         config: Some((GLOBAL, crate::decode::bytes_of(&cfg))),
-        programs: vec![PROGRAM],
-        hook: "tp_btf/kfree_skb (every drop reason but NOT_SPECIFIED)".into(),
+        programs: vec![program],
+        hook: hook.into(),
         notes: vec![],
-        unavailable: vec![],
+        unavailable,
         fallback: None,
     };
     Ok((plan, names))
+}
+
+/// A reason's name; empty where the kernel gives none.
+fn reason(names: &EnumNames, value: u32) -> String {
+    if value == REASON_UNKNOWN { String::new() } else { names.name(REASONS, value) }
 }
 
 /// `enum skb_drop_reason`'s names without their prefix, and where the kernel has them (7.3),
@@ -141,7 +152,7 @@ pub fn decode(ev: &PacketDropEvent, names: &EnumNames, symbols: &Symbols) -> Res
     };
     let port = |port: u16| has_ports(protocol).then_some(port);
     Ok(PacketDrop {
-        reason: names.name(REASONS, ev.reason),
+        reason: reason(names, ev.reason),
         direction: direction(ev.direction, "packet_drop.direction")?,
         protocol,
         src_addr: addr(&ev.src_addr)?,
@@ -167,7 +178,7 @@ pub fn decode_count(
         CountedPort::Number(key.port)
     };
     Ok(DropCount {
-        reason: names.name(REASONS, key.reason),
+        reason: reason(names, key.reason),
         direction: direction(key.direction, "packet_drop_count.direction")?,
         protocol,
         port: has_ports(protocol).then_some(port),
@@ -350,9 +361,17 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn kernels_without_a_drop_reason_say_so() {
-        let Err(e) = plan(&kernel("5.10")) else { panic!("5.10 has no drop reason") };
-        assert!(e.to_string().contains("no drop reason before 5.17"), "{e}");
+    fn kernels_without_a_drop_reason_count_every_drop_and_say_what_is_missing() {
+        let (plan, _) = plan(&kernel("5.10")).unwrap();
+        assert_eq!(
+            plan.programs.iter().map(|p| p.program).collect::<Vec<_>>(),
+            ["kfree_skb_drop_without_reason"]
+        );
+        assert_eq!(plan.unavailable[0].field, "reason");
+        assert!(plan.unavailable[0].why.contains("before 5.17"), "{:?}", plan.unavailable);
+        let mut ev = dropped_syn();
+        ev.reason = REASON_UNKNOWN;
+        assert_eq!(decode(&ev, &EnumNames::default(), &Symbols::default()).unwrap().reason, "");
     }
 
     #[test]
