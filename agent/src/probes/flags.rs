@@ -47,9 +47,10 @@ pub struct Flags {
     /// default list [default: kubelet,containerd,crio,dockerd,systemd,sshd,node_exporter,alloy,kstall].
     #[arg(long, env = "KSTALL_CRITICAL_COMMS", value_name = "LIST", value_delimiter = ',')]
     pub critical_comms: Option<Vec<String>>,
-    /// Ports counted by number in kstall_tcp_resets_total besides the well-known ones (system
-    /// ports, NFS, the Kubernetes and mesh ports: see the README), comma-separated ports and
-    /// ranges, e.g. 8081,30000-30100; any other port is counted as `ephemeral` or `other`.
+    /// Ports counted by number in kstall_tcp_resets_total and kstall_packet_drops_total besides the
+    /// well-known ones (system ports, NFS, the Kubernetes and mesh ports: see the README),
+    /// comma-separated ports and ranges, e.g. 8081,30000-30100; any other port is counted as
+    /// `ephemeral` or `other`.
     #[arg(long, env = "KSTALL_METRIC_PORTS", value_name = "LIST", value_delimiter = ',')]
     pub metric_ports: Option<Vec<String>>,
 }

@@ -21,7 +21,7 @@ pub struct Settings {
     pub tcp_reset_hook: Hook,
     /// Process names whose OOM kill makes the victim node-critical.
     pub critical_comms: Vec<String>,
-    /// Ports the reset counters keep by number besides [`super::ports::WELL_KNOWN_PORTS`].
+    /// Ports the reset and drop counters keep by number besides [`super::ports::WELL_KNOWN_PORTS`].
     pub kept_ports: Vec<std::ops::RangeInclusive<u16>>,
     pub stuck_task: StuckTask,
     /// `kernel.hung_task_timeout_secs` while the hung-task probe runs; `None`: the node's.
