@@ -66,9 +66,13 @@ static NFS_UNRESPONSIVE: HashMap<u64, u8> = HashMap::with_max_entries(1024, 0);
 #[map]
 static NFS_COUNTS: PerCpuHashMap<NfsCountKey, Counter> = PerCpuHashMap::with_max_entries(COUNT_KEYS, 0);
 
-/// Where an event's key is built: the event itself fills most of the 512-byte stack.
+/// Where an event's key is built (the event itself fills most of the 512-byte stack): a slot per
+/// kind of event, so per program. Where tracepoints run their programs preemptibly (7.3), a
+/// program preempted between building its key and counting it may see another program run on its
+/// CPU — never itself (the kernel skips a program's nested run) — which must not overwrite its key:
+/// with one shared slot, a retransmit was counted under another series' key.
 #[map]
-static NFS_KEY: PerCpuArray<NfsCountKey> = PerCpuArray::with_max_entries(1, 0);
+static NFS_KEY: PerCpuArray<NfsCountKey> = PerCpuArray::with_max_entries(WHAT_STATE_MGR_FAILED + 1, 0);
 
 /// Events whose key found `NFS_COUNTS` full.
 #[map]
@@ -337,9 +341,9 @@ fn learn_client_dev(ctx: &RawTracePointContext, inode_offset: fn(&NfsConfig) -> 
 fn count_and_emit(ev: &NfsEvent) {
     let labelled_by_error =
         matches!(ev.what, WHAT_SOCKET_CONNECT | WHAT_SOCKET_ERROR | WHAT_STATE_MGR_FAILED);
-    let Some(key) = NFS_KEY.get_ptr_mut(0) else { return };
-    // SAFETY: this CPU's scratch slot (the usual place for what does not fit the stack), written
-    // whole before it is read.
+    let Some(key) = NFS_KEY.get_ptr_mut(ev.what) else { return };
+    // SAFETY: this CPU's scratch slot of this kind of event (the usual place for what does not fit
+    // the stack), written whole before it is read.
     let key = unsafe { &mut *key };
     key.netns_ino = ev.header.netns_ino;
     key.what = ev.what;
