@@ -202,7 +202,7 @@ fn finding(p: &DroppedPod, in_window: u64, window: u64) -> Finding {
     let lost: Vec<String> = flows.iter().take(3).map(|(f, n)| describe(f, **n, &p.peers)).collect();
     let summary = format!(
         "A firewall rule in {pod}'s network namespace (a NetworkPolicy, a mesh's rule) drops its packets: {} in the \
-         last {}, {total} since {} ago — {}. The app sees timeouts, not refusals.",
+         last {}, {total} over {} — {}. The app sees timeouts, not refusals.",
         in_window,
         human_secs(window / 1_000_000_000),
         human_secs(p.last_unix_ns.saturating_sub(p.first_unix_ns) / 1_000_000_000),
