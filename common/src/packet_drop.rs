@@ -66,7 +66,6 @@ pub struct PacketDropConfig {
     pub skb_dev: u32,
     pub skb_head: u32,
     pub skb_network_header: u32,
-    pub skb_transport_header: u32,
     pub skb_protocol: u32,
     pub sk_net: u32,
     pub sk_num: u32,

@@ -62,7 +62,6 @@ pub fn plan(vmlinux: &KernelBtf) -> Result<(Plan, EnumNames), ProbeError> {
         skb_dev: vmlinux.offset_of("sk_buff", "dev")?,
         skb_head: vmlinux.offset_of("sk_buff", "head")?,
         skb_network_header: vmlinux.offset_of("sk_buff", "network_header")?,
-        skb_transport_header: vmlinux.offset_of("sk_buff", "transport_header")?,
         skb_protocol: vmlinux.offset_of("sk_buff", "protocol")?,
         sk_net: vmlinux.offset_of("sock", "__sk_common.skc_net")?,
         sk_num: vmlinux.offset_of("sock", "__sk_common.skc_num")?,
