@@ -738,7 +738,7 @@ mod tests {
         let err = resolve(some(&["NFSClientStalled", "Ready"])).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "invalid configuration: --node-conditions: \"Ready\" is not one of NFSClientStalled, KernelSystemOOM, KubeletDegraded, CPUSoftLockup, none"
+            "invalid configuration: --node-conditions: \"Ready\" is not one of NFSClientStalled, KernelSystemOOM, KubeletDegraded, CPUSoftLockup, ConntrackTableFull, none"
         );
         let without_api = AgentArgs {
             attribution: AttributionFlags { pod_metadata: Some("none".into()), ..Default::default() },

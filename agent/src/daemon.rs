@@ -27,6 +27,7 @@ use crate::{
         resolver::{self, Resolver},
     },
     config::Config,
+    conntrack,
     events::{Counts, Decoder},
     export::{alertmanager, kubernetes, metrics::Metrics},
     incidents::{
@@ -178,14 +179,20 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .kubelet
         .clone()
         .map(|settings| tokio::spawn(kubelet::watch(settings, kubelet_tx, stop_intake.clone())));
-    let evaluator = tokio::spawn(evaluator::run(
-        incidents.clone(),
-        stuck.clone(),
+    let (conntrack_tx, conntrack_tables) = watch::channel(conntrack::Tables::default());
+    let conntrack_sampler = tokio::spawn(conntrack::watch(
+        conntrack::Settings::default(),
         attribution.index.clone(),
-        kubelet_health,
-        subscribers,
+        conntrack_tx,
         stop_intake.clone(),
     ));
+    let inputs = evaluator::Inputs {
+        stuck: stuck.clone(),
+        index: attribution.index.clone(),
+        kubelet: kubelet_health,
+        conntrack: conntrack_tables,
+    };
+    let evaluator = tokio::spawn(evaluator::run(incidents.clone(), inputs, subscribers, stop_intake.clone()));
     symbols::refresh(loaded.decoding.symbols.clone()).await;
     let symbols = tokio::spawn(symbols::keep_current(loaded.decoding.symbols.clone(), stop_intake.clone()));
     let (states_tx, states_rx) = mpsc::channel(1);
@@ -243,7 +250,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(loss) = loss {
         let _ = loss.await;
     }
-    let _ = tokio::join!(stuck_states, symbols, evaluator);
+    let _ = tokio::join!(stuck_states, symbols, evaluator, conntrack_sampler);
     if let Some(checks) = kubelet_checks {
         let _ = checks.await;
     }

@@ -7,6 +7,7 @@ pub mod api;
 pub mod attribution;
 pub mod cli;
 pub mod config;
+pub mod conntrack;
 mod daemon;
 pub mod decode;
 pub mod events;

@@ -265,6 +265,29 @@ pub const NODE_PODS: Metric = node(
      container waits (\"\" when none waits; \"other\" for a reason outside the kubelet's): a pile of \
      ImagePullBackOff or stuck ContainerCreating, per node.",
 );
+pub const CONNTRACK_MAX: Metric = node(
+    "kstall_conntrack_max",
+    Gauge,
+    &[],
+    "net.netfilter.nf_conntrack_max: the entries each network namespace's connection tracking table \
+     may hold (one limit for the node). Absent where conntrack is not loaded.",
+);
+pub const CONNTRACK_ENTRIES: Metric = node(
+    "kstall_conntrack_entries",
+    Gauge,
+    &["namespace", "pod"],
+    "Entries in a connection tracking table: the host's network namespace's (namespace and pod \
+     empty: forwarded and NATed pod traffic, Services) and each pod namespace's whose table is in \
+     use. At kstall_conntrack_max, new connections are dropped.",
+);
+pub const CONNTRACK_DROPS: Metric = node(
+    "kstall_conntrack_drops_total",
+    Counter,
+    &["namespace", "pod"],
+    "Packets conntrack dropped because it could not track their connection — the table full (or \
+     no memory): the kernel's drop counter less its insert_failed clashes, per table as \
+     kstall_conntrack_entries.",
+);
 pub const KUBELET_CHECK_UP: Metric = node(
     "kstall_kubelet_check_up",
     Gauge,
@@ -377,6 +400,9 @@ pub const ALL: &[&Metric] = &[
     &ATTRIBUTION_PODS,
     &NODE_PODS,
     &KUBELET_CHECK_UP,
+    &CONNTRACK_MAX,
+    &CONNTRACK_ENTRIES,
+    &CONNTRACK_DROPS,
     &BUILD_INFO,
     &PROBE_UP,
     &EVENTS,

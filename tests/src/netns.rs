@@ -130,6 +130,17 @@ pub fn timed_out_connects(addr: SocketAddr, n: usize, timeout: Duration) {
     }
 }
 
+/// `n` connections to a listener on `port`, both in `ns`, held open while the returned values
+/// live: entries a connection tracking table keeps (established, so never evicted to make room).
+pub fn held_connections(ns: &NetNs, port: u16, n: usize) -> (TcpListener, Vec<TcpStream>) {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    ns.run_inside(move || {
+        let listener = TcpListener::bind(addr).expect("listen");
+        let held = (0..n).map(|_| TcpStream::connect(addr).expect("connect")).collect();
+        (listener, held)
+    })
+}
+
 /// A local TCP port nothing listens on, outside the ephemeral range (so kstall labels it).
 pub fn closed_low_port() -> u16 {
     (20000..30000)

@@ -280,7 +280,8 @@ impl Drop for Namespace<'_> {
 ///    its own status every 10 s: kstall's are there and stay, the kubelet's Ready untouched.
 #[test]
 fn kstalls_node_conditions_live_beside_the_kubelets() {
-    const CONDITIONS: [&str; 4] = ["NFSClientStalled", "KernelSystemOOM", "KubeletDegraded", "CPUSoftLockup"];
+    const CONDITIONS: [&str; 5] =
+        ["NFSClientStalled", "KernelSystemOOM", "KubeletDegraded", "CPUSoftLockup", "ConntrackTableFull"];
     let Some(cluster) = Cluster::running("kstalls_node_conditions_live_beside_the_kubelets") else { return };
     deployed(&cluster);
     let conditions = || -> Vec<Value> {

@@ -26,7 +26,7 @@ use kstall_tests::{
     host::{Sysctl, wait_for},
     kernel_tests_can_run,
     kubelet::FakeKubelet,
-    netns::{NetNs, NfsReconnects, closed_low_ports, refused_connects, timed_out_connects},
+    netns::{NetNs, NfsReconnects, closed_low_ports, held_connections, refused_connects, timed_out_connects},
     oom::{OOM_LIMIT, oom_kill_as},
     writeback::FreezableDisk,
 };
@@ -187,6 +187,10 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
         &kubelet.server(),
         "--kubelet-unhealthy-after",
         "1s",
+        // What fired stays firing until every panel was queried (the conntrack table is full
+        // only for a moment).
+        "--quiet-window",
+        "10m",
     ]);
     let panels = Panels::scrape(agent.listen, NODE);
     let checked =
@@ -206,6 +210,21 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
     netns.run_inside(|| {
         timed_out_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 5432)), 3, Duration::from_millis(1500))
     });
+    // Its namespace's connection tracking table (the sidecar's NAT rules make it track) full for a
+    // moment: the limit under what it holds, a connect refused, the limit back.
+    let held = held_connections(&netns, 9100, 4);
+    wait_for(Duration::from_secs(30), || {
+        agent.metric_with("kstall_conntrack_entries", &[("pod", POD)]).filter(|n| *n >= 4.0)
+    })
+    .unwrap_or_else(|| panic!("the pod's conntrack table was not read:\n{}", agent.metrics()));
+    let full = Sysctl::set("net.netfilter.nf_conntrack_max", "1");
+    netns.run_inside(|| {
+        timed_out_connects(SocketAddr::from((Ipv4Addr::LOCALHOST, 9100)), 1, Duration::from_millis(1500))
+    });
+    let table_full = |i: &Value| i["signature"] == "conntrack-table-full" && i["pod"] == POD;
+    let fired = agent.wait_incident(table_full, Duration::from_secs(30));
+    assert!(fired.is_some(), "no conntrack-table-full: {:#?}\n{}", agent.incidents(), agent.log());
+    drop((full, held));
     // A task of the pod that cannot finish its flush.
     disk.freeze();
     disk.start_writer(&container.procs());
@@ -236,9 +255,13 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
     assert!(cut_off.is_some(), "the stalled client's events were not dropped:\n{}", agent.metrics());
     drop(stalled);
 
-    for signature in
-        ["nfs-sidecar-redirect", "pod-termination-blocked", "container-oom-loop", "network-policy-drops"]
-    {
+    for signature in [
+        "nfs-sidecar-redirect",
+        "pod-termination-blocked",
+        "container-oom-loop",
+        "network-policy-drops",
+        "conntrack-table-full",
+    ] {
         let firing = agent.wait_incident(
             |i| i["signature"] == signature && i["state"] == "firing" && i["pod"] == POD,
             Duration::from_secs(60),

@@ -419,7 +419,7 @@ fn the_daemonset_keeps_what_the_agent_needs() {
             });
             assert!(bound, "{name}: {role_name} is not bound to the agent's service account");
         }
-        let flag = "--node-conditions=NFSClientStalled,KernelSystemOOM,KubeletDegraded,CPUSoftLockup";
+        let flag = "--node-conditions=NFSClientStalled,KernelSystemOOM,KubeletDegraded,CPUSoftLockup,ConntrackTableFull";
         assert_eq!(args.contains(&flag), with_conditions, "{name}: {args:?}");
         // The prometheus.io annotations come with their component only.
         let annotations = &daemonset["spec"]["template"]["metadata"]["annotations"];

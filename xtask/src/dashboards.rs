@@ -48,7 +48,7 @@ pub fn run() -> anyhow::Result<()> {
 pub fn generate(root: &Path) -> anyhow::Result<Vec<(String, String)>> {
     let rules = Rules::load(&root.join(RULES))?;
     let dashboards =
-        [incidents(&rules)?, nfs()?, tcp_resets()?, memory_oom(&rules)?, hung_tasks()?, agent(&rules)?];
+        [incidents(&rules)?, nfs()?, tcp_resets(&rules)?, memory_oom(&rules)?, hung_tasks()?, agent(&rules)?];
     dashboards.into_iter().map(|d| Ok((format!("{}.json", d.uid), d.render()))).collect()
 }
 
@@ -759,13 +759,15 @@ fn nfs() -> anyhow::Result<Dashboard> {
     ))
 }
 
-fn tcp_resets() -> anyhow::Result<Dashboard> {
+fn tcp_resets(rules: &Rules) -> anyhow::Result<Dashboard> {
+    let (nearly_full, table_use, comparison) = rules.compared("KstallConntrackTableNearlyFull")?;
     Ok(Dashboard::new(
         "kstall-tcp-resets",
         "kstall / TCP resets and dropped packets",
         "TCP resets by pod, direction, reason and port. A reset with an original port is a NAT-redirected \
          connection; original port 2049 with port 15001 is incident 1's sidecar redirect. Below them, the \
-         packets the kernel dropped, by pod and drop reason: a reset is a refusal, a drop a timeout.",
+         packets the kernel dropped, by pod and drop reason: a reset is a refusal, a drop a timeout; and \
+         the connection tracking tables, whose drops when full are timeouts too.",
     )
     .panel(
         Panel::stat(
@@ -850,7 +852,32 @@ fn tcp_resets() -> anyhow::Result<Dashboard> {
             )?],
         )
         .size(24, 8),
-    ))
+    )
+    .panel(
+        Panel::timeseries(
+            "Conntrack table use",
+            &format!(
+                "Entries over net.netfilter.nf_conntrack_max, for the node's table (empty pod: forwarded and \
+                 NATed traffic) and each pod namespace's in use. At 1 new connections are dropped \
+                 (conntrack-table-full fires). {}",
+                nearly_full.condition()
+            ),
+            "percentunit",
+            vec![range("A", table_use, "{{node}} {{namespace}}/{{pod}}")?],
+        )
+        .bad_when(&comparison),
+    )
+    .panel(Panel::timeseries(
+        "Packets conntrack dropped",
+        "Packets per second dropped because their connection could not be tracked (the table full, or no \
+         memory), per table: every one a connect that waits for its retransmission, or times out.",
+        "pps",
+        vec![range(
+            "A",
+            "sum by (node, namespace, pod) (rate(kstall_conntrack_drops_total[$__rate_interval]))",
+            "{{node}} {{namespace}}/{{pod}}",
+        )?],
+    )))
 }
 
 fn memory_oom(rules: &Rules) -> anyhow::Result<Dashboard> {

@@ -169,6 +169,8 @@ pub struct Index {
     /// an event in one is only attributed to the departed pod after a fresh walk found no live
     /// pod in it (a namespace outlives its pod when, say, an NFS mount still holds it).
     pub departed_netns: HashMap<u32, Arc<Attribution>>,
+    /// A process in each live namespace of `by_netns`, to read the namespace's `/proc/<pid>/net`.
+    pub netns_witness: HashMap<u32, u32>,
     /// Processes in pods' v1 cgroups: for nodes whose kubelet uses cgroup v1, where the v2 cgroup
     /// id of an event says nothing about the pod.
     pub by_process: HashMap<u32, Arc<Attribution>>,

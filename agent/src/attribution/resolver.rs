@@ -71,7 +71,9 @@ enum NetnsOwner {
 
 pub struct Resolver {
     settings: Settings,
-    host_netns: Option<u32>,
+    /// The host's namespace and a process in it: init's (the agent runs with hostPID), else the
+    /// agent's own.
+    host_netns: Option<(u32, u32)>,
     cgroups: HashMap<u64, Remembered<Workload>>,
     netns: HashMap<u32, Remembered<PodNetns>>,
     /// Processes in pods' v1 cgroups, as of the last walk (pids are reused: not remembered).
@@ -89,7 +91,10 @@ impl Resolver {
     pub fn new(settings: Settings) -> Self {
         let pods = PodStore::new(settings.retention);
         Self {
-            host_netns: netns::host(&settings.proc),
+            host_netns: netns::host(&settings.proc).map(|ino| {
+                let init_is_host = netns::of_process(&settings.proc, 1) == Some(ino);
+                (ino, if init_is_host { 1 } else { std::process::id() })
+            }),
             node_memory: crate::kernel::mem_total_bytes(&settings.proc).unwrap_or(0),
             settings,
             cgroups: HashMap::new(),
@@ -149,7 +154,7 @@ impl Resolver {
     fn merge(&mut self, learned: Learned) {
         for (ino, owner) in learned.netns {
             // The host's namespace is hostNetwork pods' and node processes' alike: not a pod's.
-            if Some(ino) != self.host_netns {
+            if Some(ino) != self.host_netns.map(|(host, _)| host) {
                 self.netns.insert(ino, Remembered::new(owner));
             }
         }
@@ -202,7 +207,8 @@ impl Resolver {
                         self.full_walk(now);
                         walked = true;
                     }
-                    self.netns.get(&ino).is_some_and(|n| n.gone_at.is_none()) || Some(ino) == self.host_netns
+                    self.netns.get(&ino).is_some_and(|n| n.gone_at.is_none())
+                        || Some(ino) == self.host_netns.map(|(host, _)| host)
                 }
                 Key::Process(tgid) => match cgroup::workload_of_process(&self.settings.proc, tgid) {
                     Some(w) => {
@@ -293,9 +299,11 @@ impl Resolver {
                 index.departed_netns.insert(*ino, a);
             } else {
                 index.by_netns.insert(*ino, a);
+                index.netns_witness.insert(*ino, n.value.witness);
             }
         }
-        if let Some(host) = self.host_netns {
+        if let Some((host, witness)) = self.host_netns {
+            index.netns_witness.insert(host, witness);
             let a = Attribution { host: true, host_network: true, via: Via::Netns, ..Default::default() };
             index.by_netns.insert(host, Arc::new(a));
         }

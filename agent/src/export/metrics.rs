@@ -46,6 +46,7 @@ pub struct Metrics {
     attribution_pods: IntGaugeVec,
     node_pods: IntGaugeVec,
     kubelet_check_up: IntGaugeVec,
+    conntrack: Conntrack,
     /// Every state `node_pods` has a series for.
     node_pod_states: std::sync::Mutex<std::collections::BTreeSet<PodState>>,
     /// Every series of the families about events: the cap, and a pod's series.
@@ -167,6 +168,7 @@ impl Metrics {
             attribution_pods: gauge_vec(&registry, &catalogue::ATTRIBUTION_PODS),
             node_pods: gauge_vec(&registry, &catalogue::NODE_PODS),
             kubelet_check_up: gauge_vec(&registry, &catalogue::KUBELET_CHECK_UP),
+            conntrack: Conntrack::new(&registry),
             incident_active: gauge_vec(&registry, &catalogue::INCIDENT_ACTIVE),
             overcommit,
             alertmanager_posts_total: counter_vec(&registry, &catalogue::ALERTMANAGER_POSTS),
@@ -512,7 +514,58 @@ impl Metrics {
 impl Subscriber for std::sync::Arc<Metrics> {
     fn publish(&mut self, evaluation: &Evaluation) {
         self.set_kubelet(evaluation.kubelet);
+        self.conntrack.set(evaluation.conntrack);
         self.set_incidents(evaluation.firing.iter(), evaluation.fired, evaluation.evictions);
+    }
+}
+
+/// The connection tracking tables of the last sample: the tables in use (entries, or drops), the
+/// series of one that is gone removed.
+struct Conntrack {
+    max: IntGauge,
+    entries: IntGaugeVec,
+    drops_total: IntCounterVec,
+    /// The sample shown, and the tables it showed by (namespace, pod).
+    shown: std::sync::Mutex<(u64, std::collections::HashSet<[String; 2]>)>,
+}
+
+impl Conntrack {
+    fn new(registry: &Registry) -> Self {
+        Self {
+            max: gauge(registry, &catalogue::CONNTRACK_MAX),
+            entries: gauge_vec(registry, &catalogue::CONNTRACK_ENTRIES),
+            drops_total: counter_vec(registry, &catalogue::CONNTRACK_DROPS),
+            shown: std::sync::Mutex::default(),
+        }
+    }
+
+    fn set(&self, tables: &crate::conntrack::Tables) {
+        let mut shown = self.shown.lock().expect("conntrack series");
+        if shown.0 == tables.sample {
+            return;
+        }
+        shown.0 = tables.sample;
+        let Some(max) = tables.max else { return };
+        self.max.set(max as i64);
+        let mut now = std::collections::HashSet::new();
+        for t in &tables.tables {
+            let c = &t.counters;
+            let refused = c.drop.saturating_sub(c.insert_failed);
+            let labels = [t.who.namespace.clone(), t.who.pod.clone()];
+            if (c.entries == 0 && refused == 0 && !t.who.host) || !now.insert(labels.clone()) {
+                continue;
+            }
+            let labels: [&str; 2] = [&labels[0], &labels[1]];
+            self.entries.with_label_values(&labels).set(c.entries as i64);
+            let drops = self.drops_total.with_label_values(&labels);
+            drops.inc_by(refused.saturating_sub(drops.get()));
+        }
+        for gone in shown.1.difference(&now) {
+            let labels: [&str; 2] = [&gone[0], &gone[1]];
+            let _ = self.entries.remove_label_values(&labels);
+            let _ = self.drops_total.remove_label_values(&labels);
+        }
+        shown.1 = now;
     }
 }
 

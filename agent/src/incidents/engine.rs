@@ -8,6 +8,7 @@ use super::{
     Finding, Incident, NodeView, Settings, Signature, State,
     saved::Saved,
     signatures::{
+        conntrack_table_full::ConntrackTableFull,
         container_oom_loop::ContainerOomLoop,
         cpu_soft_lockup::CpuSoftLockup,
         kubelet_degraded::KubeletDegraded,
@@ -60,6 +61,7 @@ impl Engine {
                 Box::new(SystemOom::new(settings)),
                 Box::new(CpuSoftLockup::new(settings)),
                 Box::new(NetworkPolicyDrops::new(settings)),
+                Box::new(ConntrackTableFull::new(settings)),
                 Box::new(ContainerOomLoop::new(settings)),
                 Box::new(KubeletDegraded::new(settings)),
             ],

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{Incident, NodeView, engine::Engine, saved::Saved};
-use crate::{attribution::Index, kernel, kubelet, stuck::StuckSet};
+use crate::{attribution::Index, conntrack, kernel, kubelet, stuck::StuckSet};
 
 const EVALUATION_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -34,6 +34,8 @@ pub struct Evaluation<'a> {
     pub evictions: &'a [(&'static str, u64)],
     /// The kubelet's health as the signatures saw it.
     pub kubelet: &'a kubelet::Health,
+    /// The connection tracking tables as the signatures saw them.
+    pub conntrack: &'a conntrack::Tables,
     /// The incident history to keep, when it is due: when something fired or resolved, and
     /// every 30 s while something fires.
     pub history: Option<&'a Arc<Saved>>,
@@ -52,15 +54,22 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// What the evaluator reads of the node, each owned by its own task.
+pub struct Inputs {
+    pub stuck: Arc<Mutex<StuckSet>>,
+    pub index: watch::Receiver<Arc<Index>>,
+    pub kubelet: watch::Receiver<kubelet::Health>,
+    pub conntrack: watch::Receiver<conntrack::Tables>,
+}
+
 /// Evaluates once a second until `stop`, publishing each evaluation to every subscriber.
 pub async fn run(
     engine: Arc<Mutex<Engine>>,
-    stuck: Arc<Mutex<StuckSet>>,
-    index: watch::Receiver<Arc<Index>>,
-    kubelet: watch::Receiver<kubelet::Health>,
+    inputs: Inputs,
     mut subscribers: Vec<Box<dyn Subscriber>>,
     stop: CancellationToken,
 ) {
+    let Inputs { stuck, index, kubelet, conntrack } = inputs;
     let mut tick = tokio::time::interval(EVALUATION_INTERVAL);
     let mut last_saved = Instant::now();
     loop {
@@ -77,6 +86,7 @@ pub async fn run(
         let now = kernel::unix_now_ns();
         let index = index.borrow().clone();
         let kubelet = kubelet.borrow().clone();
+        let conntrack = conntrack.borrow().clone();
         let stuck = lock(&stuck);
         let mut engine = lock(&engine);
         let node = NodeView {
@@ -84,6 +94,7 @@ pub async fn run(
             memory: index.memory,
             kubelet_load: &index.kubelet_load,
             kubelet: &kubelet,
+            conntrack: &conntrack,
         };
         let changes = engine.evaluate(now, &node);
         drop(stuck);
@@ -107,6 +118,7 @@ pub async fn run(
             resolved: &changes.resolved,
             evictions: &engine.evictions(),
             kubelet: &kubelet,
+            conntrack: &conntrack,
             history: history.as_ref(),
         };
         for subscriber in &mut subscribers {

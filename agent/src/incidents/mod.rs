@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     attribution::{Attributed, Attribution, NodeMemory, pods::KubeletLoad},
-    kubelet,
+    conntrack, kubelet,
     stuck::StuckSet,
 };
 
@@ -118,12 +118,15 @@ pub struct Incident {
 }
 
 /// What the signatures read of the node when asked what fires, owned elsewhere: the stuck tasks,
-/// the node's memory, the pods its kubelet carries and the kubelet's health checks.
+/// the node's memory, the pods its kubelet carries, the kubelet's health checks and the connection
+/// tracking tables.
 pub struct NodeView<'a> {
     pub stuck: &'a StuckSet,
     pub memory: NodeMemory,
     pub kubelet_load: &'a KubeletLoad,
     pub kubelet: &'a kubelet::Health,
+    /// The last sample of the connection tracking tables.
+    pub conntrack: &'a conntrack::Tables,
 }
 
 /// What a signature does with the event stream.

@@ -33,7 +33,9 @@ use crate::{
     incidents::{
         Incident,
         evaluator::{Evaluation, Subscriber},
-        signatures::{cpu_soft_lockup, kubelet_degraded, nfs_node_wide_stall, system_oom},
+        signatures::{
+            conntrack_table_full, cpu_soft_lockup, kubelet_degraded, nfs_node_wide_stall, system_oom,
+        },
     },
 };
 
@@ -46,14 +48,16 @@ pub enum Condition {
     KernelSystemOom,
     KubeletDegraded,
     CpuSoftLockup,
+    ConntrackTableFull,
 }
 
 impl Condition {
-    pub const ALL: [Condition; 4] = [
+    pub const ALL: [Condition; 5] = [
         Condition::NfsClientStalled,
         Condition::KernelSystemOom,
         Condition::KubeletDegraded,
         Condition::CpuSoftLockup,
+        Condition::ConntrackTableFull,
     ];
 
     /// The condition's `type`, as `--node-conditions` names it.
@@ -63,6 +67,7 @@ impl Condition {
             Condition::KernelSystemOom => "KernelSystemOOM",
             Condition::KubeletDegraded => "KubeletDegraded",
             Condition::CpuSoftLockup => "CPUSoftLockup",
+            Condition::ConntrackTableFull => "ConntrackTableFull",
         }
     }
 
@@ -77,7 +82,15 @@ impl Condition {
             Condition::KernelSystemOom => system_oom::NAME,
             Condition::KubeletDegraded => kubelet_degraded::NAME,
             Condition::CpuSoftLockup => cpu_soft_lockup::NAME,
+            Condition::ConntrackTableFull => conntrack_table_full::NAME,
         }
+    }
+
+    /// Whether `incident` is the node's: a full table in one pod's namespace is that pod's
+    /// trouble, not the node's condition.
+    fn is_set_by(self, incident: &Incident) -> bool {
+        incident.signature == self.signature()
+            && (self != Condition::ConntrackTableFull || incident.pod.is_empty())
     }
 
     /// Reason and message while `False`.
@@ -93,6 +106,10 @@ impl Condition {
             Condition::CpuSoftLockup => {
                 ("NoCPUSoftLockup", "the kernel reported no CPU stuck in the kernel on this node recently")
             }
+            Condition::ConntrackTableFull => (
+                "ConntrackTableHasRoom",
+                "kstall saw the node's connection tracking table drop no new connection recently",
+            ),
         }
     }
 }
@@ -138,20 +155,22 @@ pub fn writer(
 }
 
 pub fn wanted<'a>(enabled: &[Condition], firing: impl Iterator<Item = &'a Incident>) -> Wanted {
-    let mut by_signature: BTreeMap<&str, &Incident> = BTreeMap::new();
+    let mut by_condition: BTreeMap<Condition, &Incident> = BTreeMap::new();
     for incident in firing {
-        let slot = by_signature.entry(incident.signature.as_str()).or_insert(incident);
-        if (incident.severity, std::cmp::Reverse(incident.first_seen_unix_ns))
-            > (slot.severity, std::cmp::Reverse(slot.first_seen_unix_ns))
-        {
-            *slot = incident;
+        for &c in enabled.iter().filter(|c| c.is_set_by(incident)) {
+            let slot = by_condition.entry(c).or_insert(incident);
+            if (incident.severity, std::cmp::Reverse(incident.first_seen_unix_ns))
+                > (slot.severity, std::cmp::Reverse(slot.first_seen_unix_ns))
+            {
+                *slot = incident;
+            }
         }
     }
     Wanted(
         enabled
             .iter()
             .map(|&c| {
-                let cause = by_signature.get(c.signature()).map(|i| {
+                let cause = by_condition.get(&c).map(|i| {
                     let mut message = format!(
                         "{} (kstall incident {}; runbook docs/runbooks/{}.md)",
                         i.summary, i.id, i.signature

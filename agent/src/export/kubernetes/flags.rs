@@ -14,7 +14,7 @@ pub struct Flags {
     #[arg(long, env = "KSTALL_KUBERNETES_EVENTS", value_name = "on|off")]
     pub kubernetes_events: Option<String>,
     /// Node conditions kstall keeps on its Node (True while their incident fires): any of
-    /// NFSClientStalled, KernelSystemOOM, KubeletDegraded, CPUSoftLockup, comma-separated, or none [default:
+    /// NFSClientStalled, KernelSystemOOM, KubeletDegraded, CPUSoftLockup, ConntrackTableFull, comma-separated, or none [default:
     /// none]. Needs the API pod source and patch on nodes/status.
     #[arg(long, env = "KSTALL_NODE_CONDITIONS", value_name = "LIST", value_delimiter = ',')]
     pub node_conditions: Option<Vec<String>>,

@@ -1,6 +1,7 @@
 //! One module per signature, each with its own tests (the engine lists them), plus the wording
 //! they share. Stuck tasks are not theirs: they read the one set (`stuck.rs`) when evaluated.
 
+pub mod conntrack_table_full;
 pub mod container_oom_loop;
 pub mod cpu_soft_lockup;
 pub mod kubelet_degraded;
@@ -54,6 +55,7 @@ pub(crate) mod tests {
     use crate::attribution::{NodeMemory, pods::KubeletLoad};
     use crate::{
         attribution::{Attributed, Attribution, Via},
+        conntrack::Tables,
         events::{Event, Header, Payload},
         incidents::NodeView,
         kubelet,
@@ -157,10 +159,17 @@ pub(crate) mod tests {
         terminating_total: 0,
     };
     pub static NOT_CHECKED: kubelet::Health = kubelet::Health { healthz: None, tls: None };
+    pub static NO_CONNTRACK: Tables = Tables { sample: 0, at_unix_ns: 0, max: None, tables: Vec::new() };
 
     /// The node as the signatures see it when evaluated.
     pub fn node(stuck: &StuckSet) -> NodeView<'_> {
-        NodeView { stuck, memory: NodeMemory::default(), kubelet_load: &NO_LOAD, kubelet: &NOT_CHECKED }
+        NodeView {
+            stuck,
+            memory: NodeMemory::default(),
+            kubelet_load: &NO_LOAD,
+            kubelet: &NOT_CHECKED,
+            conntrack: &NO_CONNTRACK,
+        }
     }
 
     pub fn hung(t: u64, tid: u32, wait: WaitClass, blocked: u64, who: &Arc<Attribution>) -> Attributed {

@@ -9,7 +9,10 @@
 //! `NETFILTER_DROP` unless a rule says so. A packet or two (one datagram, a probe) stays under
 //! `--policy-drops-min` within `--policy-drops-window`. Drops in the host's namespace (forwarded
 //! traffic, hostNetwork pods) are no single pod's and not this signature's; kernels before 5.17
-//! give no drop reason and it stays silent there.
+//! give no drop reason and it stays silent there. Conntrack drops with the same reason when its
+//! table is full: what the namespace's table refused in the window (its counters, read every 2 s)
+//! is `conntrack-table-full`'s and not counted here, and drops are only weighed once the tables
+//! were read after them.
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -42,11 +45,16 @@ pub struct NetworkPolicyDrops {
     quiet: u64,
     pods: HashMap<String, DroppedPod>,
     evicted: u64,
+    /// The last conntrack sample read, and what each namespace's table refused since the window.
+    conntrack_sample: u64,
+    conntrack_refused: HashMap<u32, VecDeque<(u64, u64)>>,
 }
 
 /// One pod's drops.
 struct DroppedPod {
     who: Arc<Attribution>,
+    /// Its network namespace, where its drops happen.
+    netns: u32,
     first_unix_ns: u64,
     last_unix_ns: u64,
     /// The kernel's counts, one entry per interval: what the window adds up.
@@ -85,6 +93,8 @@ impl NetworkPolicyDrops {
             quiet: ns(settings.quiet_window),
             pods: HashMap::new(),
             evicted: 0,
+            conntrack_sample: 0,
+            conntrack_refused: HashMap::new(),
         }
     }
 
@@ -99,6 +109,7 @@ impl NetworkPolicyDrops {
         let t = attributed.event.header.time_unix_ns;
         let pod = self.pods.entry(uid.clone()).or_insert_with(|| DroppedPod {
             who: who.clone(),
+            netns: attributed.event.header.netns,
             first_unix_ns: t,
             last_unix_ns: t,
             recent: VecDeque::new(),
@@ -107,6 +118,7 @@ impl NetworkPolicyDrops {
             firing: false,
         });
         pod.who = who.clone();
+        pod.netns = attributed.event.header.netns;
         Some(pod)
     }
 }
@@ -132,8 +144,22 @@ impl Signature for NetworkPolicyDrops {
         }
     }
 
-    fn evaluate(&mut self, now: u64, _: &NodeView) -> Vec<Finding> {
+    fn evaluate(&mut self, now: u64, node: &NodeView) -> Vec<Finding> {
         let (window, quiet) = (self.window, self.quiet);
+        let tables = node.conntrack;
+        if tables.sample != self.conntrack_sample {
+            self.conntrack_sample = tables.sample;
+            for t in tables.tables.iter().filter(|t| t.refused > 0) {
+                self.conntrack_refused.entry(t.netns).or_default().push_back((tables.at_unix_ns, t.refused));
+            }
+        }
+        self.conntrack_refused.retain(|_, refused| {
+            refused.retain(|(t, _)| now.saturating_sub(*t) <= window);
+            !refused.is_empty()
+        });
+        // Drops are weighed once the tables were read after them (where there are tables).
+        let seen = if tables.max.is_some() { tables.at_unix_ns } else { u64::MAX };
+        let conntrack_refused = &self.conntrack_refused;
         self.pods.retain(|_, p| now.saturating_sub(p.last_unix_ns) <= quiet.max(window));
         let mut firing: Vec<Finding> = self
             .pods
@@ -143,10 +169,13 @@ impl Signature for NetworkPolicyDrops {
                     p.recent.pop_front();
                 }
                 let in_window: u64 = p.recent.iter().map(|(_, n)| n).sum();
-                // Fires at the threshold, and stays until a quiet window passes without drops.
+                let seen_in_window: u64 = p.recent.iter().filter(|(t, _)| *t <= seen).map(|(_, n)| n).sum();
+                let table_refused: u64 =
+                    conntrack_refused.get(&p.netns).map_or(0, |r| r.iter().map(|(_, n)| n).sum());
+                let by_rules = seen_in_window.saturating_sub(table_refused);
                 // Fires at the threshold, until a quiet window passes without a drop.
                 p.firing =
-                    (p.firing || in_window >= self.min_drops) && now.saturating_sub(p.last_unix_ns) <= quiet;
+                    (p.firing || by_rules >= self.min_drops) && now.saturating_sub(p.last_unix_ns) <= quiet;
                 p.firing.then(|| finding(p, in_window, window))
             })
             .collect();
@@ -347,6 +376,42 @@ mod tests {
         assert_eq!(s.evaluate(71 * SEC, &node(&stuck)).len(), 1, "a lasting block stays one incident");
         let quiet = ns(settings.quiet_window);
         assert!(s.evaluate(70 * SEC + quiet + SEC, &node(&stuck)).is_empty());
+    }
+
+    #[test]
+    fn drops_of_a_full_conntrack_table_are_not_a_policys() {
+        use crate::conntrack::{Counters, Table, Tables};
+        let web = pod("u1", "web-1");
+        let stuck = StuckSet::default();
+        let table = |sample: u64, at: u64, refused: u64| Tables {
+            sample,
+            at_unix_ns: at,
+            max: Some(8),
+            tables: vec![Table {
+                netns: NETNS,
+                who: web.clone(),
+                counters: Counters::default(),
+                refused,
+                early_dropped: 0,
+            }],
+        };
+        let evaluate = |s: &mut NetworkPolicyDrops, t: u64, tables: &Tables| {
+            s.evaluate(t, &NodeView { conntrack: tables, ..node(&stuck) })
+        };
+        // Five drops at 5 s; the tables were last read before them: not weighed yet.
+        let mut s = NetworkPolicyDrops::new(&Settings::default());
+        s.observe(&count(5 * SEC, 5, NETFILTER_DROP, 5432, &web));
+        assert!(evaluate(&mut s, 5 * SEC, &table(1, 4 * SEC, 0)).is_empty());
+        // Read after: the pod's table refused four of them, one is a rule's.
+        assert!(evaluate(&mut s, 6 * SEC, &table(2, 6 * SEC, 4)).is_empty());
+        // Five more by rules: over the threshold.
+        s.observe(&count(7 * SEC, 5, NETFILTER_DROP, 5432, &web));
+        assert!(evaluate(&mut s, 7 * SEC, &table(2, 6 * SEC, 4)).is_empty());
+        assert_eq!(evaluate(&mut s, 8 * SEC, &table(3, 8 * SEC, 0)).len(), 1);
+        // No conntrack on the node: weighed at once.
+        let mut s = NetworkPolicyDrops::new(&Settings::default());
+        s.observe(&count(5 * SEC, 5, NETFILTER_DROP, 5432, &web));
+        assert_eq!(s.evaluate(5 * SEC, &node(&stuck)).len(), 1);
     }
 
     #[test]

@@ -76,6 +76,7 @@ fn reasons_are_upper_camel_case_with_acronyms() {
     assert_eq!(reason("cpu-soft-lockup"), "CPUSoftLockup");
     assert_eq!(reason("nfs-node-wide-stall"), "NFSNodeWideStall");
     assert_eq!(reason("network-policy-drops"), "NetworkPolicyDrops");
+    assert_eq!(reason("conntrack-table-full"), "ConntrackTableFull");
 }
 
 #[test]
