@@ -865,6 +865,7 @@ mod tests {
             node: "node-a".into(),
             labels: Default::default(),
             host_network: false,
+            ips: Vec::new(),
             containers: listed.iter().map(|(id, name)| (id.to_string(), name.to_string())).collect(),
             deletion_deadline_unix_secs: None,
             state: Default::default(),

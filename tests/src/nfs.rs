@@ -165,6 +165,8 @@ impl Drop for RepliesDelayed {
 /// A pod with a hard NFS v4.1 mount of the server, made in the pod's network namespace.
 pub struct NfsPod {
     pub name: String,
+    /// Its address, in the pods file as the kubelet reports it (`status.podIP`).
+    pub ip: String,
     /// The host end of the pod's veth pair: the server's replies leave through it.
     pub host_if: String,
     pub uid: String,
@@ -200,6 +202,7 @@ impl NfsPod {
         std::fs::create_dir_all(&mountpoint).expect("mount point");
         NfsPod {
             name: name.to_string(),
+            ip: format!("10.56.{n}.2"),
             host_if,
             uid,
             container_id,
@@ -229,7 +232,10 @@ impl NfsPod {
 
     /// The pod as the pods file lists it.
     pub fn json(&self) -> Value {
-        pod_json(&self.uid, &self.name, &self.container_id)
+        let mut json = pod_json(&self.uid, &self.name, &self.container_id);
+        json["status"]["podIP"] = self.ip.clone().into();
+        json["status"]["podIPs"] = serde_json::json!([{"ip": self.ip}]);
+        json
     }
 
     /// Mounts the export `hard` over TCP with a 1 s timeout and two retransmits, from inside the

@@ -310,6 +310,110 @@ fn a_pods_dropped_packets_are_counted_with_the_kernels_reason() {
     );
 }
 
+/// The node's connection tracking table full (issue 39): the node tracks connections (a stateful
+/// rule in its namespace, as kube-proxy's); a pod holds connections to a server on the node, and
+/// `nf_conntrack_max` is lowered under what the table holds (restored at the end, also on
+/// failure). The pod's new connects are dropped in the host's namespace — its packets are no
+/// pod's there. kstall must fire `conntrack-table-full` for the node, count every packet the
+/// kernel's counter says it refused, name the pod by its address where the kernel gives the drop
+/// reason (5.17+), and resolve once the limit is back.
+#[test]
+#[ignore = "runs inside the kernel-matrix VMs: cargo xtask vm-test"]
+fn a_full_node_conntrack_table_names_the_pod_it_refused() {
+    in_vm("a_full_node_conntrack_table_names_the_pod_it_refused");
+    struct HostRule(Vec<&'static str>);
+    impl Drop for HostRule {
+        fn drop(&mut self) {
+            let mut delete = self.0.clone();
+            delete[0] = "-D";
+            let _ = Command::new("iptables").args(&delete).status();
+        }
+    }
+    /// The host namespace's table as the kernel counts it: (entries, drops less clashes).
+    fn host_table() -> (u64, u64) {
+        let text = std::fs::read_to_string("/proc/net/stat/nf_conntrack").expect("conntrack counters");
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().expect("header").split_whitespace().collect();
+        let column = |name: &str| header.iter().position(|h| *h == name).expect(name);
+        let (entries, drop, clash) = (column("entries"), column("drop"), column("insert_failed"));
+        lines.fold((0, 0), |(_, dropped), line| {
+            let v: Vec<u64> = line.split_whitespace().map(|x| u64::from_str_radix(x, 16).unwrap()).collect();
+            (v[entries], dropped + v[drop] - v[clash])
+        })
+    }
+    let pod = NfsPod::new(13, "frontend-0");
+    let stateful =
+        HostRule(vec!["-I", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]);
+    Command::new("iptables").args(&stateful.0).status().expect("iptables");
+    let (agent, _dir) = agent_with(&[&pod], &["--quiet-window", "5s"]);
+    let status = agent.status();
+    let probe = status["probes"].as_array().into_iter().flatten().find(|p| p["name"] == "packet-drop");
+    let has_reason = !probe
+        .and_then(|p| p["unavailable"].as_array())
+        .into_iter()
+        .flatten()
+        .any(|u| u["field"] == "reason");
+    let server = std::net::SocketAddr::new(nfs::SERVER.parse().unwrap(), 9200);
+    let listener = std::net::TcpListener::bind(server).expect("listen on the node");
+    let held = pod.netns.run_inside(move || {
+        (0..4).map(|_| std::net::TcpStream::connect(server).expect("connect")).collect::<Vec<_>>()
+    });
+    let node = [("namespace", ""), ("pod", "")];
+    let read = wait_for(Duration::from_secs(30), || {
+        agent.metric_with("kstall_conntrack_entries", &node).filter(|n| *n >= 4.0)
+    });
+    assert!(read.is_some(), "the node's table was not read:\n{}", agent.metrics());
+    let (_, refused_before) = host_table();
+    let full = Sysctl::set("net.netfilter.nf_conntrack_max", "1");
+    // Each connect's SYN and retransmission are refused (one could find room by evicting a
+    // closing entry: whether it connects does not matter, the kernel counts what it refused).
+    pod.netns.run_inside(move || {
+        for _ in 0..3 {
+            let _ = std::net::TcpStream::connect_timeout(&server, Duration::from_millis(1500));
+        }
+    });
+    let (entries, refused_after) = host_table();
+    let refused = refused_after - refused_before;
+    assert!(refused >= 1, "the kernel refused nothing ({entries} entries)");
+    let all = |i: &Value| {
+        i["signature"] == "conntrack-table-full"
+            && i["pod"] == ""
+            && i["evidence"]["refused_packets"] == refused
+    };
+    let incident = agent.wait_incident(all, COUNTED_WITHIN).unwrap_or_else(|| {
+        panic!("no conntrack-table-full with {refused} packets: {:#?}", agent.incidents())
+    });
+    let summary = incident["summary"].as_str().unwrap_or_default().to_string();
+    assert_eq!(incident["severity"], "critical", "{incident:#}");
+    assert!(summary.starts_with("The node's connection tracking table is full"), "{summary}");
+    if has_reason {
+        assert_eq!(
+            incident["evidence"]["refused_pods"],
+            json!([format!("shop/{}", pod.name)]),
+            "{incident:#}"
+        );
+        assert!(summary.contains(&format!("tcp {} → {server}", pod.ip)), "{summary}");
+    }
+    drop(full);
+    pod.netns
+        .run_inside(move || std::net::TcpStream::connect_timeout(&server, Duration::from_secs(5)).map(drop))
+        .expect("a connect once the limit is back");
+    let resolved = agent.wait_incident(
+        |i| i["signature"] == "conntrack-table-full" && i["state"] == "resolved",
+        Duration::from_secs(30),
+    );
+    assert!(resolved.is_some(), "not resolved after the limit was raised: {:#?}", agent.incidents());
+    let policy: Vec<Value> =
+        agent.incidents().into_iter().filter(|i| i["signature"] == "network-policy-drops").collect();
+    assert!(policy.is_empty(), "the table's drops called a policy's: {policy:#?}");
+    assert_eq!(agent.metric_with("kstall_conntrack_drops_total", &node), Some(refused_after as f64));
+    println!(
+        "vm-scenario conntrack-table-full: the kernel refused {refused} packets of {}; kstall said: {summary}",
+        pod.name
+    );
+    drop((held, listener, stateful));
+}
+
 /// NFS as users feel it (issue 38): two pods write to the same server; its replies to one are
 /// delayed 800 ms (tc netem on the pod's link), as a slow or congested server. Nothing fails and
 /// nothing times out, but every RPC of that pod takes the delay: kstall's RPC latency histogram

@@ -169,6 +169,9 @@ pub struct Index {
     /// an event in one is only attributed to the departed pod after a fresh walk found no live
     /// pod in it (a namespace outlives its pod when, say, an NFS mount still holds it).
     pub departed_netns: HashMap<u32, Arc<Attribution>>,
+    /// Live pods by their addresses (`status.podIPs`): a forwarded packet in the host's namespace
+    /// is no pod's by its namespace, but its addresses say whose.
+    pub by_pod_ip: HashMap<std::net::IpAddr, Arc<Attribution>>,
     /// A process in each live namespace of `by_netns`, to read the namespace's `/proc/<pid>/net`.
     pub netns_witness: HashMap<u32, u32>,
     /// Processes in pods' v1 cgroups: for nodes whose kubelet uses cgroup v1, where the v2 cgroup
@@ -548,6 +551,7 @@ mod tests {
             node: "n".into(),
             labels: BTreeMap::new(),
             host_network: false,
+            ips: Vec::new(),
             containers: HashMap::from([("c1".to_string(), "app".to_string())]),
             deletion_deadline_unix_secs: Some(1_796_000_000),
             state: pods::PodState::default(),

@@ -310,6 +310,13 @@ impl Resolver {
         for (tgid, w) in &self.processes {
             index.by_process.insert(*tgid, attribution(w, Via::Process));
         }
+        for (meta, deleted) in self.pods.all() {
+            if let Some(pod) = pods.get(meta.uid.as_str()).filter(|_| !deleted) {
+                for ip in &meta.ips {
+                    index.by_pod_ip.insert(*ip, attribution(pod, Via::Netns));
+                }
+            }
+        }
         for (device, uid) in &self.nfs_volumes {
             if let Some(pod) = pods.get(uid.as_str()) {
                 index.by_nfs_mount.insert(device.clone(), attribution(pod, Via::Mount));

@@ -95,6 +95,7 @@ pub async fn run(
             kubelet_load: &index.kubelet_load,
             kubelet: &kubelet,
             conntrack: &conntrack,
+            pod_ips: &index.by_pod_ip,
         };
         let changes = engine.evaluate(now, &node);
         drop(stuck);

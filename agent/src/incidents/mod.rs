@@ -127,6 +127,8 @@ pub struct NodeView<'a> {
     pub kubelet: &'a kubelet::Health,
     /// The last sample of the connection tracking tables.
     pub conntrack: &'a conntrack::Tables,
+    /// Live pods by address: whose a forwarded packet was.
+    pub pod_ips: &'a std::collections::HashMap<std::net::IpAddr, Arc<Attribution>>,
 }
 
 /// What a signature does with the event stream.

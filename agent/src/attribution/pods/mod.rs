@@ -28,6 +28,9 @@ pub struct PodMeta {
     /// The pod labels selected by `--pod-labels`.
     pub labels: BTreeMap<String, String>,
     pub host_network: bool,
+    /// The pod's own addresses (`status.podIPs`), none for a hostNetwork pod (its are the
+    /// node's): who a forwarded packet in the host's namespace was from or for.
+    pub ips: Vec<std::net::IpAddr>,
     /// Container id (runtime prefix stripped) -> container name, from the pod status.
     pub containers: HashMap<String, String>,
     /// The deletion timestamp (unix seconds) while the pod is Terminating: the time the
@@ -95,8 +98,16 @@ impl PodMeta {
         let uid = meta.uid.clone().filter(|u| !u.is_empty())?;
         let labels = meta.labels.as_ref();
         let spec = pod.spec.as_ref();
+        let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
         let mut containers = HashMap::new();
+        let mut ips = Vec::new();
         if let Some(status) = &pod.status {
+            let listed = status.pod_ips.iter().flatten().map(|p| p.ip.as_str());
+            for ip in listed.chain(status.pod_ip.as_deref()).filter_map(|ip| ip.parse().ok()) {
+                if !host_network && !ips.contains(&ip) {
+                    ips.push(ip);
+                }
+            }
             let all = [
                 &status.init_container_statuses,
                 &status.container_statuses,
@@ -120,7 +131,8 @@ impl PodMeta {
                 .iter()
                 .filter_map(|k| labels.and_then(|l| l.get(k)).map(|v| (k.clone(), v.clone())))
                 .collect(),
-            host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+            host_network,
+            ips,
             containers,
             deletion_deadline_unix_secs: meta.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
             state: PodState::of(pod),
@@ -406,6 +418,21 @@ pub(crate) mod tests {
     fn meta(uid: &str) -> PodMeta {
         let pod: Pod = serde_json::from_value(pod_json(uid, "web-5d8c7b9f4-x2x9z", "abc")).unwrap();
         PodMeta::from_pod(&pod, &["app".into(), "missing".into()]).unwrap()
+    }
+
+    #[test]
+    fn a_pods_addresses_are_its_own_not_a_host_network_pods() {
+        let mut json = pod_json("u1", "web-1", "abc");
+        json["status"]["podIP"] = "10.244.1.7".into();
+        json["status"]["podIPs"] =
+            serde_json::json!([{"ip": "10.244.1.7"}, {"ip": "fd00::7"}, {"ip": "bogus"}]);
+        let pod: Pod = serde_json::from_value(json.clone()).unwrap();
+        let ips: Vec<String> =
+            PodMeta::from_pod(&pod, &[]).unwrap().ips.iter().map(|ip| ip.to_string()).collect();
+        assert_eq!(ips, ["10.244.1.7", "fd00::7"]);
+        json["spec"]["hostNetwork"] = true.into();
+        let pod: Pod = serde_json::from_value(json).unwrap();
+        assert!(PodMeta::from_pod(&pod, &[]).unwrap().ips.is_empty());
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! `drop` counter less the confirm clashes counted there too, `insert_failed`) while the table
 //! was at least nine tenths full. Resolves `--quiet-window` after the last such drop. The packets
 //! it dropped — sent in full by the packet-drop probe (`NETFILTER_DROP` where netfilter's hook
-//! dropped it) — name the connections refused.
+//! dropped it) — name the connections refused, and for the host's table the pods by their
+//! addresses (a forwarded packet is in the host's namespace, no pod's).
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -67,7 +68,8 @@ struct Tracked {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 struct Refused {
-    /// The pod the packet came from or went to, when kstall knows it.
+    /// The pod the packet came from or went to, when kstall knows it: the namespace's, or for
+    /// the host's table the pod with its address.
     #[serde(skip_serializing_if = "String::is_empty")]
     pod: String,
     protocol: &'static str,
@@ -81,6 +83,17 @@ struct Refused {
 impl ConntrackTableFull {
     pub fn new(settings: &Settings) -> Self {
         Self { quiet: ns(settings.quiet_window), sample: 0, max: None, tables: HashMap::new(), evicted: 0 }
+    }
+
+    /// The pods of the host table's refused packets, by their addresses: the source's (a pod's
+    /// connect), else the destination's (a connect to a pod).
+    fn name_pods(&mut self, node: &NodeView) {
+        let host_tables = self.tables.values_mut().filter(|t| t.who.host);
+        for r in host_tables.flat_map(|t| t.refused.iter_mut()).filter(|r| r.pod.is_empty()) {
+            if let Some(who) = node.pod_ips.get(&r.src).or_else(|| node.pod_ips.get(&r.dst)) {
+                r.pod = pod_name(who);
+            }
+        }
     }
 
     /// Reads a new sample: what each table refused since the last.
@@ -157,6 +170,7 @@ impl Signature for ConntrackTableFull {
 
     fn evaluate(&mut self, now: u64, node: &NodeView) -> Vec<Finding> {
         self.read(node.conntrack);
+        self.name_pods(node);
         let quiet = self.quiet;
         let live: std::collections::HashSet<u32> = node.conntrack.tables.iter().map(|t| t.netns).collect();
         let firing = |t: &Tracked| {
@@ -400,7 +414,15 @@ mod tests {
         s.observe(&drop(443, "nf_hook_slow+0x9c"));
         // A rule of nf_tables dropped this one, not conntrack.
         s.observe(&drop(80, "nft_do_chain+0x4c3"));
-        let found = evaluate(&mut s, 3 * SEC, &sample(2, 3 * SEC, 10, HOST_NETNS, &host, 10, 7));
+        // The source is a pod's address.
+        let pod_ips = std::collections::HashMap::from([("10.244.1.7".parse().unwrap(), pod("u1", "web-1"))]);
+        let stuck = StuckSet::default();
+        let node = NodeView {
+            conntrack: &sample(2, 3 * SEC, 10, HOST_NETNS, &host, 10, 7),
+            pod_ips: &pod_ips,
+            ..node(&stuck)
+        };
+        let found = s.evaluate(3 * SEC, &node);
         assert_eq!(found.len(), 1, "{found:?}");
         let f = &found[0];
         assert_eq!((f.severity, f.key.as_str()), (Severity::Critical, "node"));
@@ -411,6 +433,7 @@ mod tests {
         );
         assert!(f.summary.contains("(tcp 10.244.1.7 → 10.96.0.10:443)"), "{}", f.summary);
         assert_eq!(f.evidence["refused"].as_array().map(Vec::len), Some(1), "{}", f.evidence);
-        assert_eq!(f.evidence["refused_pods"], serde_json::json!([]));
+        assert_eq!(f.evidence["refused_pods"], serde_json::json!(["shop/web-1"]));
+        assert!(f.summary.ends_with("Refused: shop/web-1."), "{}", f.summary);
     }
 }

@@ -159,6 +159,8 @@ pub(crate) mod tests {
         terminating_total: 0,
     };
     pub static NOT_CHECKED: kubelet::Health = kubelet::Health { healthz: None, tls: None };
+    pub static NO_POD_IPS: std::sync::LazyLock<std::collections::HashMap<IpAddr, Arc<Attribution>>> =
+        std::sync::LazyLock::new(Default::default);
     pub static NO_CONNTRACK: Tables = Tables { sample: 0, at_unix_ns: 0, max: None, tables: Vec::new() };
 
     /// The node as the signatures see it when evaluated.
@@ -169,6 +171,7 @@ pub(crate) mod tests {
             kubelet_load: &NO_LOAD,
             kubelet: &NOT_CHECKED,
             conntrack: &NO_CONNTRACK,
+            pod_ips: &NO_POD_IPS,
         }
     }
 
