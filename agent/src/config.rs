@@ -1061,6 +1061,8 @@ mod tests {
             ("cpu_lockup_hold", "900".into(), one("15m")),
             ("policy_drops_min", "10".into(), one("10")),
             ("policy_drops_window", "120".into(), one("2m")),
+            ("memory_pressure_some", "30".into(), one("30")),
+            ("memory_pressure_for", "120".into(), one("2m")),
         ]
     }
 

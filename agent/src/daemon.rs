@@ -38,6 +38,7 @@ use crate::{
     },
     kernel, kubelet,
     pipeline::{self, Pipeline},
+    pressure,
     probes::{self, probe::Sweep},
     state::AgentState,
     stuck::{self, StuckSet},
@@ -186,11 +187,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         conntrack_tx,
         stop_intake.clone(),
     ));
+    let (pressure_tx, pressure_sample) = watch::channel(pressure::Sample::default());
+    let pressure_sampler = tokio::spawn(pressure::watch(
+        pressure::Settings::default(),
+        attribution.index.clone(),
+        pressure_tx,
+        stop_intake.clone(),
+    ));
     let inputs = evaluator::Inputs {
         stuck: stuck.clone(),
         index: attribution.index.clone(),
         kubelet: kubelet_health,
         conntrack: conntrack_tables,
+        pressure: pressure_sample,
     };
     let evaluator = tokio::spawn(evaluator::run(incidents.clone(), inputs, subscribers, stop_intake.clone()));
     symbols::refresh(loaded.decoding.symbols.clone()).await;
@@ -250,7 +259,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(loss) = loss {
         let _ = loss.await;
     }
-    let _ = tokio::join!(stuck_states, symbols, evaluator, conntrack_sampler);
+    let _ = tokio::join!(stuck_states, symbols, evaluator, conntrack_sampler, pressure_sampler);
     if let Some(checks) = kubelet_checks {
         let _ = checks.await;
     }

@@ -176,15 +176,18 @@ fn parse_port_range(text: &str) -> Option<RangeInclusive<u16>> {
 
 /// `MemTotal` from `<proc>/meminfo`, in bytes (`proc` is `/proc` but for tests).
 pub fn mem_total_bytes(proc: &std::path::Path) -> Option<u64> {
+    meminfo_bytes(proc, "MemTotal:")
+}
+
+/// The memory the node could give without swapping (`MemAvailable`).
+pub fn mem_available_bytes(proc: &std::path::Path) -> Option<u64> {
+    meminfo_bytes(proc, "MemAvailable:")
+}
+
+fn meminfo_bytes(proc: &std::path::Path, field: &str) -> Option<u64> {
     let text = std::fs::read_to_string(proc.join("meminfo")).ok()?;
-    let kib: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse()
-        .ok()?;
+    let kib: u64 =
+        text.lines().find_map(|l| l.strip_prefix(field))?.trim().strip_suffix("kB")?.trim().parse().ok()?;
     Some(kib * 1024)
 }
 

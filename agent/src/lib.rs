@@ -21,6 +21,7 @@ pub mod kubelet;
 mod memory;
 mod named_file;
 pub mod pipeline;
+pub mod pressure;
 pub mod probes;
 #[cfg(test)]
 mod registry_tests;

@@ -288,6 +288,14 @@ pub const CONNTRACK_DROPS: Metric = node(
      no memory): the kernel's drop counter less its insert_failed clashes, per table as \
      kstall_conntrack_entries.",
 );
+pub const PRESSURE_STALLED: Metric = node(
+    "kstall_pressure_stalled_seconds_total",
+    Counter,
+    &["resource", "kind", "namespace", "pod"],
+    "Time tasks waited for a resource (PSI): resource memory, io or cpu; kind some (at least one \
+     task waited) or full (every task at once). rate() is the share of time stalled. The node's \
+     (/proc/pressure: namespace and pod empty) and each pod's own cgroup (cgroup v2).",
+);
 pub const KUBELET_CHECK_UP: Metric = node(
     "kstall_kubelet_check_up",
     Gauge,
@@ -403,6 +411,7 @@ pub const ALL: &[&Metric] = &[
     &CONNTRACK_MAX,
     &CONNTRACK_ENTRIES,
     &CONNTRACK_DROPS,
+    &PRESSURE_STALLED,
     &BUILD_INFO,
     &PROBE_UP,
     &EVENTS,

@@ -414,6 +414,83 @@ fn a_full_node_conntrack_table_names_the_pod_it_refused() {
     drop((held, listener, stateful));
 }
 
+/// Memory pressure before the OOM (issue 39): a pod over its `memory.high` keeps allocating —
+/// the kernel throttles and reclaims, and its tasks stall on memory, but nothing is killed.
+/// kstall must fire `memory-pressure` for the pod before any OOM kill. Then its limit
+/// (`memory.max`) is lowered under what it holds: killed, and twice more after — a
+/// `container-oom-loop` whose kills say how squeezed the pod was before.
+#[test]
+#[ignore = "runs inside the kernel-matrix VMs: cargo xtask vm-test"]
+fn a_pod_squeezed_under_its_memory_limit_is_named_before_it_is_oom_killed() {
+    in_vm("a_pod_squeezed_under_its_memory_limit_is_named_before_it_is_oom_killed");
+    // Holds 56 MiB, then allocates and frees 4 MiB at a time: each allocation is over memory.high.
+    const SQUEEZED: &str = r#"
+big = bytearray(b"\x01") * (56 << 20)
+while True:
+    x = bytearray(b"\x01") * (4 << 20)
+    del x
+"#;
+    let (uid, container_id) = ("5e2d9c1b-4a3f-4e5d-9c8b-7a6f5e4d3c2b", "cd".repeat(32));
+    let pod = kstall_tests::agent::pod_json(uid, "reports-0", &container_id);
+    let container = Cgroup::kubepods_container("burstable", uid, &container_id);
+    let pod_dir = container.path.parent().unwrap().to_path_buf();
+    let mut levels: Vec<&std::path::Path> =
+        pod_dir.ancestors().filter(|p| p.join("cgroup.subtree_control").exists()).collect();
+    levels.reverse();
+    for level in levels {
+        std::fs::write(level.join("cgroup.subtree_control"), "+memory")
+            .expect("enable the memory controller");
+    }
+    std::fs::write(pod_dir.join("memory.high"), (48u64 << 20).to_string()).expect("pod memory.high");
+    let dir = tempfile::tempdir().unwrap();
+    let pods_file = dir.path().join("pods.json");
+    write_pods_file(&pods_file, &[pod]);
+    let agent = Agent::start(&["--pods-file", pods_file.to_str().unwrap(), "--memory-pressure-for", "10s"]);
+    let squeezed = Command::new("sh")
+        .args(["-c", &format!("echo $$ > {} && exec python3 -c \"$0\"", container.procs().display())])
+        .arg(SQUEEZED)
+        .spawn()
+        .expect("start the squeezed app");
+    let mut squeezed = Killed(squeezed);
+    let incident = agent
+        .wait_incident(
+            |i| i["signature"] == "memory-pressure" && i["pod"] == "reports-0",
+            Duration::from_secs(120),
+        )
+        .unwrap_or_else(|| panic!("{}", no_incident("no memory-pressure", &agent)));
+    report_time_to_name(&incident);
+    assert!(squeezed.0.try_wait().unwrap().is_none(), "the app was killed: squeezed, not OOM");
+    assert_eq!(agent.metric_sum("kstall_oom_kills_total", &[("pod", "reports-0")]), 0.0, "killed before");
+    let summary = incident["summary"].as_str().unwrap_or_default().to_string();
+    assert!(summary.starts_with("shop/reports-0's tasks wait for memory"), "{summary}");
+    let labels = [("resource", "memory"), ("kind", "some"), ("namespace", "shop"), ("pod", "reports-0")];
+    let stalled = agent.metric_with("kstall_pressure_stalled_seconds_total", &labels).unwrap_or(0.0);
+    assert!(stalled >= 1.0, "the pod stalled {stalled} s:\n{}", agent.metrics());
+
+    // The limit under what it holds: killed, and the next two runs as well.
+    std::fs::write(pod_dir.join("memory.max"), (40u64 << 20).to_string()).expect("pod memory.max");
+    let status = squeezed.0.wait().expect("the squeezed app");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL),
+        "OOM-killed: {status}"
+    );
+    for _ in 0..2 {
+        kstall_tests::oom::oom_kill(&[container.procs().as_path()], |_| {});
+    }
+    let looped = agent
+        .wait_incident(
+            |i| i["signature"] == "container-oom-loop" && i["pod"] == "reports-0",
+            Duration::from_secs(60),
+        )
+        .unwrap_or_else(|| panic!("{}", no_incident("no container-oom-loop", &agent)));
+    let said = looped["summary"].as_str().unwrap_or_default().to_string();
+    assert!(said.contains("Before the kill its tasks waited for memory"), "{said}");
+    let before = &looped["evidence"]["kills"][0]["memory_pressure"]["some"]["avg60"];
+    assert!(before.as_f64().is_some_and(|p| p >= 1.0), "{looped:#}");
+    println!("vm-scenario memory-pressure: {summary} Then: {said}");
+}
+
 /// NFS as users feel it (issue 38): two pods write to the same server; its replies to one are
 /// delayed 800 ms (tc netem on the pod's link), as a slow or congested server. Nothing fails and
 /// nothing times out, but every RPC of that pod takes the delay: kstall's RPC latency histogram

@@ -172,6 +172,8 @@ pub struct Index {
     /// Live pods by their addresses (`status.podIPs`): a forwarded packet in the host's namespace
     /// is no pod's by its namespace, but its addresses say whose.
     pub by_pod_ip: HashMap<std::net::IpAddr, Arc<Attribution>>,
+    /// Each pod's own cgroup v2 directory, where its pressure is read (none without cgroup v2).
+    pub pod_cgroups: Vec<(std::path::PathBuf, Arc<Attribution>)>,
     /// A process in each live namespace of `by_netns`, to read the namespace's `/proc/<pid>/net`.
     pub netns_witness: HashMap<u32, u32>,
     /// Processes in pods' v1 cgroups: for nodes whose kubelet uses cgroup v1, where the v2 cgroup

@@ -82,6 +82,8 @@ pub struct Resolver {
     unresolvable: HashSet<Key>,
     /// Sum of the pods' memory limits at the last walk (pods without a limit add nothing).
     pod_memory_limits: u64,
+    /// Each pod's own cgroup v2 directory (pod UID -> dir), at the last walk: its pressure files.
+    pod_dirs: HashMap<String, std::path::PathBuf>,
     /// NFS devices (`major:minor`) mounted as one pod's volume, and that pod's UID, at the last walk.
     nfs_volumes: HashMap<String, String>,
     node_memory: u64,
@@ -103,6 +105,7 @@ impl Resolver {
             pods,
             unresolvable: HashSet::new(),
             pod_memory_limits: 0,
+            pod_dirs: HashMap::new(),
             nfs_volumes: HashMap::new(),
         }
     }
@@ -113,8 +116,12 @@ impl Resolver {
         let mut seen_cgroups = HashSet::new();
         let mut learned = Learned::default();
         let mut limits = 0u64;
+        self.pod_dirs.clear();
         if let Some(v2) = &self.settings.hierarchies.v2 {
             for dir in cgroup::walk(v2, false) {
+                if let Workload::Pod { pod_uid, .. } = &dir.workload {
+                    self.pod_dirs.insert(pod_uid.clone(), dir.dir.clone());
+                }
                 seen_cgroups.insert(dir.id);
                 if !matches!(dir.workload, Workload::Host { .. }) {
                     learned.pod_cgroup(&self.settings.proc, &dir, false);
@@ -309,6 +316,11 @@ impl Resolver {
         }
         for (tgid, w) in &self.processes {
             index.by_process.insert(*tgid, attribution(w, Via::Process));
+        }
+        for (uid, dir) in &self.pod_dirs {
+            if let Some(pod) = pods.get(uid.as_str()) {
+                index.pod_cgroups.push((dir.clone(), attribution(pod, Via::Cgroup)));
+            }
         }
         for (meta, deleted) in self.pods.all() {
             if let Some(pod) = pods.get(meta.uid.as_str()).filter(|_| !deleted) {

@@ -47,6 +47,7 @@ pub struct Metrics {
     node_pods: IntGaugeVec,
     kubelet_check_up: IntGaugeVec,
     conntrack: Conntrack,
+    pressure: Pressure,
     /// Every state `node_pods` has a series for.
     node_pod_states: std::sync::Mutex<std::collections::BTreeSet<PodState>>,
     /// Every series of the families about events: the cap, and a pod's series.
@@ -169,6 +170,7 @@ impl Metrics {
             node_pods: gauge_vec(&registry, &catalogue::NODE_PODS),
             kubelet_check_up: gauge_vec(&registry, &catalogue::KUBELET_CHECK_UP),
             conntrack: Conntrack::new(&registry),
+            pressure: Pressure::new(&registry),
             incident_active: gauge_vec(&registry, &catalogue::INCIDENT_ACTIVE),
             overcommit,
             alertmanager_posts_total: counter_vec(&registry, &catalogue::ALERTMANAGER_POSTS),
@@ -515,6 +517,7 @@ impl Subscriber for std::sync::Arc<Metrics> {
     fn publish(&mut self, evaluation: &Evaluation) {
         self.set_kubelet(evaluation.kubelet);
         self.conntrack.set(evaluation.conntrack);
+        self.pressure.set(evaluation.pressure);
         self.set_incidents(evaluation.firing.iter(), evaluation.fired, evaluation.evictions);
     }
 }
@@ -564,6 +567,59 @@ impl Conntrack {
             let labels: [&str; 2] = [&gone[0], &gone[1]];
             let _ = self.entries.remove_label_values(&labels);
             let _ = self.drops_total.remove_label_values(&labels);
+        }
+        shown.1 = now;
+    }
+}
+
+/// Pressure of the last sample: the node's and each known pod's, the series of a pod that is
+/// gone removed.
+struct Pressure {
+    stalled_seconds_total: prometheus::CounterVec,
+    /// The sample shown, and the (namespace, pod) it showed.
+    shown: std::sync::Mutex<(u64, std::collections::HashSet<[String; 2]>)>,
+}
+
+impl Pressure {
+    fn new(registry: &Registry) -> Self {
+        let metric = &catalogue::PRESSURE_STALLED;
+        let vec = prometheus::CounterVec::new(opts(metric), &labels_of(metric)).expect("valid metric");
+        Self { stalled_seconds_total: register(registry, vec), shown: std::sync::Mutex::default() }
+    }
+
+    fn set(&self, sample: &crate::pressure::Sample) {
+        let mut shown = self.shown.lock().expect("pressure series");
+        if shown.0 == sample.sample {
+            return;
+        }
+        shown.0 = sample.sample;
+        let mut now = std::collections::HashSet::new();
+        let node = sample.node.iter().map(|s| (String::new(), String::new(), s));
+        let pods = sample.pods.iter().map(|p| (p.who.namespace.clone(), p.who.pod.clone(), &p.stalls));
+        for (namespace, pod, stalls) in node.chain(pods) {
+            if !now.insert([namespace.clone(), pod.clone()]) {
+                continue;
+            }
+            for (resource, figures) in crate::pressure::RESOURCES.iter().zip(stalls.resources) {
+                let Some(figures) = figures else { continue };
+                for (kind, line) in [("some", Some(figures.some)), ("full", figures.full)] {
+                    let Some(line) = line else { continue };
+                    let series =
+                        self.stalled_seconds_total.with_label_values(&[resource, kind, &namespace, &pod]);
+                    let seconds = line.total_us as f64 / 1e6;
+                    if seconds > series.get() {
+                        series.inc_by(seconds - series.get());
+                    }
+                }
+            }
+        }
+        for gone in shown.1.difference(&now) {
+            for resource in crate::pressure::RESOURCES {
+                for kind in ["some", "full"] {
+                    let _ =
+                        self.stalled_seconds_total.remove_label_values(&[resource, kind, &gone[0], &gone[1]]);
+                }
+            }
         }
         shown.1 = now;
     }

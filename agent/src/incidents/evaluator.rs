@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{Incident, NodeView, engine::Engine, saved::Saved};
-use crate::{attribution::Index, conntrack, kernel, kubelet, stuck::StuckSet};
+use crate::{attribution::Index, conntrack, kernel, kubelet, pressure, stuck::StuckSet};
 
 const EVALUATION_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -36,6 +36,8 @@ pub struct Evaluation<'a> {
     pub kubelet: &'a kubelet::Health,
     /// The connection tracking tables as the signatures saw them.
     pub conntrack: &'a conntrack::Tables,
+    /// Pressure as the signatures saw it.
+    pub pressure: &'a pressure::Sample,
     /// The incident history to keep, when it is due: when something fired or resolved, and
     /// every 30 s while something fires.
     pub history: Option<&'a Arc<Saved>>,
@@ -60,6 +62,7 @@ pub struct Inputs {
     pub index: watch::Receiver<Arc<Index>>,
     pub kubelet: watch::Receiver<kubelet::Health>,
     pub conntrack: watch::Receiver<conntrack::Tables>,
+    pub pressure: watch::Receiver<pressure::Sample>,
 }
 
 /// Evaluates once a second until `stop`, publishing each evaluation to every subscriber.
@@ -69,7 +72,7 @@ pub async fn run(
     mut subscribers: Vec<Box<dyn Subscriber>>,
     stop: CancellationToken,
 ) {
-    let Inputs { stuck, index, kubelet, conntrack } = inputs;
+    let Inputs { stuck, index, kubelet, conntrack, pressure } = inputs;
     let mut tick = tokio::time::interval(EVALUATION_INTERVAL);
     let mut last_saved = Instant::now();
     loop {
@@ -87,6 +90,7 @@ pub async fn run(
         let index = index.borrow().clone();
         let kubelet = kubelet.borrow().clone();
         let conntrack = conntrack.borrow().clone();
+        let pressure = pressure.borrow().clone();
         let stuck = lock(&stuck);
         let mut engine = lock(&engine);
         let node = NodeView {
@@ -96,6 +100,7 @@ pub async fn run(
             kubelet: &kubelet,
             conntrack: &conntrack,
             pod_ips: &index.by_pod_ip,
+            pressure: &pressure,
         };
         let changes = engine.evaluate(now, &node);
         drop(stuck);
@@ -120,6 +125,7 @@ pub async fn run(
             evictions: &engine.evictions(),
             kubelet: &kubelet,
             conntrack: &conntrack,
+            pressure: &pressure,
             history: history.as_ref(),
         };
         for subscriber in &mut subscribers {

@@ -72,6 +72,13 @@ pub struct Flags {
     /// The window --policy-drops-min counts in [default: 60s].
     #[arg(long, env = "KSTALL_POLICY_DROPS_WINDOW", value_name = "DURATION")]
     pub policy_drops_window: Option<String>,
+    /// Percent of the time a pod's (or the node's) tasks wait for memory (PSI some) that, held
+    /// for --memory-pressure-for, fires memory-pressure: 1 to 100 [default: 20].
+    #[arg(long, env = "KSTALL_MEMORY_PRESSURE_SOME", value_name = "PERCENT")]
+    pub memory_pressure_some: Option<String>,
+    /// [default: 60s].
+    #[arg(long, env = "KSTALL_MEMORY_PRESSURE_FOR", value_name = "DURATION")]
+    pub memory_pressure_for: Option<String>,
 }
 
 impl Flags {
@@ -146,6 +153,20 @@ impl Flags {
             count("policy_drops_min", self.policy_drops_min, s.policy_drops_min, Settings::MIN_POLICY_DROPS)?;
         s.policy_drops_window =
             duration("policy_drops_window", self.policy_drops_window, s.policy_drops_window)?;
+        s.memory_pressure_some_percent = count(
+            "memory_pressure_some",
+            self.memory_pressure_some,
+            s.memory_pressure_some_percent,
+            Settings::MIN_MEMORY_PRESSURE_PERCENT,
+        )?;
+        if s.memory_pressure_some_percent > 100 {
+            return Err((
+                "memory_pressure_some",
+                format!("{} is over 100 percent", s.memory_pressure_some_percent),
+            ));
+        }
+        s.memory_pressure_for =
+            duration("memory_pressure_for", self.memory_pressure_for, s.memory_pressure_for)?;
         Ok(s)
     }
 }

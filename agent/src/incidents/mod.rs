@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     attribution::{Attributed, Attribution, NodeMemory, pods::KubeletLoad},
-    conntrack, kubelet,
+    conntrack, kubelet, pressure,
     stuck::StuckSet,
 };
 
@@ -127,6 +127,8 @@ pub struct NodeView<'a> {
     pub kubelet: &'a kubelet::Health,
     /// The last sample of the connection tracking tables.
     pub conntrack: &'a conntrack::Tables,
+    /// The last sample of pressure (PSI), the node's and the pods'.
+    pub pressure: &'a pressure::Sample,
     /// Live pods by address: whose a forwarded packet was.
     pub pod_ips: &'a std::collections::HashMap<std::net::IpAddr, Arc<Attribution>>,
 }
@@ -180,6 +182,11 @@ pub struct Settings {
     /// `network-policy-drops`.
     pub policy_drops_min: u32,
     pub policy_drops_window: Duration,
+    /// A pod's (or the node's) tasks waiting for memory this share of the time (percent, PSI
+    /// `some`) ...
+    pub memory_pressure_some_percent: u32,
+    /// ... for this long make `memory-pressure`.
+    pub memory_pressure_for: Duration,
 }
 
 impl Default for Settings {
@@ -207,6 +214,10 @@ impl Default for Settings {
             // fires, one dropped datagram or probe does not.
             policy_drops_min: 5,
             policy_drops_window: Duration::from_secs(60),
+            // A fifth of the time stalled is felt by users; a minute rules out a burst (a
+            // container start, a cache dropped and refilled).
+            memory_pressure_some_percent: 20,
+            memory_pressure_for: Duration::from_secs(60),
         }
     }
 }
@@ -223,6 +234,8 @@ impl Settings {
     pub const MIN_KUBELET_STUCK_TERMINATING_PODS: u32 = 1;
     /// One dropped packet is no pattern.
     pub const MIN_POLICY_DROPS: u32 = 2;
+    /// Under 1% of the time stalled is noise.
+    pub const MIN_MEMORY_PRESSURE_PERCENT: u32 = 1;
 }
 
 /// Nanoseconds of a duration, for comparisons with event timestamps.

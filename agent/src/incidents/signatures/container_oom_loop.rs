@@ -78,6 +78,7 @@ impl Signature for ContainerOomLoop {
                 pid: event.header.tgid,
                 anon_rss_bytes: kill.anon_rss_bytes,
                 processes: 1,
+                memory_pressure: None,
             }),
         }
         if c.kills.len() > self.count * 4 {
@@ -85,10 +86,23 @@ impl Signature for ContainerOomLoop {
         }
     }
 
-    fn evaluate(&mut self, now: u64, _node: &NodeView) -> Vec<Finding> {
+    fn evaluate(&mut self, now: u64, node: &NodeView) -> Vec<Finding> {
         let (count, window) = (self.count, self.window);
         let mut findings = Vec::new();
+        let after = node.pressure.at_unix_ns;
         self.by_container.retain(|(uid, name), c| {
+            // The pod's memory pressure at the first sample after each kill.
+            let pressure = node.pressure.pod(uid).and_then(|p| p.stalls.resources[crate::pressure::MEMORY]);
+            for kill in c.kills.iter_mut().filter(|k| k.memory_pressure.is_none() && k.time_unix_ns <= after)
+            {
+                kill.memory_pressure = pressure;
+            }
+            let squeezed = c
+                .kills
+                .back()
+                .and_then(|k| k.memory_pressure)
+                .map(|p| super::squeezed_before(&p))
+                .unwrap_or_default();
             while c.kills.front().is_some_and(|k| now.saturating_sub(k.time_unix_ns) > window) {
                 c.kills.pop_front();
             }
@@ -102,7 +116,7 @@ impl Signature for ContainerOomLoop {
                     last_seen_unix_ns: c.kills.back().map_or(now, |k| k.time_unix_ns),
                     summary: format!(
                         "Container {name} of {} was OOM-killed {} times within {} min: its memory limit is \
-                         below what it uses.",
+                         below what it uses.{squeezed}",
                         pod_name(&c.who),
                         c.kills.len(),
                         window / 60_000_000_000
@@ -145,6 +159,10 @@ struct Kill {
     anon_rss_bytes: Option<u64>,
     /// Processes killed in it (a group kill takes them all).
     processes: u32,
+    /// The pod's memory pressure at the first sample after the kill: its averages over 10, 60
+    /// and 300 s say how long the pod was squeezed before it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_pressure: Option<crate::pressure::Resource>,
 }
 
 #[cfg(test)]
@@ -191,5 +209,36 @@ mod tests {
         assert_eq!(f.len(), 1);
         assert!(f[0].summary.contains("3 times"), "{}", f[0].summary);
         assert_eq!(f[0].evidence["kills"][0]["processes"], 4, "{:#}", f[0].evidence);
+    }
+
+    #[test]
+    fn the_kills_carry_how_squeezed_the_pod_was_before() {
+        use crate::pressure::{Line, Pod, Resource, Sample, Stalls};
+        let web = pod("u1", "web-1");
+        let mut s = ContainerOomLoop::new(&Settings::default());
+        let stuck = StuckSet::default();
+        let squeezed =
+            Resource { some: Line { avg10: 80.0, avg60: 35.4, avg300: 12.0, total_us: 1 }, full: None };
+        let stalls = Stalls { resources: [Some(squeezed), None, None], ..Stalls::default() };
+        let pod = Pod { who: web.clone(), stalls, memory_limit_bytes: None, memory_bytes: None };
+        let sample =
+            Sample { sample: 1, at_unix_ns: 301 * SEC, node: None, node_memory: None, pods: vec![pod] };
+        for (t, pid) in [(SEC, 10), (100 * SEC, 11), (300 * SEC, 12)] {
+            s.observe(&oom(t, pid, "java", Scope::Memcg, false, &web));
+        }
+        let f = s.evaluate(302 * SEC, &NodeView { pressure: &sample, ..node(&stuck) });
+        assert_eq!(f.len(), 1);
+        assert!(
+            f[0].summary.ends_with(
+                "Before the kill its tasks waited for memory 35% of the last minute (12% of the last 5)."
+            ),
+            "{}",
+            f[0].summary
+        );
+        assert_eq!(
+            f[0].evidence["kills"][2]["memory_pressure"]["some"]["avg60"], 35.4,
+            "{:#}",
+            f[0].evidence
+        );
     }
 }

@@ -5,6 +5,7 @@ pub mod conntrack_table_full;
 pub mod container_oom_loop;
 pub mod cpu_soft_lockup;
 pub mod kubelet_degraded;
+pub mod memory_pressure;
 pub mod network_policy_drops;
 pub mod nfs_node_wide_stall;
 pub mod nfs_server_unreachable;
@@ -35,6 +36,18 @@ pub fn pod_name(who: &Attribution) -> String {
 /// Whose a task is, in words: its pod, or for a node process its systemd unit.
 pub fn task_owner(who: &Attribution) -> String {
     if who.host { who.unit.clone().unwrap_or_else(|| "host process".into()) } else { pod_name(who) }
+}
+
+/// How squeezed a pod or the node was before an OOM kill, from its memory pressure after it:
+/// ` Before the kill its tasks waited for memory 35% of the last minute (12% of the last 5).`
+pub fn squeezed_before(memory: &crate::pressure::Resource) -> String {
+    if memory.some.avg60 < 1.0 {
+        return String::new();
+    }
+    format!(
+        " Before the kill its tasks waited for memory {:.0}% of the last minute ({:.0}% of the last 5).",
+        memory.some.avg60, memory.some.avg300
+    )
 }
 
 /// A duration in words: `45 s`, `12 min`, `20 h`.
@@ -161,6 +174,8 @@ pub(crate) mod tests {
     pub static NOT_CHECKED: kubelet::Health = kubelet::Health { healthz: None, tls: None };
     pub static NO_POD_IPS: std::sync::LazyLock<std::collections::HashMap<IpAddr, Arc<Attribution>>> =
         std::sync::LazyLock::new(Default::default);
+    pub static NO_PRESSURE: crate::pressure::Sample =
+        crate::pressure::Sample { sample: 0, at_unix_ns: 0, node: None, node_memory: None, pods: Vec::new() };
     pub static NO_CONNTRACK: Tables = Tables { sample: 0, at_unix_ns: 0, max: None, tables: Vec::new() };
 
     /// The node as the signatures see it when evaluated.
@@ -172,6 +187,7 @@ pub(crate) mod tests {
             kubelet: &NOT_CHECKED,
             conntrack: &NO_CONNTRACK,
             pod_ips: &NO_POD_IPS,
+            pressure: &NO_PRESSURE,
         }
     }
 

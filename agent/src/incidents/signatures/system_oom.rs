@@ -40,6 +40,10 @@ struct Kill {
     /// Sum of pod memory limits / node memory when it happened (at the evaluation after it:
     /// the node's memory is known from the cgroup walk, every few seconds).
     memory_limit_overcommit_ratio: Option<f64>,
+    /// The node's memory pressure at the first sample after it: its averages over 10, 60 and
+    /// 300 s say how long the node was squeezed before the kill.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_pressure: Option<crate::pressure::Resource>,
     #[serde(skip)]
     ratio_taken: bool,
     #[serde(skip)]
@@ -74,6 +78,7 @@ impl Signature for SystemOom {
             critical: kill.critical,
             anon_rss_bytes: kill.anon_rss_bytes,
             memory_limit_overcommit_ratio: None,
+            memory_pressure: None,
             ratio_taken: false,
             victim: task_owner(&who),
             who,
@@ -88,6 +93,11 @@ impl Signature for SystemOom {
             kill.memory_limit_overcommit_ratio = node.memory.overcommit();
             kill.ratio_taken = true;
         }
+        let after = node.pressure.at_unix_ns;
+        let pressure = node.pressure.node.and_then(|n| n.resources[crate::pressure::MEMORY]);
+        for kill in self.kills.iter_mut().filter(|k| k.memory_pressure.is_none() && k.time_unix_ns <= after) {
+            kill.memory_pressure = pressure;
+        }
         let recent: Vec<&Kill> =
             self.kills.iter().filter(|k| now.saturating_sub(k.time_unix_ns) <= self.hold).collect();
         let (Some(first), Some(last)) = (recent.first(), recent.last()) else { return vec![] };
@@ -98,9 +108,10 @@ impl Signature for SystemOom {
             Some(r) => format!(", pod memory limits {:.0}% of the node's memory", r * 100.0),
             None => String::new(),
         };
+        let squeezed = last.memory_pressure.map(|p| super::squeezed_before(&p)).unwrap_or_default();
         let summary = format!(
             "The node ran out of memory: the kernel's OOM killer killed {} (system OOM #{} on this node in \
-             24 h{limits}){}.",
+             24 h{limits}){}.{squeezed}",
             victims.join(", "),
             self.kills.len(),
             if critical.is_empty() {
