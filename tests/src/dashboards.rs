@@ -41,6 +41,7 @@ pub const CPU_SOFT_LOCKUP: &[Key] = &[
     ("kstall-incidents", "Alerts firing now", "KstallCpuSoftLockup"),
     ("kstall-hung-tasks", "CPUs stuck in the kernel (soft lockups, RCU stalls)", "A"),
 ];
+pub const MEMORY_PRESSURE: &[Key] = &[("kstall-incidents", "Alerts firing now", "KstallMemoryPressure")];
 pub const SYSTEM_OOM: &[Key] = &[
     ("kstall-incidents", "Alerts firing now", "KstallSystemOom"),
     ("kstall-memory-oom", "System (global) OOM kills by victim", "A"),
@@ -48,7 +49,10 @@ pub const SYSTEM_OOM: &[Key] = &[
 
 /// Every query a VM scenario shows data for.
 pub fn fed_by_the_vm_scenarios() -> impl Iterator<Item = Key> {
-    [NFS_PROBES, NODE_WIDE_STALL, NFS_SLOW, CPU_SOFT_LOCKUP, SYSTEM_OOM].into_iter().flatten().copied()
+    [NFS_PROBES, NODE_WIDE_STALL, NFS_SLOW, CPU_SOFT_LOCKUP, MEMORY_PRESSURE, SYSTEM_OOM]
+        .into_iter()
+        .flatten()
+        .copied()
 }
 
 pub fn root() -> PathBuf {

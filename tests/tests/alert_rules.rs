@@ -39,6 +39,7 @@ fn every_signature_has_an_alert_and_every_runbook_exists() {
         "cpu-soft-lockup",
         "network-policy-drops",
         "conntrack-table-full",
+        "memory-pressure",
     ] {
         assert!(rules.contains(&format!(r#"signature="{signature}""#)), "no alert for {signature}");
         assert!(root.join(format!("docs/runbooks/{signature}.md")).exists(), "no runbook for {signature}");

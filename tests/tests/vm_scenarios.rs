@@ -446,6 +446,7 @@ while True:
     let pods_file = dir.path().join("pods.json");
     write_pods_file(&pods_file, &[pod]);
     let agent = Agent::start(&["--pods-file", pods_file.to_str().unwrap(), "--memory-pressure-for", "10s"]);
+    let panels = Panels::scrape(agent.listen, &hostname());
     let squeezed = Command::new("sh")
         .args(["-c", &format!("echo $$ > {} && exec python3 -c \"$0\"", container.procs().display())])
         .arg(SQUEEZED)
@@ -466,6 +467,7 @@ while True:
     let labels = [("resource", "memory"), ("kind", "some"), ("namespace", "shop"), ("pod", "reports-0")];
     let stalled = agent.metric_with("kstall_pressure_stalled_seconds_total", &labels).unwrap_or(0.0);
     assert!(stalled >= 1.0, "the pod stalled {stalled} s:\n{}", agent.metrics());
+    let shown = dashboards_show(&panels, dashboards::MEMORY_PRESSURE, None);
 
     // The limit under what it holds: killed, and the next two runs as well.
     std::fs::write(pod_dir.join("memory.max"), (40u64 << 20).to_string()).expect("pod memory.max");
@@ -478,17 +480,21 @@ while True:
     for _ in 0..2 {
         kstall_tests::oom::oom_kill(&[container.procs().as_path()], |_| {});
     }
-    let looped = agent
-        .wait_incident(
-            |i| i["signature"] == "container-oom-loop" && i["pod"] == "reports-0",
-            Duration::from_secs(60),
-        )
-        .unwrap_or_else(|| panic!("{}", no_incident("no container-oom-loop", &agent)));
+    // The pressure of each kill is read at the first sample after it (every 2 s).
+    let squeezed_before = |i: &Value| {
+        i["signature"] == "container-oom-loop"
+            && i["pod"] == "reports-0"
+            && i["summary"]
+                .as_str()
+                .is_some_and(|s| s.contains("Before the kill its tasks waited for memory"))
+    };
+    let looped = agent.wait_incident(squeezed_before, Duration::from_secs(60)).unwrap_or_else(|| {
+        panic!("{}", no_incident("no container-oom-loop saying the pressure before", &agent))
+    });
     let said = looped["summary"].as_str().unwrap_or_default().to_string();
-    assert!(said.contains("Before the kill its tasks waited for memory"), "{said}");
     let before = &looped["evidence"]["kills"][0]["memory_pressure"]["some"]["avg60"];
     assert!(before.as_f64().is_some_and(|p| p >= 1.0), "{looped:#}");
-    println!("vm-scenario memory-pressure: {summary} Then: {said}");
+    println!("vm-scenario memory-pressure: {summary} Then: {said} Dashboards: {}", shown.join(", "));
 }
 
 /// NFS as users feel it (issue 38): two pods write to the same server; its replies to one are

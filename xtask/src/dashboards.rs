@@ -915,6 +915,35 @@ fn memory_oom(rules: &Rules) -> anyhow::Result<Dashboard> {
     ))
     .panel(
         Panel::timeseries(
+            "Memory pressure by pod",
+            "Share of time at least one task of the pod (or of the node: empty pod) waited for memory \
+             (PSI some): reclaim under its limit, throttling above memory.high, refaults. Sustained above \
+             20% memory-pressure fires; an OOM kill often follows.",
+            "percentunit",
+            vec![range(
+                "A",
+                r#"sum by (node, namespace, pod) (rate(kstall_pressure_stalled_seconds_total{resource="memory",kind="some"}[$__rate_interval]))"#,
+                "{{node}} {{namespace}}/{{pod}}",
+            )?],
+        )
+        .size(24, 8),
+    )
+    .panel(
+        Panel::timeseries(
+            "IO and CPU pressure by pod",
+            "Share of time at least one task waited for IO or for a CPU (PSI some), per pod and the node's \
+             (empty pod).",
+            "percentunit",
+            vec![range(
+                "A",
+                r#"sum by (node, namespace, pod, resource) (rate(kstall_pressure_stalled_seconds_total{resource=~"io|cpu",kind="some"}[$__rate_interval]))"#,
+                "{{node}} {{namespace}}/{{pod}} {{resource}}",
+            )?],
+        )
+        .size(24, 8),
+    )
+    .panel(
+        Panel::timeseries(
             "OOM kills by scope",
             "OOM kills since the agent started (a step up is a kill): memcg = a container's own \
              limit, global = the node ran out of memory.",

@@ -97,10 +97,12 @@ impl Signature for ContainerOomLoop {
             {
                 kill.memory_pressure = pressure;
             }
+            // The latest kill whose pressure was read (the last one's comes with the next sample).
             let squeezed = c
                 .kills
-                .back()
-                .and_then(|k| k.memory_pressure)
+                .iter()
+                .rev()
+                .find_map(|k| k.memory_pressure)
                 .map(|p| super::squeezed_before(&p))
                 .unwrap_or_default();
             while c.kills.front().is_some_and(|k| now.saturating_sub(k.time_unix_ns) > window) {

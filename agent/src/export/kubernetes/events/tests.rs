@@ -77,6 +77,7 @@ fn reasons_are_upper_camel_case_with_acronyms() {
     assert_eq!(reason("nfs-node-wide-stall"), "NFSNodeWideStall");
     assert_eq!(reason("network-policy-drops"), "NetworkPolicyDrops");
     assert_eq!(reason("conntrack-table-full"), "ConntrackTableFull");
+    assert_eq!(reason("memory-pressure"), "MemoryPressure");
 }
 
 #[test]
