@@ -106,6 +106,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let stuck = Arc::new(Mutex::new(StuckSet::default()));
     let statuses = Arc::new(Mutex::new(statuses));
     let (kubelet_tx, kubelet_health) = watch::channel(kubelet::Health::default());
+    let (conntrack_tx, conntrack_tables) = watch::channel(conntrack::Tables::default());
+    let (pressure_tx, pressure_sample) = watch::channel(pressure::Sample::default());
     // Status shows the index the event path has applied, its forgotten pods' series removed (the
     // resolver's own without an event path, where no series are made).
     let (applied_tx, applied_index) = watch::channel(attribution.index.borrow().clone());
@@ -123,6 +125,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         incidents: incidents.clone(),
         stuck: stuck.clone(),
         kubelet: kubelet_health.clone(),
+        conntrack: conntrack_tables.clone(),
+        pressure: pressure_sample.clone(),
     });
 
     let web = match &config.web_config_file {
@@ -180,16 +184,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .kubelet
         .clone()
         .map(|settings| tokio::spawn(kubelet::watch(settings, kubelet_tx, stop_intake.clone())));
-    let (conntrack_tx, conntrack_tables) = watch::channel(conntrack::Tables::default());
     let conntrack_sampler = tokio::spawn(conntrack::watch(
         conntrack::Settings::default(),
         attribution.index.clone(),
         conntrack_tx,
         stop_intake.clone(),
     ));
-    let (pressure_tx, pressure_sample) = watch::channel(pressure::Sample::default());
+    let pressure_settings = pressure::Settings {
+        proc: "/proc".into(),
+        interval: pressure::DEFAULT_INTERVAL,
+        cgroup_v2: Hierarchies::for_this_host().v2.is_some(),
+    };
     let pressure_sampler = tokio::spawn(pressure::watch(
-        pressure::Settings::default(),
+        pressure_settings,
         attribution.index.clone(),
         pressure_tx,
         stop_intake.clone(),

@@ -76,6 +76,8 @@ pub struct Sample {
     /// stalls the node's figures too; only a node short of memory is squeezed itself.
     pub node_memory: Option<(u64, u64)>,
     pub pods: Vec<Pod>,
+    /// The node has a cgroup v2 hierarchy, where pods' pressure is kept.
+    pub pods_readable: bool,
 }
 
 impl Sample {
@@ -159,12 +161,8 @@ fn bytes(dir: &Path, file: &str) -> Option<u64> {
 pub struct Settings {
     pub proc: std::path::PathBuf,
     pub interval: Duration,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self { proc: "/proc".into(), interval: DEFAULT_INTERVAL }
-    }
+    /// The node has a cgroup v2 hierarchy (on cgroup v1 only, pods' pressure is kept nowhere).
+    pub cgroup_v2: bool,
 }
 
 fn sample(settings: &Settings, index: &Index, n: u64, before: &Sample) -> Sample {
@@ -194,7 +192,7 @@ fn sample(settings: &Settings, index: &Index, n: u64, before: &Sample) -> Sample
     }
     let node_memory =
         kernel::mem_available_bytes(&settings.proc).zip(kernel::mem_total_bytes(&settings.proc));
-    Sample { sample: n, at_unix_ns, node, node_memory, pods }
+    Sample { sample: n, at_unix_ns, node, node_memory, pods, pods_readable: settings.cgroup_v2 }
 }
 
 /// Samples every `interval` until `stop`, on a blocking thread (a `/proc` and cgroupfs read).

@@ -51,6 +51,44 @@ pub struct StatusReport {
     /// The kubelet checks' last results, and where they go.
     #[serde(default)]
     pub kubelet: crate::kubelet::Health,
+    /// What the node's samplers read, or why they cannot.
+    #[serde(default)]
+    pub node: NodeSignals,
+}
+
+/// The samplers of the node: the connection tracking tables and pressure (PSI), each as one line
+/// saying what is read or what is unavailable and why.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct NodeSignals {
+    pub conntrack: String,
+    pub pressure: String,
+}
+
+impl NodeSignals {
+    pub fn of(conntrack: &crate::conntrack::Tables, pressure: &crate::pressure::Sample) -> Self {
+        let conntrack = match (conntrack.sample, conntrack.max) {
+            (0, _) => "not read yet".to_string(),
+            (_, None) => "unavailable: nf_conntrack is not loaded (no table to fill)".to_string(),
+            (_, Some(max)) => {
+                let pods = conntrack.tables.iter().filter(|t| !t.who.host).count();
+                let n = conntrack.tables.len();
+                let tables = if n == 1 { "table" } else { "tables" };
+                format!("nf_conntrack_max {max}; {n} {tables} read (the node's and {pods} pods')")
+            }
+        };
+        let pressure = match (pressure.sample, &pressure.node, pressure.pods_readable) {
+            (0, _, _) => "not read yet".to_string(),
+            (_, None, _) => {
+                "unavailable: no /proc/pressure (a kernel without PSI, or booted with psi=0)".to_string()
+            }
+            (_, Some(_), false) => {
+                "the node's; pods' unavailable: no cgroup v2 hierarchy (PSI is kept per cgroup v2)"
+                    .to_string()
+            }
+            (_, Some(_), true) => format!("the node's and {} pods' (cgroup v2)", pressure.pods.len()),
+        };
+        Self { conntrack, pressure }
+    }
 }
 
 /// Where pod names come from and how much the agent knows.
@@ -91,4 +129,40 @@ pub struct StreamStarted {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ErrorReply {
     pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        attribution::Attribution,
+        conntrack::{Counters, Table, Tables},
+        pressure::Sample,
+    };
+
+    #[test]
+    fn the_samplers_say_what_they_read_or_why_not() {
+        let (none, unread) = (Tables::default(), Sample::default());
+        assert_eq!(NodeSignals::of(&none, &unread).conntrack, "not read yet");
+        let host = std::sync::Arc::new(Attribution { host: true, ..Default::default() });
+        let table =
+            Table { netns: 1, who: host, counters: Counters::default(), refused: 0, early_dropped: 0 };
+        let read = Tables { sample: 3, at_unix_ns: 1, max: Some(65536), tables: vec![table] };
+        let no_module = Tables { max: None, ..read.clone() };
+        let no_psi = Sample { sample: 3, ..Sample::default() };
+        let v1_only = Sample { node: Some(Default::default()), ..no_psi.clone() };
+        let v2 = Sample { pods_readable: true, ..v1_only.clone() };
+        assert_eq!(
+            NodeSignals::of(&read, &v2).conntrack,
+            "nf_conntrack_max 65536; 1 table read (the node's and 0 pods')"
+        );
+        assert!(
+            NodeSignals::of(&no_module, &v2).conntrack.starts_with("unavailable: nf_conntrack is not loaded")
+        );
+        assert!(NodeSignals::of(&read, &no_psi).pressure.starts_with("unavailable: no /proc/pressure"));
+        assert!(
+            NodeSignals::of(&read, &v1_only).pressure.contains("pods' unavailable: no cgroup v2 hierarchy")
+        );
+        assert_eq!(NodeSignals::of(&read, &v2).pressure, "the node's and 0 pods' (cgroup v2)");
+    }
 }

@@ -115,6 +115,10 @@ fn render(report: &StatusReport) -> String {
         out.push_str(&format!(" · {} processes in v1 pod cgroups", a.v1_pod_processes));
     }
     out.push('\n');
+    let node = &report.node;
+    if !node.conntrack.is_empty() {
+        out.push_str(&format!("\nNODE  conntrack  {}\n      pressure   {}\n", node.conntrack, node.pressure));
+    }
     let checks = [
         ("healthz", &report.kubelet.healthz, "--kubelet-healthz"),
         ("tls", &report.kubelet.tls, "--kubelet-server"),
@@ -205,8 +209,17 @@ mod tests {
                 healthz: Some(check("http://127.0.0.1:10248/healthz", None, true)),
                 tls: Some(check("198.51.100.10:10250", Some("connection refused"), false)),
             },
+            node: crate::api::NodeSignals {
+                conntrack: "nf_conntrack_max 262144; 3 tables read (the node's and 2 pods')".into(),
+                pressure: "the node's; pods' unavailable: no cgroup v2 hierarchy (PSI is kept per cgroup v2)"
+                    .into(),
+            },
         };
         let text = render(&report);
+        assert!(
+            text.contains("\nNODE  conntrack  nf_conntrack_max 262144; 3 tables read (the node's and 2 pods')\n      pressure   the node's; pods' unavailable: no cgroup v2 hierarchy"),
+            "{text}"
+        );
         assert!(
             text.contains("tcp-reset    up             12        0       3400  tp_btf/tcp_send_reset"),
             "{text}"

@@ -223,8 +223,14 @@ mod tests {
             Resource { some: Line { avg10: 80.0, avg60: 35.4, avg300: 12.0, total_us: 1 }, full: None };
         let stalls = Stalls { resources: [Some(squeezed), None, None], ..Stalls::default() };
         let pod = Pod { who: web.clone(), stalls, memory_limit_bytes: None, memory_bytes: None };
-        let sample =
-            Sample { sample: 1, at_unix_ns: 301 * SEC, node: None, node_memory: None, pods: vec![pod] };
+        let sample = Sample {
+            sample: 1,
+            at_unix_ns: 301 * SEC,
+            node: None,
+            node_memory: None,
+            pods: vec![pod],
+            pods_readable: true,
+        };
         for (t, pid) in [(SEC, 10), (100 * SEC, 11), (300 * SEC, 12)] {
             s.observe(&oom(t, pid, "java", Scope::Memcg, false, &web));
         }

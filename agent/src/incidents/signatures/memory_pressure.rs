@@ -288,7 +288,14 @@ mod tests {
             memory_limit_bytes: Some(64 << 20),
             memory_bytes: Some(63 << 20),
         };
-        Sample { sample: n, at_unix_ns: n * 2 * SEC, node: None, node_memory: None, pods: vec![pod] }
+        Sample {
+            sample: n,
+            at_unix_ns: n * 2 * SEC,
+            node: None,
+            node_memory: None,
+            pods: vec![pod],
+            pods_readable: true,
+        }
     }
 
     fn evaluate(s: &mut MemoryPressure, sample: &Sample) -> Vec<Finding> {
@@ -346,6 +353,7 @@ mod tests {
                 node: Some(stalls),
                 node_memory: Some((available_mib << 20, 1000 << 20)),
                 pods: vec![],
+                pods_readable: true,
             }
         };
         // A pod reclaiming under its own limit stalls the node's figures; the node has room.

@@ -174,8 +174,14 @@ pub(crate) mod tests {
     pub static NOT_CHECKED: kubelet::Health = kubelet::Health { healthz: None, tls: None };
     pub static NO_POD_IPS: std::sync::LazyLock<std::collections::HashMap<IpAddr, Arc<Attribution>>> =
         std::sync::LazyLock::new(Default::default);
-    pub static NO_PRESSURE: crate::pressure::Sample =
-        crate::pressure::Sample { sample: 0, at_unix_ns: 0, node: None, node_memory: None, pods: Vec::new() };
+    pub static NO_PRESSURE: crate::pressure::Sample = crate::pressure::Sample {
+        sample: 0,
+        at_unix_ns: 0,
+        node: None,
+        node_memory: None,
+        pods: Vec::new(),
+        pods_readable: true,
+    };
     pub static NO_CONNTRACK: Tables = Tables { sample: 0, at_unix_ns: 0, max: None, tables: Vec::new() };
 
     /// The node as the signatures see it when evaluated.
