@@ -158,32 +158,16 @@ fn sample(settings: &Settings, index: &Index, sample: u64, before: &Tables) -> T
     Tables { sample, at_unix_ns, max, tables }
 }
 
-/// Samples every `interval` until `stop`. The reads are of small `/proc` files, on a blocking
-/// thread all the same: a `/proc` read is no place to stall the runtime.
+/// Samples every `settings.interval` until `stop` (`sampler::every`).
 pub async fn watch(
     settings: Settings,
     index: watch::Receiver<Arc<Index>>,
     tx: watch::Sender<Tables>,
     stop: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(settings.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let settings = Arc::new(settings);
-    let mut last = Arc::new(Tables::default());
-    for n in 1.. {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let (settings, index, before) = (settings.clone(), index.borrow().clone(), last.clone());
-        match tokio::task::spawn_blocking(move || sample(&settings, &index, n, &before)).await {
-            Ok(tables) => {
-                last = Arc::new(tables.clone());
-                let _ = tx.send(tables);
-            }
-            Err(e) => tracing::warn!(error = %e, "conntrack sample failed"),
-        }
-    }
+    let interval = settings.interval;
+    let sample = move |index: &Index, n, before: &Tables| sample(&settings, index, n, before);
+    crate::sampler::every("conntrack", interval, index, tx, stop, sample).await;
 }
 
 /// The namespaces of the last sample by inode, for readers that look one up.

@@ -25,6 +25,7 @@ pub mod pressure;
 pub mod probes;
 #[cfg(test)]
 mod registry_tests;
+mod sampler;
 pub mod setting;
 pub mod state;
 pub mod stuck;

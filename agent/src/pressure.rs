@@ -195,31 +195,16 @@ fn sample(settings: &Settings, index: &Index, n: u64, before: &Sample) -> Sample
     Sample { sample: n, at_unix_ns, node, node_memory, pods, pods_readable: settings.cgroup_v2 }
 }
 
-/// Samples every `interval` until `stop`, on a blocking thread (a `/proc` and cgroupfs read).
+/// Samples every `settings.interval` until `stop` (`sampler::every`).
 pub async fn watch(
     settings: Settings,
     index: watch::Receiver<Arc<Index>>,
     tx: watch::Sender<Sample>,
     stop: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(settings.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let settings = Arc::new(settings);
-    let mut last = Arc::new(Sample::default());
-    for n in 1.. {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let (settings, index, before) = (settings.clone(), index.borrow().clone(), last.clone());
-        match tokio::task::spawn_blocking(move || sample(&settings, &index, n, &before)).await {
-            Ok(sampled) => {
-                last = Arc::new(sampled.clone());
-                let _ = tx.send(sampled);
-            }
-            Err(e) => tracing::warn!(error = %e, "pressure sample failed"),
-        }
-    }
+    let interval = settings.interval;
+    let sample = move |index: &Index, n, before: &Sample| sample(&settings, index, n, before);
+    crate::sampler::every("pressure", interval, index, tx, stop, sample).await;
 }
 
 #[cfg(test)]

@@ -433,14 +433,7 @@ while True:
     let (uid, container_id) = ("5e2d9c1b-4a3f-4e5d-9c8b-7a6f5e4d3c2b", "cd".repeat(32));
     let pod = kstall_tests::agent::pod_json(uid, "reports-0", &container_id);
     let container = Cgroup::kubepods_container("burstable", uid, &container_id);
-    let pod_dir = container.path.parent().unwrap().to_path_buf();
-    let mut levels: Vec<&std::path::Path> =
-        pod_dir.ancestors().filter(|p| p.join("cgroup.subtree_control").exists()).collect();
-    levels.reverse();
-    for level in levels {
-        std::fs::write(level.join("cgroup.subtree_control"), "+memory")
-            .expect("enable the memory controller");
-    }
+    let pod_dir = with_memory_controller(&container);
     std::fs::write(pod_dir.join("memory.high"), (48u64 << 20).to_string()).expect("pod memory.high");
     let dir = tempfile::tempdir().unwrap();
     let pods_file = dir.path().join("pods.json");
@@ -1249,15 +1242,7 @@ fn the_global_oom_killer_taking_a_node_daemon_is_a_critical_system_oom() {
     let (uid, container_id) = ("3c1d9e2f-5a4b-4c6d-8e7f-0a1b2c3d4e5f", "ab".repeat(32));
     let pod = kstall_tests::agent::pod_json(uid, "batch-report-0", &container_id);
     let container = Cgroup::kubepods_container("burstable", uid, &container_id);
-    let pod_dir = container.path.parent().unwrap().to_path_buf();
-    // The memory controller, enabled from the root down to the pod, gives the pod a memory.max.
-    let mut levels: Vec<&std::path::Path> =
-        pod_dir.ancestors().filter(|p| p.join("cgroup.subtree_control").exists()).collect();
-    levels.reverse();
-    for level in levels {
-        std::fs::write(level.join("cgroup.subtree_control"), "+memory")
-            .expect("enable the memory controller");
-    }
+    let pod_dir = with_memory_controller(&container);
     std::fs::write(pod_dir.join("memory.max"), (2 * node_bytes).to_string()).expect("pod memory limit");
 
     let dir = tempfile::tempdir().unwrap();
@@ -1554,6 +1539,20 @@ impl Drop for Killed {
 /// The VM's name: the agent's node name (no NODE_NAME here), and the scrape's `node` label.
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname").trim().to_string()
+}
+
+/// The container's pod directory, with the memory controller enabled from the root down to it
+/// (and so to the container): what gives the pod a `memory.max` and `memory.high`.
+fn with_memory_controller(container: &Cgroup) -> std::path::PathBuf {
+    let pod_dir = container.path.parent().expect("a pod directory").to_path_buf();
+    let mut levels: Vec<&std::path::Path> =
+        pod_dir.ancestors().filter(|p| p.join("cgroup.subtree_control").exists()).collect();
+    levels.reverse();
+    for level in levels {
+        std::fs::write(level.join("cgroup.subtree_control"), "+memory")
+            .expect("enable the memory controller");
+    }
+    pod_dir
 }
 
 fn mem_total_bytes() -> u64 {
