@@ -162,7 +162,7 @@ fn sample(settings: &Settings, index: &Index, sample: u64, before: &Tables) -> T
 pub async fn watch(
     settings: Settings,
     index: watch::Receiver<Arc<Index>>,
-    tx: watch::Sender<Tables>,
+    tx: watch::Sender<Arc<Tables>>,
     stop: CancellationToken,
 ) {
     let interval = settings.interval;

@@ -106,8 +106,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let stuck = Arc::new(Mutex::new(StuckSet::default()));
     let statuses = Arc::new(Mutex::new(statuses));
     let (kubelet_tx, kubelet_health) = watch::channel(kubelet::Health::default());
-    let (conntrack_tx, conntrack_tables) = watch::channel(conntrack::Tables::default());
-    let (pressure_tx, pressure_sample) = watch::channel(pressure::Sample::default());
+    let (conntrack_tx, conntrack_tables) = watch::channel(Arc::new(conntrack::Tables::default()));
+    let (pressure_tx, pressure_sample) = watch::channel(Arc::new(pressure::Sample::default()));
     // Status shows the index the event path has applied, its forgotten pods' series removed (the
     // resolver's own without an event path, where no series are made).
     let (applied_tx, applied_index) = watch::channel(attribution.index.borrow().clone());

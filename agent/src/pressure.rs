@@ -199,7 +199,7 @@ fn sample(settings: &Settings, index: &Index, n: u64, before: &Sample) -> Sample
 pub async fn watch(
     settings: Settings,
     index: watch::Receiver<Arc<Index>>,
-    tx: watch::Sender<Sample>,
+    tx: watch::Sender<Arc<Sample>>,
     stop: CancellationToken,
 ) {
     let interval = settings.interval;

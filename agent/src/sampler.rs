@@ -1,6 +1,7 @@
 //! The node's periodic samplers (the conntrack tables, pressure): each reads small kernel files
 //! every interval against the attribution index of the moment and its own previous sample, and
-//! publishes the result on a `watch` channel its readers never wait on.
+//! publishes the result on a `watch` channel its readers never wait on — shared, not copied: the
+//! evaluator takes it every second.
 
 use std::{sync::Arc, time::Duration};
 
@@ -15,11 +16,11 @@ pub async fn every<T, F>(
     what: &'static str,
     interval: Duration,
     index: watch::Receiver<Arc<Index>>,
-    tx: watch::Sender<T>,
+    tx: watch::Sender<Arc<T>>,
     stop: CancellationToken,
     sample: F,
 ) where
-    T: Clone + Default + Send + Sync + 'static,
+    T: Default + Send + Sync + 'static,
     F: Fn(&Index, u64, &T) -> T + Send + Sync + 'static,
 {
     let mut tick = tokio::time::interval(interval);
@@ -34,8 +35,8 @@ pub async fn every<T, F>(
         let (sample, index, before) = (sample.clone(), index.borrow().clone(), last.clone());
         match tokio::task::spawn_blocking(move || sample(&index, n, &before)).await {
             Ok(sampled) => {
-                last = Arc::new(sampled.clone());
-                let _ = tx.send(sampled);
+                last = Arc::new(sampled);
+                let _ = tx.send(last.clone());
             }
             Err(e) => tracing::warn!(sampler = what, error = %e, "sample failed"),
         }

@@ -35,8 +35,8 @@ pub struct AgentState {
     pub incidents: Arc<Mutex<Engine>>,
     pub stuck: Arc<Mutex<StuckSet>>,
     pub kubelet: watch::Receiver<crate::kubelet::Health>,
-    pub conntrack: watch::Receiver<crate::conntrack::Tables>,
-    pub pressure: watch::Receiver<crate::pressure::Sample>,
+    pub conntrack: watch::Receiver<Arc<crate::conntrack::Tables>>,
+    pub pressure: watch::Receiver<Arc<crate::pressure::Sample>>,
 }
 
 /// A lock that survives a panic elsewhere while it was held: a bug in one signature must not take

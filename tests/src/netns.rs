@@ -141,6 +141,20 @@ pub fn held_connections(ns: &NetNs, port: u16, n: usize) -> (TcpListener, Vec<Tc
     })
 }
 
+/// A namespace's conntrack counters as the kernel prints them (`/proc/net/stat/nf_conntrack`,
+/// hex per CPU): its table's entries, and the packets dropped for want of room (`drop` less
+/// the `insert_failed` clashes), summed over CPUs.
+pub fn conntrack_counts(stat: &str) -> (u64, u64) {
+    let mut lines = stat.lines();
+    let header: Vec<&str> = lines.next().expect("header").split_whitespace().collect();
+    let column = |name: &str| header.iter().position(|h| *h == name).expect(name);
+    let (entries, drop, clash) = (column("entries"), column("drop"), column("insert_failed"));
+    lines.fold((0, 0), |(_, dropped), line| {
+        let v: Vec<u64> = line.split_whitespace().map(|x| u64::from_str_radix(x, 16).unwrap()).collect();
+        (v[entries], dropped + v[drop] - v[clash])
+    })
+}
+
 /// A local TCP port nothing listens on, outside the ephemeral range (so kstall labels it).
 pub fn closed_low_port() -> u16 {
     (20000..30000)

@@ -15,7 +15,7 @@ use kstall_tests::{
     cgroup::{Cgroup, PodProcess},
     host::Sysctl,
     kernel_tests_can_run,
-    netns::{NetNs, held_connections, timed_out_connects},
+    netns::{NetNs, conntrack_counts, held_connections, timed_out_connects},
 };
 
 const PORT: u16 = 9100;
@@ -26,18 +26,7 @@ const MAX: &str = "net.netfilter.nf_conntrack_max";
 
 /// The namespace's conntrack counters as the kernel keeps them: (entries, drops less clashes).
 fn kernels_counts(ns: &NetNs) -> (u64, u64) {
-    let text = ns.exec("cat", &["/proc/net/stat/nf_conntrack"]);
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().expect("header").split_whitespace().collect();
-    let column = |name: &str| header.iter().position(|h| *h == name).expect(name);
-    let (entries, drop, clash) = (column("entries"), column("drop"), column("insert_failed"));
-    let (mut n, mut dropped) = (0, 0);
-    for line in lines {
-        let v: Vec<u64> = line.split_whitespace().map(|x| u64::from_str_radix(x, 16).unwrap()).collect();
-        n = v[entries];
-        dropped += v[drop] - v[clash];
-    }
-    (n, dropped)
+    conntrack_counts(&ns.exec("cat", &["/proc/net/stat/nf_conntrack"]))
 }
 
 #[test]

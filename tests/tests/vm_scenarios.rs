@@ -331,15 +331,9 @@ fn a_full_node_conntrack_table_names_the_pod_it_refused() {
     }
     /// The host namespace's table as the kernel counts it: (entries, drops less clashes).
     fn host_table() -> (u64, u64) {
-        let text = std::fs::read_to_string("/proc/net/stat/nf_conntrack").expect("conntrack counters");
-        let mut lines = text.lines();
-        let header: Vec<&str> = lines.next().expect("header").split_whitespace().collect();
-        let column = |name: &str| header.iter().position(|h| *h == name).expect(name);
-        let (entries, drop, clash) = (column("entries"), column("drop"), column("insert_failed"));
-        lines.fold((0, 0), |(_, dropped), line| {
-            let v: Vec<u64> = line.split_whitespace().map(|x| u64::from_str_radix(x, 16).unwrap()).collect();
-            (v[entries], dropped + v[drop] - v[clash])
-        })
+        kstall_tests::netns::conntrack_counts(
+            &std::fs::read_to_string("/proc/net/stat/nf_conntrack").expect("conntrack counters"),
+        )
     }
     let pod = NfsPod::new(13, "frontend-0");
     let stateful =

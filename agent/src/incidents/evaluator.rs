@@ -61,8 +61,8 @@ pub struct Inputs {
     pub stuck: Arc<Mutex<StuckSet>>,
     pub index: watch::Receiver<Arc<Index>>,
     pub kubelet: watch::Receiver<kubelet::Health>,
-    pub conntrack: watch::Receiver<conntrack::Tables>,
-    pub pressure: watch::Receiver<pressure::Sample>,
+    pub conntrack: watch::Receiver<Arc<conntrack::Tables>>,
+    pub pressure: watch::Receiver<Arc<pressure::Sample>>,
 }
 
 /// Evaluates once a second until `stop`, publishing each evaluation to every subscriber.
