@@ -65,6 +65,9 @@ pub struct AgentArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub alertmanager: crate::export::alertmanager::Flags,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub export_events: crate::export::json_lines::Flags,
     /// For an agent run by `kstall trace --standalone`: keep only this process's events, in the
     /// kernel (the node agent must see every event).
     #[arg(long, hide = true, value_name = "PID")]
@@ -100,6 +103,8 @@ pub struct Config {
     pub incidents: crate::incidents::Settings,
     pub metrics: crate::export::series::Settings,
     pub alertmanager: crate::export::alertmanager::Settings,
+    /// Every event and incident as JSON lines, when on.
+    pub export_events: Option<crate::export::json_lines::Settings>,
     /// What kstall writes to the Kubernetes API (needs the API pod source).
     pub kubernetes: crate::export::kubernetes::flags::Settings,
     /// The kubelet's health checks, when on.
@@ -319,6 +324,7 @@ impl Config {
         probes.kept_ports.extend(incidents.nfs_ports.iter().map(|&port| port..=port));
 
         let alertmanager = args.alertmanager.settings()?;
+        let export_events = args.export_events.settings()?;
 
         let api = matches!(pod_metadata, PodMetadata::Api { .. });
         let kubernetes = args.kubernetes.settings(api)?;
@@ -328,6 +334,7 @@ impl Config {
             probes,
             metrics,
             alertmanager,
+            export_events,
             kubernetes,
             kubelet,
             incidents,
@@ -1005,6 +1012,7 @@ mod tests {
         let secret = write("secret", "s3cret\n");
         // Any CA will do: the system's (ca-certificates).
         let ca = write("ca.crt", &std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap());
+        let events = format!("file:{}", dir.join("events.jsonl").display());
         let s = |v: &str| format!("{v:?}");
         let one = |v: &str| vec![v.to_string()];
         vec![
@@ -1063,6 +1071,9 @@ mod tests {
             ("policy_drops_window", "120".into(), one("2m")),
             ("memory_pressure_some", "30".into(), one("30")),
             ("memory_pressure_for", "120".into(), one("2m")),
+            ("export_events", s(&events), one(&events)),
+            ("export_events_max_bytes", "1048576".into(), one("1M")),
+            ("export_events_max_files", "3".into(), one("3")),
         ]
     }
 

@@ -29,7 +29,7 @@ use crate::{
     config::Config,
     conntrack,
     events::{Counts, Decoder},
-    export::{alertmanager, kubernetes, metrics::Metrics},
+    export::{alertmanager, json_lines, kubernetes, metrics::Metrics},
     incidents::{
         engine::Engine,
         evaluator::{self, Subscriber},
@@ -143,6 +143,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let (pusher, feed) =
             alertmanager::pusher(config.alertmanager.clone(), metrics.clone(), shutdown.clone());
         writers.push(tokio::spawn(pusher));
+        subscribers.push(Box::new(feed));
+    }
+    if let Some(settings) = config.export_events.clone() {
+        let (writer, feed) = json_lines::start(
+            settings,
+            config.node_name.clone(),
+            &events_tx,
+            metrics.clone(),
+            shutdown.clone(),
+        );
+        writers.push(tokio::spawn(writer));
         subscribers.push(Box::new(feed));
     }
     if let Some(dir) = state_dir {

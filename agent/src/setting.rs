@@ -39,6 +39,22 @@ pub fn count(key: &'static str, text: &str, min: u32) -> Result<u32, Invalid> {
         .ok_or_else(|| (key, format!("{text:?} is not a whole number of at least {min}")))
 }
 
+/// `4096`, `256K`, `1M`, `1G` (binary units).
+pub fn bytes(key: &'static str, text: &str) -> Result<u64, Invalid> {
+    let bad = || (key, format!("{text:?} is not a size like 1M"));
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let multiplier: u64 = match t[split..].to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        _ => return Err(bad()),
+    };
+    let n: u64 = t[..split].parse().map_err(|_| bad())?;
+    n.checked_mul(multiplier).ok_or_else(bad)
+}
+
 /// `on` / `off` from a flag or variable, `true` / `false` from the file's boolean.
 pub fn on_off(key: &'static str, value: Option<String>) -> Result<Option<bool>, Invalid> {
     match value.as_deref().map(str::trim) {

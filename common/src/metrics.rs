@@ -373,6 +373,19 @@ pub const API_EVENTS_DROPPED: Metric = node(
     &["stream"],
     "Events not delivered to an API client that fell behind.",
 );
+pub const EXPORT_RECORDS: Metric = node(
+    "kstall_export_records_total",
+    Counter,
+    &["output", "record"],
+    "Records written to an event stream (--export-events: output \"json\"), by record type (event, incident).",
+);
+pub const EXPORT_RECORDS_DROPPED: Metric = node(
+    "kstall_export_records_dropped_total",
+    Counter,
+    &["output", "record", "reason"],
+    "Records an event stream dropped: its consumer or disk was behind and the queue full \
+     (reason \"behind\"), or writing failed (\"write_error\"). Each is a gap in the stream's seq.",
+);
 
 /// Every metric the agent exports.
 pub const ALL: &[&Metric] = &[
@@ -423,6 +436,8 @@ pub const ALL: &[&Metric] = &[
     &ATTRIBUTION_QUEUE_FULL,
     &METRIC_SERIES_DROPPED,
     &API_EVENTS_DROPPED,
+    &EXPORT_RECORDS,
+    &EXPORT_RECORDS_DROPPED,
 ];
 
 /// The catalogue's metric whose series `series_name` is (a histogram's `_bucket`, `_sum` and

@@ -11,7 +11,7 @@ use kstall_tests::{
     kernel_tests_can_run,
     storms::{
         Detail, RESETS_BY_PORTS_ONE_LINER, RESETS_ONE_LINER, Row, distinct_ports, drop_storm,
-        drops_one_liner, hung_tasks, idle, oom_storm, reset_storm, table,
+        drops_one_liner, hung_tasks, idle, oom_storm, reset_storm, streamed_reset_storm, table,
     },
 };
 
@@ -35,6 +35,9 @@ fn main() {
         rows.push(reset_storm(secs, Detail::Sampled, Some(RESETS_ONE_LINER)));
         rows.push(reset_storm(secs, Detail::Sampled, Some(RESETS_BY_PORTS_ONE_LINER)));
         rows.push(reset_storm(secs, Detail::Full, Some(RESETS_BY_PORTS_ONE_LINER)));
+        // The same with the JSON stream on: its cost per event beside the row above.
+        rows.push(streamed_reset_storm(secs, Detail::Sampled, |_| false).0);
+        rows.push(streamed_reset_storm(secs, Detail::Full, |_| false).0);
     }
     if wanted("ports") {
         rows.push(distinct_ports(3000, true));

@@ -25,6 +25,7 @@ pub mod dashboards;
 pub mod deploy;
 pub mod healthy;
 pub mod host;
+pub mod json_lines;
 pub mod kubelet;
 pub mod netns;
 pub mod nfs;

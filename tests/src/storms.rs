@@ -20,6 +20,7 @@ use crate::{
     bpftrace::{Bpftrace, Counted},
     cgroup::{Cgroup, MemoryLimit, PodProcess},
     host::{Sysctl, cpu_ticks, memory_kib, wait_for},
+    json_lines::{Followed, Follower},
     netns::{NetNs, refused_connects},
     oom::{OOM_LIMIT, oom_kill},
     writeback::FreezableDisk,
@@ -50,6 +51,8 @@ pub struct Row {
     pub agent_oom_kills: u64,
     /// The counter's series after the storm.
     pub series: usize,
+    /// Records the agent's `--export-events` stream dropped during the storm.
+    pub export_dropped: f64,
     /// The agent's programs that ran during the storm.
     pub kstall: Vec<ProgramRuns>,
     pub bpftrace: Option<SideBySide>,
@@ -161,6 +164,8 @@ struct Tally {
     suppressed: f64,
     /// Events of the counter's `reported_by` probe.
     reports: f64,
+    /// Records an `--export-events` stream dropped.
+    export_dropped: f64,
 }
 
 impl Tally {
@@ -189,6 +194,8 @@ impl Tally {
                 .reported_by
                 .and_then(|p| crate::agent::sample_with(&metrics, "kstall_events_total", &[("probe", p)]))
                 .unwrap_or(0.0),
+            export_dropped: crate::agent::samples_with(&metrics, "kstall_export_records_dropped_total", &[])
+                .sum(),
         }
     }
 }
@@ -265,6 +272,7 @@ fn measure(
         limit_bytes: agent.limit_bytes(),
         agent_oom_kills: agent.oom_kills(),
         series: after.series,
+        export_dropped: after.export_dropped - before.export_dropped,
         kstall,
         bpftrace,
         one_event_each: counter.one_event_each,
@@ -332,6 +340,7 @@ pub fn idle(secs: u64) -> Row {
         limit_bytes: agent.limit_bytes(),
         agent_oom_kills: agent.oom_kills(),
         series: 0,
+        export_dropped: 0.0,
         kstall,
         bpftrace: None,
         one_event_each: false,
@@ -416,19 +425,61 @@ impl Detail {
 /// sidecar's rule without its proxy), for `secs`: one sent and one received reset per connect.
 /// Measured first without the agent, for the slowdown it causes.
 pub fn reset_storm(secs: u64, detail: Detail, bpftrace: Option<OneLiner>) -> Row {
+    reset_storm_with(secs, detail, &[], "", bpftrace)
+}
+
+/// The reset storm with what the kernel sends of it written as JSON lines to a file that rotates
+/// every 64 KiB (`--export-events`), followed as a log shipper follows it: the row (its notes say
+/// what the stream carried), and what the follower read and kept.
+pub fn streamed_reset_storm(
+    secs: u64,
+    detail: Detail,
+    keep: fn(&serde_json::Value) -> bool,
+) -> (Row, Followed) {
+    let dir = tempfile::tempdir().expect("a directory for the events file");
+    let path = dir.path().join("events.jsonl");
+    let sink = format!("file:{}", path.display());
+    // Enough rotated files that none is removed before the follower found it.
+    let args =
+        ["--export-events", &sink, "--export-events-max-bytes", "64K", "--export-events-max-files", "100"];
+    let follower = Follower::start(&path, 100, keep);
+    // The agent is stopped (and its stream flushed) when the row is made.
+    let mut row = reset_storm_with(secs, detail, &args, ", as JSON lines to a rotating file", None);
+    let followed = follower.finish();
+    row.notes.push(format!(
+        "{}: {} records read back from {} files, {} missing from seq; the agent counted {} dropped \
+         by the time the storm was counted; {:.2} µs of agent CPU per event received",
+        row.scenario,
+        followed.seqs.len(),
+        followed.files,
+        followed.seq_gaps(),
+        row.export_dropped,
+        1e6 * row.agent_cpu_secs / row.received.max(1.0),
+    ));
+    (row, followed)
+}
+
+fn reset_storm_with(
+    secs: u64,
+    detail: Detail,
+    extra_args: &[&str],
+    what: &str,
+    bpftrace: Option<OneLiner>,
+) -> Row {
     let ns = NetNs::new("storm");
     ns.redirect_tcp("iptables", 2049, 15001);
     let without = connect_storm(&ns, secs);
     let mut with = 0.0;
+    let args: Vec<&str> = detail.agent_args().iter().chain(extra_args).copied().collect();
     let mut row = measure(
         format!(
-            "reset storm (2049 redirected to 15001, in a netns){}{}",
+            "reset storm (2049 redirected to 15001, in a netns){}{what}{}",
             detail.what(),
             bpftrace.map_or("", |b| b.by)
         ),
         "resets",
         &RESETS,
-        detail.agent_args(),
+        &args,
         bpftrace,
         COUNTED_WITHIN,
         || {
@@ -793,6 +844,7 @@ mod tests {
             peak_kib: 4096,
             limit_bytes: 160 << 20,
             agent_oom_kills: 0,
+            export_dropped: 0.0,
             series: 2,
             // kfree_skb is kstall's alone: not in the ratio.
             kstall: vec![
@@ -834,6 +886,7 @@ mod tests {
             peak_kib: 4096,
             limit_bytes: 160 << 20,
             agent_oom_kills: 0,
+            export_dropped: 0.0,
             series: 0,
             kstall: vec![runs(3, "stuck_task_sweep", 1_200_000, 12)],
             bpftrace: None,

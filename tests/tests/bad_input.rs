@@ -101,7 +101,8 @@ fn every_bad_flag_or_environment_value_exits_64_naming_it() {
     assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo");
     let fifo = fifo.to_str().unwrap();
     // Each named as the user gave it: its flag, or its variable.
-    let cases: [(&[&str], (&str, &str), &str); 7] = [
+    let events_fifo = format!("file:{fifo}");
+    let cases: [(&[&str], (&str, &str), &str); 9] = [
         (&["--max-series-per-metric", "0"], ("", ""), "--max-series-per-metric"),
         (&["--metric-ports", "http"], ("", ""), "--metric-ports"),
         (&[], ("KSTALL_STATE_DIR", "relative/dir"), "KSTALL_STATE_DIR"),
@@ -109,6 +110,9 @@ fn every_bad_flag_or_environment_value_exits_64_naming_it() {
         (&["--pods-file", fifo], ("", ""), "--pods-file"),
         (&["--config", fifo], ("", ""), "--config"),
         (&["--web-config-file", "/dev/zero"], ("", ""), "--web-config-file"),
+        // Writing to a FIFO nobody reads would block: refused at start, not at the first event.
+        (&["--export-events", &events_fifo], ("", ""), "--export-events"),
+        (&[], ("KSTALL_EXPORT_EVENTS", "file:/nonexistent/dir/events.jsonl"), "KSTALL_EXPORT_EVENTS"),
     ];
     for (args, (env, value), field) in cases {
         let mut command = Command::new(agent_binary());
@@ -121,7 +125,7 @@ fn every_bad_flag_or_environment_value_exits_64_naming_it() {
         assert_eq!(out.status.code(), Some(64), "{field}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
         assert!(stderr.contains(&format!("invalid configuration: {field}:")), "{stderr}");
-        if args.contains(&fifo) || args.contains(&"/dev/zero") {
+        if args.contains(&fifo) || args.contains(&"/dev/zero") || args.contains(&events_fifo.as_str()) {
             assert!(stderr.contains("not a regular file"), "{stderr}");
         }
     }

@@ -41,10 +41,13 @@ const NODE: &str = "node-a";
 /// Queries no scenario feeds, and why: what they count happens only when something is broken in
 /// a way no test reproduces (their panels show 0 when empty). The ones only the VMs can feed are
 /// `dashboards::fed_by_the_vm_scenarios()`, and vm_scenarios.rs shows they do.
-const FED_BY_NO_SCENARIO: &[(Key, &str)] = &[(
-    ("kstall-nfs", "NFSv4 state recovery failures", "A"),
-    "a failed NFSv4 state recovery: not reproduced",
-)];
+const FED_BY_NO_SCENARIO: &[(Key, &str)] = &[
+    (("kstall-nfs", "NFSv4 state recovery failures", "A"), "a failed NFSv4 state recovery: not reproduced"),
+    (
+        ("kstall-agent", "Event stream (--export-events)", "B"),
+        "a stream's consumer falling behind: the json_lines unit tests and the bench's storm cause it",
+    ),
+];
 
 /// This test's node, namespace and pod, selected on the dashboards.
 fn selection() -> Selection {
@@ -191,6 +194,8 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
         // only for a moment).
         "--quiet-window",
         "10m",
+        "--export-events",
+        &format!("file:{}", dir.path().join("events.jsonl").display()),
     ]);
     let panels = Panels::scrape(agent.listen, NODE);
     let checked =

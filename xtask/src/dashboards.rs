@@ -1165,6 +1165,29 @@ fn agent(rules: &Rules) -> anyhow::Result<Dashboard> {
     )
     .panel(
         Panel::timeseries(
+            "Event stream (--export-events)",
+            "Records per second the JSON lines stream wrote (events, incidents), and those it dropped \
+             because its consumer or disk was behind (or writing failed): each dropped one is a gap in \
+             the stream's seq. None when the stream is off.",
+            "ops",
+            vec![
+                range(
+                    "A",
+                    "sum by (node, output, record) (rate(kstall_export_records_total[$__rate_interval]))",
+                    "{{node}} {{output}} {{record}} written",
+                )?,
+                range(
+                    "B",
+                    "sum by (node, output, reason) (rate(kstall_export_records_dropped_total[$__rate_interval]))",
+                    "{{node}} {{output}} dropped: {{reason}}",
+                )?,
+            ],
+        )
+        .none_is_zero()
+        .size(8, 8),
+    )
+    .panel(
+        Panel::timeseries(
             "Events without a pod",
             "Events per second sent without their pod or host known (a network namespace or cgroup of \
              no pod, or one already gone), per probe.",

@@ -41,6 +41,8 @@ pub struct Metrics {
     events_suppressed_total: IntCounterVec,
     decode_errors_total: IntCounterVec,
     subscriber_drops_total: IntCounterVec,
+    export_records_total: IntCounterVec,
+    export_dropped_total: IntCounterVec,
     unattributed_total: IntCounterVec,
     pod_metadata_up: IntGauge,
     attribution_pods: IntGaugeVec,
@@ -197,6 +199,8 @@ impl Metrics {
             decode_errors_total: counter_vec(&registry, &catalogue::EVENT_DECODE_ERRORS),
             unattributed_total: counter_vec(&registry, &catalogue::EVENTS_UNATTRIBUTED),
             subscriber_drops_total: counter_vec(&registry, &catalogue::API_EVENTS_DROPPED),
+            export_records_total: counter_vec(&registry, &catalogue::EXPORT_RECORDS),
+            export_dropped_total: counter_vec(&registry, &catalogue::EXPORT_RECORDS_DROPPED),
             tcp_resets_total: counter_vec(&registry, Family::TcpResets.metric()),
             registry,
             counts,
@@ -485,6 +489,14 @@ impl Metrics {
 
     pub fn subscriber_dropped(&self, stream: &str, n: u64) {
         self.subscriber_drops_total.with_label_values(&[stream]).inc_by(n);
+    }
+
+    pub fn export_written(&self, output: &str, record: &str) {
+        self.export_records_total.with_label_values(&[output, record]).inc();
+    }
+
+    pub fn export_dropped(&self, output: &str, record: &str, reason: &str, n: u64) {
+        self.export_dropped_total.with_label_values(&[output, record, reason]).inc_by(n);
     }
 
     pub fn render(&self) -> String {

@@ -138,23 +138,10 @@ fn hung_task_timeout(text: &str) -> Result<u64, Invalid> {
     }
 }
 
-/// `4096`, `256K`, `1M`, `1G` (binary units), a size the kernel takes for the ring buffer.
+/// A size the kernel takes for the ring buffer.
 fn ring_buffer_bytes(text: &str) -> Result<u32, Invalid> {
-    let t = text.trim();
-    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => t.split_at(i),
-        None => (t, ""),
-    };
-    let multiplier: u64 = match unit.to_ascii_uppercase().as_str() {
-        "" | "B" => 1,
-        "K" | "KB" | "KIB" => 1 << 10,
-        "M" | "MB" | "MIB" => 1 << 20,
-        "G" | "GB" | "GIB" => 1 << 30,
-        _ => return Err(("ring_buffer_bytes", format!("{text:?} is not a size like 1M"))),
-    };
-    let n: u64 =
-        digits.parse().map_err(|_| ("ring_buffer_bytes", format!("{text:?} is not a size like 1M")))?;
-    Settings::ring_buffer_bytes(n.saturating_mul(multiplier), text).map_err(|e| ("ring_buffer_bytes", e))
+    let n = crate::setting::bytes("ring_buffer_bytes", text)?;
+    Settings::ring_buffer_bytes(n, text).map_err(|e| ("ring_buffer_bytes", e))
 }
 
 #[cfg(test)]
