@@ -1071,6 +1071,7 @@ mod tests {
             ("policy_drops_window", "120".into(), one("2m")),
             ("memory_pressure_some", "30".into(), one("30")),
             ("memory_pressure_for", "120".into(), one("2m")),
+            ("program_stats", "true".into(), one("on")),
             ("export_events", s(&events), one(&events)),
             ("export_events_max_bytes", "1048576".into(), one("1M")),
             ("export_events_max_files", "3".into(), one("3")),

@@ -82,6 +82,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // SAFETY: no preconditions.
     unsafe { libc::malloc_trim(0) };
     metrics.set_probe_statuses(&statuses);
+    // Held until the agent exits: the kernel counts the programs' runs while anyone holds it.
+    let _run_time_stats = config.probes.program_stats.then(probes::runs::enable_run_time_stats).and_then(|held| {
+        held.inspect(|_| counts.hold_run_time_stats())
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "cannot turn on the kernel's run-time statistics (--program-stats on); the programs' runs are not counted")
+            })
+            .ok()
+    });
     for s in statuses.iter().filter(|s| !s.up) {
         let reason = s.reason.as_deref().unwrap_or("");
         // Waiting for its modules (NFS) is how a node without NFS mounts looks, not a fault.
@@ -242,6 +250,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             record_raw,
             held: Default::default(),
             count_keys: Default::default(),
+            ring_fill: loaded.ring_fill.take().inspect(|fill| counts.set_ring_size(fill.size())),
         };
         let counters = loaded.counters.take();
         let wakeup =
@@ -249,7 +258,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tokio::spawn(pipeline::run(ring, wakeup, counters, pipeline, states_rx, stop_intake.clone()))
     });
     let loss = loaded.lost.take().map(|lost| {
-        tokio::spawn(pipeline::poll_losses(lost, loaded.misses.take(), counts, stop_intake.clone()))
+        tokio::spawn(pipeline::poll_losses(lost, loaded.programs.take(), counts, stop_intake.clone()))
     });
     let loaded = Arc::new(Mutex::new(loaded));
     // Its own token: it must stop before the probes are detached, not with the readers after.

@@ -12,7 +12,7 @@ pub use crate::probes::Payload;
 use crate::{
     decode::{DecodeError, comm_string, read_record},
     kernel,
-    probes::{self, Decoding},
+    probes::{self, Decoding, runs::Runs},
 };
 
 /// Fields every event carries. `pid`/`tgid`/`comm`/`cgroup_id` are the task the kernel was running
@@ -93,8 +93,15 @@ pub struct Counts {
     lost: [AtomicU64; probes::ALL.len()],
     /// Counted in the kernel and not sent in full (sampling).
     suppressed: [AtomicU64; probes::ALL.len()],
-    /// Runs of each program the kernel skipped, as it last said (`probes::misses`).
-    missed: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    /// What the kernel last said of each program's runs (`probes::runs`).
+    programs: std::sync::Mutex<std::collections::BTreeMap<String, Runs>>,
+    /// The ring buffer's bytes unread when the reader last woke, and the most it ever found.
+    ring_used: AtomicU64,
+    ring_used_max: AtomicU64,
+    /// 0 until the ring's fill can be read.
+    ring_size: AtomicU64,
+    /// The agent holds the kernel's run-time statistics on (`--program-stats on`).
+    run_time_stats_held: std::sync::atomic::AtomicBool,
 }
 
 impl Counts {
@@ -116,14 +123,44 @@ impl Counts {
         }
     }
 
-    /// What the kernel says program `program` missed so far.
-    pub fn set_missed(&self, program: &str, runs: u64) {
-        self.missed.lock().expect("missed runs").insert(program.to_string(), runs);
+    /// What the kernel says of program `program`'s runs so far.
+    pub fn set_runs(&self, program: &str, runs: Runs) {
+        self.programs.lock().expect("program runs").insert(program.to_string(), runs);
     }
 
-    /// Each program's missed runs.
-    pub fn missed(&self) -> Vec<(String, u64)> {
-        self.missed.lock().expect("missed runs").iter().map(|(p, n)| (p.clone(), *n)).collect()
+    /// Each program's runs.
+    pub fn programs(&self) -> Vec<(String, Runs)> {
+        self.programs.lock().expect("program runs").iter().map(|(p, r)| (p.clone(), *r)).collect()
+    }
+
+    /// The agent holds the kernel's run-time statistics on.
+    pub fn hold_run_time_stats(&self) {
+        self.run_time_stats_held.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the agent holds the kernel's run-time statistics on.
+    pub fn run_time_stats_held(&self) -> bool {
+        self.run_time_stats_held.load(Ordering::Relaxed)
+    }
+
+    /// The ring buffer is `bytes` large, and its fill is read.
+    pub fn set_ring_size(&self, bytes: u64) {
+        self.ring_size.store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn ring_size(&self) -> u64 {
+        self.ring_size.load(Ordering::Relaxed)
+    }
+
+    /// The ring buffer's unread bytes as the reader woke.
+    pub fn ring_used(&self, bytes: u64) {
+        self.ring_used.store(bytes, Ordering::Relaxed);
+        self.ring_used_max.fetch_max(bytes, Ordering::Relaxed);
+    }
+
+    /// (unread when last woken, the most ever found).
+    pub fn ring_fill(&self) -> (u64, u64) {
+        (self.ring_used.load(Ordering::Relaxed), self.ring_used_max.load(Ordering::Relaxed))
     }
 
     pub fn suppressed_of(&self, probe: &str) -> u64 {

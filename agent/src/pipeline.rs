@@ -65,6 +65,8 @@ pub struct Pipeline {
     pub record_raw: Option<std::io::BufWriter<std::fs::File>>,
     pub held: Held,
     pub count_keys: CountKeys,
+    /// How full the ring buffer is, read each time the reader wakes.
+    pub ring_fill: Option<probes::runs::RingFill>,
 }
 
 /// What the events of each key counted by task showed, for its counts to follow (see
@@ -351,6 +353,9 @@ impl Pipeline {
 
 /// Hands every record queued in `ring` to `pipeline`; returns how many there were.
 fn read_ring(ring: &mut RingBuf<MapData>, pipeline: &mut Pipeline) -> u64 {
+    if let Some(fill) = &pipeline.ring_fill {
+        pipeline.counts.ring_used(fill.used());
+    }
     let mut read = 0;
     while let Some(item) = ring.next() {
         pipeline.handle(&item, Instant::now());
@@ -581,10 +586,11 @@ fn record(out: &mut std::io::BufWriter<std::fs::File>, bytes: &[u8]) {
     }
 }
 
-/// Adds the kernel's per-CPU loss counters to the agent's (`kstall_events_lost_total`).
+/// Adds the kernel's per-CPU loss counters to the agent's (`kstall_events_lost_total`), and reads
+/// what it says of the programs' runs.
 pub async fn poll_losses(
     lost: PerCpuArray<MapData, u64>,
-    misses: Option<probes::misses::ProgramMisses>,
+    programs: Option<probes::runs::Programs>,
     counts: Arc<Counts>,
     stop: CancellationToken,
 ) {
@@ -603,8 +609,8 @@ pub async fn poll_losses(
                 reported[i] = total;
             }
         }
-        for (program, runs) in misses.iter().flat_map(|m| m.read()) {
-            counts.set_missed(program, runs);
+        for (program, runs) in programs.iter().flat_map(|p| p.read()) {
+            counts.set_runs(program, runs);
         }
         if stopping {
             break;
@@ -655,6 +661,7 @@ mod tests {
             record_raw: None,
             held: Held::default(),
             count_keys: Default::default(),
+            ring_fill: None,
         };
         Harness { pipeline, index: index_tx, misses, events, t0: Instant::now() }
     }

@@ -330,6 +330,42 @@ pub const PROGRAM_RUNS_MISSED: Metric = node(
      that CPU (where tracepoints run programs preemptibly, as on 7.3, a task preempted inside one \
      makes the next one's run a miss): hook firings no counter or histogram saw. Absent before 5.12.",
 );
+pub const PROGRAM_RUNS: Metric = node(
+    "kstall_program_runs_total",
+    Counter,
+    &["program"],
+    "Runs of a kstall eBPF program the kernel counted: only while run-time statistics are on \
+     (kstall_program_stats_enabled).",
+);
+pub const PROGRAM_RUN_SECONDS: Metric = node(
+    "kstall_program_run_seconds_total",
+    Counter,
+    &["program"],
+    "Time the kernel spent in a kstall eBPF program, over those runs: its CPU cost on the node.",
+);
+pub const PROGRAM_STATS_ENABLED: Metric = node(
+    "kstall_program_stats_enabled",
+    Gauge,
+    &[],
+    "1 while the kernel counts eBPF programs' runs and time (kernel.bpf_stats_enabled, or \
+     --program-stats on), 0 when it does not: kstall_program_runs_total and \
+     kstall_program_run_seconds_total stand still then.",
+);
+pub const RING_BUFFER_SIZE: Metric =
+    node("kstall_ring_buffer_size_bytes", Gauge, &[], "The event ring buffer's size (--ring-buffer-bytes).");
+pub const RING_BUFFER_USED: Metric = node(
+    "kstall_ring_buffer_used_bytes",
+    Gauge,
+    &[],
+    "Bytes of events in the ring buffer not read yet when the agent's reader last woke; past the \
+     size, events are lost (kstall_events_lost_total).",
+);
+pub const RING_BUFFER_USED_MAX: Metric = node(
+    "kstall_ring_buffer_used_max_bytes",
+    Gauge,
+    &[],
+    "The most the reader ever found unread in the ring buffer since the agent started.",
+);
 pub const EVENTS_SUPPRESSED: Metric = node(
     "kstall_events_suppressed_total",
     Counter,
@@ -430,6 +466,12 @@ pub const ALL: &[&Metric] = &[
     &EVENTS,
     &EVENTS_LOST,
     &PROGRAM_RUNS_MISSED,
+    &PROGRAM_RUNS,
+    &PROGRAM_RUN_SECONDS,
+    &PROGRAM_STATS_ENABLED,
+    &RING_BUFFER_SIZE,
+    &RING_BUFFER_USED,
+    &RING_BUFFER_USED_MAX,
     &EVENTS_SUPPRESSED,
     &EVENT_DECODE_ERRORS,
     &EVENTS_UNATTRIBUTED,

@@ -196,6 +196,8 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
         "10m",
         "--export-events",
         &format!("file:{}", dir.path().join("events.jsonl").display()),
+        "--program-stats",
+        "on",
     ]);
     let panels = Panels::scrape(agent.listen, NODE);
     let checked =

@@ -1165,6 +1165,56 @@ fn agent(rules: &Rules) -> anyhow::Result<Dashboard> {
     )
     .panel(
         Panel::timeseries(
+            "eBPF CPU by program",
+            "The share of one core the kernel spent in each of kstall's programs, as the kernel counts \
+             it: only while run-time statistics are on (--program-stats on, or kernel.bpf_stats_enabled); \
+             nothing is counted while they are off.",
+            "percentunit",
+            vec![range(
+                "A",
+                "sum by (node, program) (rate(kstall_program_run_seconds_total[$__rate_interval]))",
+                "{{node}} {{program}}",
+            )?],
+        )
+        .size(8, 8),
+    )
+    .panel(
+        Panel::timeseries(
+            "eBPF time per run",
+            "Average time of one run of each program since the agent started (while counted): what one \
+             hook firing costs the task or softirq it fired in.",
+            "s",
+            vec![range(
+                "A",
+                "sum by (node, program) (kstall_program_run_seconds_total) / sum by (node, program) (kstall_program_runs_total > 0)",
+                "{{node}} {{program}}",
+            )?],
+        )
+        .size(8, 8),
+    )
+    .panel(
+        Panel::timeseries(
+            "Ring buffer fill",
+            "How full the kernel-to-agent ring buffer was when the reader last woke, and the most it \
+             ever was: at 100% events are lost (raise --ring-buffer-bytes).",
+            "percentunit",
+            vec![
+                range(
+                    "A",
+                    "max by (node) (kstall_ring_buffer_used_bytes / kstall_ring_buffer_size_bytes)",
+                    "{{node}} when last read",
+                )?,
+                range(
+                    "B",
+                    "max by (node) (kstall_ring_buffer_used_max_bytes / kstall_ring_buffer_size_bytes)",
+                    "{{node}} most since start",
+                )?,
+            ],
+        )
+        .size(8, 8),
+    )
+    .panel(
+        Panel::timeseries(
             "Event stream (--export-events)",
             "Records per second the JSON lines stream wrote (events, incidents), and those it dropped \
              because its consumer or disk was behind (or writing failed): each dropped one is a gap in \

@@ -54,6 +54,45 @@ pub struct StatusReport {
     /// What the node's samplers read, or why they cannot.
     #[serde(default)]
     pub node: NodeSignals,
+    /// What the agent's programs cost, as the kernel counts it, or why it does not.
+    #[serde(default)]
+    pub cost: AgentCost,
+}
+
+/// The agent's own cost as the kernel counts it: its programs' runs and time, the ring buffer's
+/// fill, each one line.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct AgentCost {
+    pub programs: String,
+    pub ring_buffer: String,
+}
+
+impl AgentCost {
+    pub fn of(counts: &crate::events::Counts) -> Self {
+        let programs = counts.programs();
+        let (runs, ns) = programs.iter().fold((0u64, 0u64), |(r, n), (_, p)| (r + p.count, n + p.run_ns));
+        let counted = format!("{runs} runs, {:.1} ms in all", ns as f64 / 1e6);
+        let held = counts.run_time_stats_held();
+        let programs = match (held, crate::probes::runs::run_time_stats_enabled()) {
+            (true, _) => format!("counted (--program-stats on, while the agent runs): {counted}"),
+            (false, Some(true)) => format!("counted (kernel.bpf_stats_enabled=1): {counted}"),
+            (false, Some(false)) => "not counted: kernel.bpf_stats_enabled=0 (--program-stats on counts \
+                                     them while the agent runs, ~20 ns a run)"
+                .to_string(),
+            (false, None) => "not known: /proc/sys/kernel/bpf_stats_enabled is unreadable".to_string(),
+        };
+        let kib = |b: u64| b as f64 / 1024.0;
+        let ring_buffer = match (counts.ring_size(), counts.ring_fill()) {
+            (0, _) => "fill not read (no ring buffer mapped)".to_string(),
+            (size, (used, most)) => format!(
+                "{:.1} KiB of {:.0} KiB unread when the reader last woke; the most, {:.1} KiB",
+                kib(used),
+                kib(size),
+                kib(most)
+            ),
+        };
+        Self { programs, ring_buffer }
+    }
 }
 
 /// The samplers of the node: the connection tracking tables and pressure (PSI), each as one line
@@ -133,6 +172,26 @@ pub struct ErrorReply {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_cost_says_what_counts_it_and_how_full_the_ring_was() {
+        let counts = crate::events::Counts::default();
+        assert_eq!(AgentCost::of(&counts).ring_buffer, "fill not read (no ring buffer mapped)");
+        counts.set_ring_size(1 << 20);
+        counts.ring_used(300 << 10);
+        counts.ring_used(2048);
+        let cost = AgentCost::of(&counts);
+        assert_eq!(
+            cost.ring_buffer,
+            "2.0 KiB of 1024 KiB unread when the reader last woke; the most, 300.0 KiB"
+        );
+        counts.hold_run_time_stats();
+        let runs = crate::probes::runs::Runs { count: 10, run_ns: 2_500_000, missed: None };
+        counts.set_runs("a", runs);
+        counts.set_runs("b", runs);
+        let held = "counted (--program-stats on, while the agent runs): 20 runs, 5.0 ms in all";
+        assert_eq!(AgentCost::of(&counts).programs, held);
+    }
+
     use super::*;
     use crate::{
         attribution::Attribution,

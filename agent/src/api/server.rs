@@ -60,6 +60,7 @@ pub fn status(state: &AgentState) -> StatusReport {
         series: state.metrics.families(),
         kubelet: state.kubelet.borrow().clone(),
         node: super::NodeSignals::of(&state.conntrack.borrow(), &state.pressure.borrow()),
+        cost: super::AgentCost::of(&state.counts),
     }
 }
 

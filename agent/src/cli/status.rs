@@ -119,6 +119,13 @@ fn render(report: &StatusReport) -> String {
     if !node.conntrack.is_empty() {
         out.push_str(&format!("\nNODE  conntrack  {}\n      pressure   {}\n", node.conntrack, node.pressure));
     }
+    if !report.cost.programs.is_empty() {
+        let cost = &report.cost;
+        out.push_str(&format!(
+            "\nCOST  programs     {}\n      ring buffer  {}\n",
+            cost.programs, cost.ring_buffer
+        ));
+    }
     let checks = [
         ("healthz", &report.kubelet.healthz, "--kubelet-healthz"),
         ("tls", &report.kubelet.tls, "--kubelet-server"),
@@ -214,8 +221,16 @@ mod tests {
                 pressure: "the node's; pods' unavailable: no cgroup v2 hierarchy (PSI is kept per cgroup v2)"
                     .into(),
             },
+            cost: crate::api::AgentCost {
+                programs: "not counted: kernel.bpf_stats_enabled=0".into(),
+                ring_buffer: "0.0 KiB of 1024 KiB unread".into(),
+            },
         };
         let text = render(&report);
+        assert!(
+            text.contains("\nCOST  programs     not counted: kernel.bpf_stats_enabled=0\n      ring buffer  0.0 KiB of 1024 KiB unread\n"),
+            "{text}"
+        );
         assert!(
             text.contains("\nNODE  conntrack  nf_conntrack_max 262144; 3 tables read (the node's and 2 pods')\n      pressure   the node's; pods' unavailable: no cgroup v2 hierarchy"),
             "{text}"

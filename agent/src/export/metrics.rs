@@ -37,7 +37,7 @@ pub struct Metrics {
     probe_up: IntGaugeVec,
     events_total: IntCounterVec,
     events_lost_total: IntCounterVec,
-    program_runs_missed_total: IntCounterVec,
+    own_cost: OwnCost,
     events_suppressed_total: IntCounterVec,
     decode_errors_total: IntCounterVec,
     subscriber_drops_total: IntCounterVec,
@@ -194,7 +194,7 @@ impl Metrics {
             stuck_tasks_total: counter_vec(&registry, Family::StuckTasks.metric()),
             events_total: counter_vec(&registry, &catalogue::EVENTS),
             events_lost_total: counter_vec(&registry, &catalogue::EVENTS_LOST),
-            program_runs_missed_total: counter_vec(&registry, &catalogue::PROGRAM_RUNS_MISSED),
+            own_cost: OwnCost::new(&registry),
             events_suppressed_total: counter_vec(&registry, &catalogue::EVENTS_SUPPRESSED),
             decode_errors_total: counter_vec(&registry, &catalogue::EVENT_DECODE_ERRORS),
             unattributed_total: counter_vec(&registry, &catalogue::EVENTS_UNATTRIBUTED),
@@ -513,10 +513,7 @@ impl Metrics {
                 series.inc_by(now.saturating_sub(series.get()));
             }
         }
-        for (program, missed) in self.counts.missed() {
-            let series = self.program_runs_missed_total.with_label_values(&[program.as_str()]);
-            series.inc_by(missed.saturating_sub(series.get()));
-        }
+        self.own_cost.show(&self.counts);
         let mut out = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding");
         String::from_utf8(out).expect("prometheus text is UTF-8")
@@ -581,6 +578,57 @@ impl Conntrack {
             let _ = self.drops_total.remove_label_values(&labels);
         }
         shown.1 = now;
+    }
+}
+
+/// The agent's own cost as the kernel counts it, read when scraped: each program's runs, run time
+/// and skipped runs; the ring buffer's fill.
+struct OwnCost {
+    runs_total: IntCounterVec,
+    run_seconds_total: prometheus::CounterVec,
+    missed_total: IntCounterVec,
+    stats_enabled: IntGauge,
+    ring_size: IntGauge,
+    ring_used: IntGauge,
+    ring_used_max: IntGauge,
+}
+
+impl OwnCost {
+    fn new(registry: &Registry) -> Self {
+        let metric = &catalogue::PROGRAM_RUN_SECONDS;
+        let seconds = prometheus::CounterVec::new(opts(metric), &labels_of(metric)).expect("valid metric");
+        Self {
+            runs_total: counter_vec(registry, &catalogue::PROGRAM_RUNS),
+            run_seconds_total: register(registry, seconds),
+            missed_total: counter_vec(registry, &catalogue::PROGRAM_RUNS_MISSED),
+            stats_enabled: gauge(registry, &catalogue::PROGRAM_STATS_ENABLED),
+            ring_size: gauge(registry, &catalogue::RING_BUFFER_SIZE),
+            ring_used: gauge(registry, &catalogue::RING_BUFFER_USED),
+            ring_used_max: gauge(registry, &catalogue::RING_BUFFER_USED_MAX),
+        }
+    }
+
+    fn show(&self, counts: &Counts) {
+        let enabled =
+            counts.run_time_stats_held() || crate::probes::runs::run_time_stats_enabled().unwrap_or(false);
+        self.stats_enabled.set(i64::from(enabled));
+        for (program, runs) in counts.programs() {
+            let label = [program.as_str()];
+            let total = self.runs_total.with_label_values(&label);
+            total.inc_by(runs.count.saturating_sub(total.get()));
+            let seconds = self.run_seconds_total.with_label_values(&label);
+            seconds.inc_by((runs.run_ns as f64 / 1e9 - seconds.get()).max(0.0));
+            if let Some(missed) = runs.missed {
+                let total = self.missed_total.with_label_values(&label);
+                total.inc_by(missed.saturating_sub(total.get()));
+            }
+        }
+        let (size, (used, used_max)) = (counts.ring_size(), counts.ring_fill());
+        if size > 0 {
+            self.ring_size.set(size as i64);
+            self.ring_used.set(used as i64);
+            self.ring_used_max.set(used_max as i64);
+        }
     }
 }
 

@@ -53,6 +53,11 @@ pub struct Flags {
     /// `ephemeral` or `other`.
     #[arg(long, env = "KSTALL_METRIC_PORTS", value_name = "LIST", value_delimiter = ',')]
     pub metric_ports: Option<Vec<String>>,
+    /// `on`: have the kernel count the programs' runs and run time while the agent runs
+    /// (BPF_ENABLE_STATS; ~20 ns a run), for kstall_program_runs_total and
+    /// kstall_program_run_seconds_total. `off` leaves kernel.bpf_stats_enabled to the node [default: off].
+    #[arg(long, env = "KSTALL_PROGRAM_STATS", value_name = "on|off")]
+    pub program_stats: Option<String>,
 }
 
 impl Flags {
@@ -92,6 +97,7 @@ impl Flags {
             stuck_task(self.stuck_task_interval, self.stuck_task_threshold, self.stuck_task_max_reports)?;
         let hung_task_timeout_secs =
             self.hung_task_timeout_secs.map(|text| hung_task_timeout(&text)).transpose()?;
+        let program_stats = crate::setting::on_off("program_stats", self.program_stats)?.unwrap_or(false);
         Ok(Settings {
             enabled,
             ring_buffer_bytes,
@@ -101,6 +107,7 @@ impl Flags {
             kept_ports,
             stuck_task,
             hung_task_timeout_secs,
+            program_stats,
             capture,
         })
     }

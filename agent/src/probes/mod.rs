@@ -9,7 +9,6 @@ pub mod error;
 pub mod flags;
 pub mod hung_task;
 pub mod kind;
-pub mod misses;
 pub mod nfs;
 pub mod oom;
 pub mod packet_drop;
@@ -17,6 +16,7 @@ pub mod payload;
 pub mod plan;
 pub mod ports;
 pub mod probe;
+pub mod runs;
 pub mod settings;
 pub mod stuck_task;
 mod task;
@@ -108,8 +108,10 @@ pub struct Loaded {
     /// event) until the pipeline sets it.
     pub wakeup: Option<Array<MapData, u64>>,
     pub lost: Option<PerCpuArray<MapData, u64>>,
-    /// The programs' runs the kernel skipped; `None` before 5.12.
-    pub misses: Option<misses::ProgramMisses>,
+    /// What the kernel says of the programs' runs.
+    pub programs: Option<runs::Programs>,
+    /// How full the event ring buffer is.
+    pub ring_fill: Option<runs::RingFill>,
     /// The kernel's counters, for the pipeline to drain; `None` with `--sample-events all`
     /// (nothing is counted in the kernel then).
     pub counters: Option<counters::Counters>,
@@ -140,7 +142,8 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
             events: None,
             wakeup: None,
             lost: None,
-            misses: None,
+            programs: None,
+            ring_fill: None,
             counters: None,
         };
         (loaded, statuses)
@@ -177,7 +180,7 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
             Err(e) => statuses[idx].reason = Some(e.to_string()),
         }
     }
-    let misses_offset = vmlinux.offset_of("bpf_prog_info", "recursion_misses").ok();
+    let run_offsets = runs::Offsets::of(&vmlinux);
     // Offsets are resolved; the parsed BTF is large, don't hold it through the load.
     drop(vmlinux);
     if plans.is_empty() && completions.is_empty() {
@@ -289,9 +292,24 @@ pub fn load(settings: &Settings) -> (Loaded, Vec<ProbeStatus>) {
     let events = ebpf.take_map("EVENTS").and_then(|m| RingBuf::try_from(m).ok());
     let wakeup = ebpf.take_map("WAKEUP").and_then(|m| Array::try_from(m).ok());
     let lost = ebpf.take_map("LOST").and_then(|m| PerCpuArray::try_from(m).ok());
-    let misses = misses::ProgramMisses::of(&ebpf, misses_offset);
-    let loaded =
-        Loaded { ebpf: Some(ebpf), attached, completions, decoding, events, wakeup, lost, misses, counters };
+    let programs = runs::Programs::of(&ebpf, run_offsets);
+    let ring_fill = events.as_ref().and_then(|ring| {
+        runs::RingFill::of(std::os::fd::AsFd::as_fd(ring), u64::from(settings.ring_buffer_bytes))
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot map the ring buffer's positions; its fill is not shown"))
+            .ok()
+    });
+    let loaded = Loaded {
+        ebpf: Some(ebpf),
+        attached,
+        completions,
+        decoding,
+        events,
+        wakeup,
+        lost,
+        programs,
+        ring_fill,
+        counters,
+    };
     (loaded, statuses)
 }
 

@@ -26,6 +26,8 @@ pub struct Settings {
     pub stuck_task: StuckTask,
     /// `kernel.hung_task_timeout_secs` while the hung-task probe runs; `None`: the node's.
     pub hung_task_timeout_secs: Option<u64>,
+    /// Turn the kernel's run-time statistics on while the agent runs.
+    pub program_stats: bool,
     /// The in-kernel capture filter of a standalone `kstall trace`; all zero (everything) for the
     /// agent.
     pub capture: CaptureFilter,
