@@ -196,9 +196,9 @@ pub const STUCK_TASK_REPORTS_OVER_LIMIT: Metric = node(
 
 pub const INCIDENT_ACTIVE: Metric = Metric {
     name: "kstall_incident_active",
-    help: "1 while an incident of this signature fires for this pod.",
+    help: "1 while an incident of this signature fires for this pod (workload: its owner, Kind/name).",
     kind: Gauge,
-    labels: &["signature", "severity", "node", "namespace", "pod"],
+    labels: &["signature", "severity", "node", "namespace", "pod", "workload"],
     scope: Scope::Incident,
 };
 pub const INCIDENTS: Metric = node(

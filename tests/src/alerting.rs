@@ -94,6 +94,23 @@ pub fn alertmanager() -> Service {
     )
 }
 
+/// An Alertmanager running `config` (its alertmanager.yml, as shipped), clustering off.
+pub fn alertmanager_with_config(config: &Path) -> Service {
+    let config = config.canonicalize().expect("alertmanager config");
+    Service::start(
+        "prometheus-alertmanager",
+        move |dir, addr| {
+            vec![
+                format!("--config.file={}", config.display()),
+                format!("--storage.path={}", dir.join("data").display()),
+                format!("--web.listen-address={addr}"),
+                "--cluster.listen-address=".into(),
+            ]
+        },
+        "/-/ready",
+    )
+}
+
 /// As [`alertmanager`], behind the exporter toolkit's `web_config` (TLS, basic auth), as
 /// `--web.config.file`; ready once `curl_ready` (curl's arguments for its CA and credentials)
 /// gets `/-/ready`.

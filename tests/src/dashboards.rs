@@ -27,6 +27,7 @@ pub const NFS_PROBES: &[Key] = &[
     ("kstall-nfs", "NFS errors by node", "A"),
     ("kstall-nfs", "NFS errors by node", "B"),
     ("kstall-nfs", "NFS errors by node", "C"),
+    ("kstall-fleet", "Nodes not reaching each NFS server", "A"),
 ];
 pub const NODE_WIDE_STALL: &[Key] = &[
     ("kstall-incidents", "Alerts firing now", "KstallNfsNodeWideStall"),

@@ -44,6 +44,18 @@ const NODE: &str = "node-a";
 const FED_BY_NO_SCENARIO: &[(Key, &str)] = &[
     (("kstall-nfs", "NFSv4 state recovery failures", "A"), "a failed NFSv4 state recovery: not reproduced"),
     (
+        ("kstall-fleet", "Fleet alerts firing now", "KstallNfsServerUnreachableFromNodes"),
+        "several nodes: one agent here; promtool's tests of the rules prove it",
+    ),
+    (
+        ("kstall-fleet", "Fleet alerts firing now", "KstallNfsSidecarRedirectRollout"),
+        "three pods of one workload redirected: promtool's tests of the rules prove it",
+    ),
+    (
+        ("kstall-fleet", "Fleet alerts firing now", "KstallSignatureOnManyNodes"),
+        "three nodes with one signature: promtool's tests of the rules prove it",
+    ),
+    (
         ("kstall-agent", "Event stream (--export-events)", "B"),
         "a stream's consumer falling behind: the json_lines unit tests and the bench's storm cause it",
     ),

@@ -119,10 +119,14 @@ fn sidecar_redirect_and_stuck_writer_fire_alert_and_resolve() {
 
     // Prometheus and HTTP clients see the same.
     let node = redirect["node"].as_str().unwrap().to_string();
-    let active = format!(
-        r#"kstall_incident_active{{namespace="shop",node="{node}",pod="{POD}",severity="warning",signature="nfs-sidecar-redirect"}}"#
-    );
-    assert_eq!(agent.metric(&active), Some(1.0), "{}", agent.metrics());
+    let labels = [
+        ("namespace", "shop"),
+        ("node", node.as_str()),
+        ("pod", POD),
+        ("severity", "warning"),
+        ("signature", "nfs-sidecar-redirect"),
+    ];
+    assert_eq!(agent.metric_with("kstall_incident_active", &labels), Some(1.0), "{}", agent.metrics());
     let http: Value = serde_json::from_str(&agent.get("/api/v1/incidents")).expect("JSON");
     assert!(http["incidents"].as_array().unwrap().iter().any(is("nfs-sidecar-redirect", "firing")));
 
@@ -206,7 +210,7 @@ fn sidecar_redirect_and_stuck_writer_fire_alert_and_resolve() {
         let resolved = agent.wait_incident(is(signature, "resolved"), Duration::from_secs(30));
         assert!(resolved.is_some(), "{signature} resolved: {:#?}", agent.incidents());
     }
-    assert_eq!(agent.metric(&active), None, "no longer active");
+    assert_eq!(agent.metric_with("kstall_incident_active", &labels), None, "no longer active");
     // Prometheus's rule stops firing and Alertmanager's alert resolves.
     let quiet = wait_for(Duration::from_secs(30), || {
         let alerts = prometheus.get_json("/api/v1/alerts");

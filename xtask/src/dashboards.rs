@@ -47,8 +47,15 @@ pub fn run() -> anyhow::Result<()> {
 /// Every dashboard as (file name, JSON text).
 pub fn generate(root: &Path) -> anyhow::Result<Vec<(String, String)>> {
     let rules = Rules::load(&root.join(RULES))?;
-    let dashboards =
-        [incidents(&rules)?, nfs()?, tcp_resets(&rules)?, memory_oom(&rules)?, hung_tasks()?, agent(&rules)?];
+    let dashboards = [
+        incidents(&rules)?,
+        fleet(&rules)?,
+        nfs()?,
+        tcp_resets(&rules)?,
+        memory_oom(&rules)?,
+        hung_tasks()?,
+        agent(&rules)?,
+    ];
     dashboards.into_iter().map(|d| Ok((format!("{}.json", d.uid), d.render()))).collect()
 }
 
@@ -1053,6 +1060,83 @@ fn hung_tasks() -> anyhow::Result<Dashboard> {
             range("B", "max by (node) (kstall_stuck_task_sweep_uninterruptible)", "{{node}} asleep")?,
         ],
     )))
+}
+
+/// Across nodes: what the fleet alerts fire on, and the counts they compare.
+fn fleet(rules: &Rules) -> anyhow::Result<Dashboard> {
+    let fleet_alerts = rules.group("kstall-fleet")?;
+    let firing: Vec<Value> =
+        fleet_alerts.iter().map(|r| instant(&r.alert, &r.expr)).collect::<anyhow::Result<_>>()?;
+    let names: Vec<&str> = fleet_alerts.iter().map(|r| r.alert.as_str()).collect();
+    Ok(Dashboard::new(
+        "kstall-fleet",
+        "kstall / Fleet",
+        "One cause seen from many nodes: an NFS server several nodes cannot reach, a workload whose \
+         pods all have their NFS redirected, a signature on a share of the fleet.",
+    )
+    .panel(
+        Panel::table(
+            "Fleet alerts firing now",
+            "One row per fleet alert firing now: each query is that alert's expression in \
+             deploy/prometheus/kstall-rules.yaml (group kstall-fleet). docs/runbooks/fleet.md says what \
+             to do; the per-node alerts they sum up can wait (deploy/alertmanager/kstall-inhibit.yaml).",
+            firing,
+        )
+        .hide_values(&names)
+        .size(24, 6),
+    )
+    .panel(
+        Panel::timeseries(
+            "Nodes firing each signature",
+            "How many nodes have at least one incident of each signature: a signature on many nodes at \
+             once has a cause they share (KstallSignatureOnManyNodes).",
+            "short",
+            vec![range(
+                "A",
+                "count by (signature) (max by (signature, node) (kstall_incident_active))",
+                "{{signature}}",
+            )?],
+        )
+        .size(12, 8),
+    )
+    .panel(
+        Panel::timeseries(
+            "Nodes not reaching each NFS server",
+            "For each NFS server, how many nodes report it not responding (a major RPC timeout, not yet \
+             answered): two or more is the server's outage (KstallNfsServerUnreachableFromNodes).",
+            "short",
+            vec![range(
+                "A",
+                "sum by (server) (1 - min by (server, node) (kstall_nfs_server_responding))",
+                "{{server}}",
+            )?],
+        )
+        .size(12, 8),
+    )
+    .panel(
+        Panel::timeseries(
+            "Pods with NFS redirected, by workload",
+            "Pods of each workload whose NFS connections a sidecar's rules redirect and reset \
+             (nfs-sidecar-redirect): several pods of one workload is a rollout (KstallNfsSidecarRedirectRollout).",
+            "short",
+            vec![range(
+                "A",
+                "count by (namespace, workload) (max by (namespace, workload, pod) (kstall_incident_active{signature=\"nfs-sidecar-redirect\"}))",
+                "{{namespace}} {{workload}}",
+            )?],
+        )
+        .size(12, 8),
+    )
+    .panel(
+        Panel::timeseries(
+            "Agents reporting, by version",
+            "Nodes whose kstall Prometheus scrapes, by kstall version: what the fleet alerts' shares are \
+             of, and a kstall rollout's progress.",
+            "short",
+            vec![range("A", "count by (version) (kstall_build_info)", "{{version}}")?],
+        )
+        .size(12, 8),
+    ))
 }
 
 fn agent(rules: &Rules) -> anyhow::Result<Dashboard> {

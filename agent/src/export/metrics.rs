@@ -454,7 +454,14 @@ impl Metrics {
         self.incident_active.reset();
         for i in firing {
             self.incident_active
-                .with_label_values(&[&i.signature, i.severity.as_str(), &i.node, &i.namespace, &i.pod])
+                .with_label_values(&[
+                    &i.signature,
+                    i.severity.as_str(),
+                    &i.node,
+                    &i.namespace,
+                    &i.pod,
+                    &i.workload,
+                ])
                 .set(1);
         }
         for i in fired {
@@ -1061,7 +1068,7 @@ mod tests {
             &[("nfs-sidecar-redirect", 2)],
         );
         let text = m.render();
-        assert!(text.contains(r#"kstall_incident_active{namespace="shop",node="node-a",pod="web-1",severity="critical",signature="nfs-sidecar-redirect"} 1"#), "{text}");
+        assert!(text.contains(r#"kstall_incident_active{namespace="shop",node="node-a",pod="web-1",severity="critical",signature="nfs-sidecar-redirect",workload=""} 1"#), "{text}");
         assert!(
             text.contains(
                 r#"kstall_incidents_total{severity="critical",signature="nfs-sidecar-redirect"} 1"#
