@@ -62,6 +62,11 @@ impl Cluster {
         cmd
     }
 
+    /// The admin's kubeconfig, for a program that runs kubectl itself (the kubectl plugin).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
     /// kubectl as the cluster's admin (the machine's kubectl: its kustomize reads deploy/).
     pub fn kubectl_command(&self, args: &[&str]) -> Command {
         let mut cmd = self.inside("kubectl");

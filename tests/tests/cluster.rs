@@ -256,6 +256,23 @@ fn a_redirect_to_a_dead_sidecar_is_named_and_becomes_an_event_on_the_pod() {
         described.contains("NFSSidecarRedirect"),
         "kubectl describe pod shows no kstall Event:\n{described}"
     );
+    // Every node's agent at once, the real kubectl through the real API server's pod proxy.
+    let plugin = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubectl-kstall");
+    let out = cluster
+        .inside("sh")
+        .arg(plugin)
+        .args(["incidents", "--all-nodes"])
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(table.starts_with("NODE "), "{table}");
+    let row = format!("{namespace}/{name}");
+    assert!(
+        table.lines().any(|l| l.contains("nfs-sidecar-redirect") && l.contains(&row) && l.contains("firing")),
+        "kubectl kstall incidents --all-nodes:\n{table}"
+    );
     assert_eq!(
         metric(&cluster, "kstall_kubernetes_writes_total", &[("kind", "event"), ("result", "rejected")]),
         None

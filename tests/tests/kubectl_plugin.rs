@@ -6,6 +6,13 @@ use std::{path::Path, process::Command};
 
 /// Runs the plugin with a fake kubectl first on PATH; returns (exit code, stderr, kubectl calls).
 fn plugin(args: &[&str]) -> (Option<i32>, String, Vec<String>) {
+    let (code, _, stderr, calls) = plugin_out(args);
+    (code, stderr, calls)
+}
+
+/// As [`plugin`], with stdout: (exit code, stdout, stderr, kubectl calls). Three agents: node-a's
+/// has two incidents, node-b's does not answer, node-c's has none.
+fn plugin_out(args: &[&str]) -> (Option<i32>, String, String, Vec<String>) {
     let dir = tempfile::tempdir().unwrap();
     let calls = dir.path().join("calls");
     let fake = dir.path().join("kubectl");
@@ -19,6 +26,14 @@ case "$*" in
   "get pod pending-0 --namespace shop -o jsonpath={{.spec.nodeName}}") printf '' ;;
   "get pods --namespace kstall -l app.kubernetes.io/name=kstall --field-selector spec.nodeName=node-a -o jsonpath={{.items[0].metadata.name}}") printf kstall-x7k2p ;;
   "get pods --namespace kstall -l app.kubernetes.io/name=kstall --field-selector spec.nodeName=node-b -o jsonpath={{.items[0].metadata.name}}") printf '' ;;
+  "get pods --namespace kstall -l app.kubernetes.io/name=kstall -o jsonpath="*)
+    printf 'kstall-a node-a\nkstall-b node-b\nkstall-c node-c\n' ;;
+  "get --raw /api/v1/namespaces/kstall/pods/kstall-a:9700/proxy/api/v1/incidents?format=tsv"*)
+    printf 'node-a\tfiring\tcritical\tnfs-sidecar-redirect\tshop/web-1\t2026-12-05T10:00:00Z\tNFS of shop/web-1 is redirected\n'
+    printf 'node-a\tfiring\tcritical\tsystem-oom\tnode\t2026-12-05T09:00:00Z\tnode-a ran out of memory\n' ;;
+  "get --raw /api/v1/namespaces/kstall/pods/kstall-b:9700/proxy/api/v1/incidents?format=tsv"*)
+    echo "Error from server (ServiceUnavailable): the server is currently unable to handle the request" >&2; exit 1 ;;
+  "get --raw /api/v1/namespaces/kstall/pods/kstall-c:9700/proxy/api/v1/incidents?format=tsv"*) ;;
   exec*) ;;
   *) echo "Error from server (NotFound)" >&2; exit 1 ;;
 esac
@@ -35,7 +50,41 @@ esac
         .output()
         .expect("run kubectl-kstall");
     let calls = std::fs::read_to_string(&calls).unwrap_or_default().lines().map(String::from).collect();
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned(), calls)
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (out.status.code(), text(&out.stdout), text(&out.stderr), calls)
+}
+
+#[test]
+fn all_nodes_is_one_table_of_every_agents_incidents_and_names_the_nodes_that_did_not_answer() {
+    let (code, stdout, stderr, calls) = plugin_out(&["incidents", "--all-nodes"]);
+    assert_eq!(code, Some(1), "a node did not answer: {stderr}");
+    assert_eq!(
+        stdout,
+        "NODE    STATE   SEVERITY  SIGNATURE             POD         SINCE                 SUMMARY\n\
+         node-a  firing  critical  nfs-sidecar-redirect  shop/web-1  2026-12-05T10:00:00Z  NFS of shop/web-1 is redirected\n\
+         node-a  firing  critical  system-oom            node        2026-12-05T09:00:00Z  node-a ran out of memory\n"
+    );
+    assert_eq!(
+        stderr,
+        "kubectl kstall: node node-b did not answer: Error from server (ServiceUnavailable): the server is \
+         currently unable to handle the request \n"
+    );
+    let asked: Vec<&String> = calls.iter().filter(|c| c.starts_with("get --raw")).collect();
+    assert_eq!(asked.len(), 3, "every agent asked once: {calls:?}");
+    assert!(asked.iter().all(|c| c.ends_with("--request-timeout=10s")), "{asked:?}");
+    // --all asks for the resolved ones too; anything else is refused.
+    let (_, _, _, calls) = plugin_out(&["incidents", "--all-nodes", "--all"]);
+    assert!(calls.iter().any(|c| c.contains("incidents?format=tsv&all=1 ")), "{calls:?}");
+    let (code, _, stderr, _) = plugin_out(&["incidents", "--all-nodes", "--output", "json"]);
+    assert_eq!(code, Some(64), "{stderr}");
+    let (code, _, stderr, _) = plugin_out(&["trace", "--all-nodes"]);
+    assert_eq!(
+        (code, stderr.trim_end()),
+        (
+            Some(64),
+            "kubectl kstall: --all-nodes is for incidents (kubectl kstall <trace|incidents|explain|status> [--pod NAME [-n NS] | --node NODE] ...)"
+        )
+    );
 }
 
 #[test]

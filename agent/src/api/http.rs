@@ -1,4 +1,5 @@
-//! `/metrics` (Prometheus text format), `/healthz`, and `/api/v1/incidents` (JSON), over plain
+//! `/metrics` (Prometheus text format), `/healthz`, and `/api/v1/incidents` (JSON, or rows of
+//! tab-separated values for a table across nodes), over plain
 //! HTTP or, with `--web-config-file`, TLS and basic auth as the exporter toolkit does them. Each
 //! connection is its own task: a slow or idle client delays no scrape, a TLS handshake or a
 //! request head that does not come in time is dropped, and a head over [`MAX_HEAD_BYTES`] gets
@@ -197,8 +198,17 @@ async fn metrics_handler(State(state): State<Arc<AgentState>>) -> impl IntoRespo
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)
 }
 
-async fn incidents_handler(State(state): State<Arc<AgentState>>) -> impl IntoResponse {
-    let body =
-        serde_json::to_string(&server::incidents(&state)).unwrap_or_else(|e| format!(r#"{{"error":"{e}"}}"#));
-    ([(header::CONTENT_TYPE, "application/json")], body)
+/// JSON; `?format=tsv` a row per incident for a table across nodes (`kubectl kstall incidents
+/// --all-nodes`, through the API server's pod proxy), firing ones only unless `all=1`.
+async fn incidents_handler(State(state): State<Arc<AgentState>>, uri: axum::http::Uri) -> Response {
+    let report = server::incidents(&state);
+    let asked = |key: &str, value: &str| {
+        uri.query().unwrap_or_default().split('&').any(|pair| pair.split_once('=') == Some((key, value)))
+    };
+    if asked("format", "tsv") {
+        let rows = report.tsv(asked("all", "1"), crate::kernel::unix_now_ns());
+        return ([(header::CONTENT_TYPE, "text/tab-separated-values; charset=utf-8")], rows).into_response();
+    }
+    let body = serde_json::to_string(&report).unwrap_or_else(|e| format!(r#"{{"error":"{e}"}}"#));
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }

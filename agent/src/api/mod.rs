@@ -38,6 +38,40 @@ pub struct IncidentsReport {
     pub incidents: Vec<Incident>,
 }
 
+impl IncidentsReport {
+    /// One line per incident (firing ones, and resolved ones with `all`), its fields separated by
+    /// tabs: node, state, severity, signature, who (`namespace/pod` or `node`), since (RFC 3339),
+    /// summary. No header: a table across nodes puts the rows of every node under one.
+    pub fn tsv(&self, all: bool, now_unix_ns: u64) -> String {
+        let field = |text: &str| text.replace(['\t', '\n', '\r'], " ");
+        let mut out = String::new();
+        for i in self.incidents.iter().filter(|i| all || i.state == crate::incidents::State::Firing) {
+            let who =
+                if i.pod.is_empty() { "node".to_string() } else { format!("{}/{}", i.namespace, i.pod) };
+            let since = jiff::Timestamp::from_nanosecond(i128::from(i.first_seen_unix_ns))
+                .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+                .unwrap_or_default();
+            let state = match i.state {
+                crate::incidents::State::Firing => "firing".to_string(),
+                crate::incidents::State::Resolved => {
+                    let ago =
+                        now_unix_ns.saturating_sub(i.resolved_unix_ns.unwrap_or(now_unix_ns)) / 1_000_000_000;
+                    format!("resolved {} ago", crate::incidents::signatures::human_secs(ago))
+                }
+            };
+            out.push_str(&format!(
+                "{}\t{state}\t{}\t{}\t{}\t{since}\t{}\n",
+                field(&i.node),
+                i.severity.as_str(),
+                i.signature,
+                field(&who),
+                field(&i.summary)
+            ));
+        }
+        out
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct StatusReport {
     pub version: String,
@@ -172,6 +206,26 @@ pub struct ErrorReply {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn incidents_as_rows_one_each_tab_separated_firing_unless_all() {
+        let mut resolved = crate::incidents::tests::incident(Some(1_796_000_060_000_000_000));
+        resolved.pod = String::new();
+        resolved.summary = "two\tlines\nof it".into();
+        let firing = crate::incidents::tests::incident(None);
+        let report = IncidentsReport { incidents: vec![firing, resolved] };
+        let now = 1_796_000_120_000_000_000;
+        let firing_row =
+            "node-a\tfiring\tcritical\tnfs-sidecar-redirect\tshop/web-1\t2026-11-30T00:53:20Z\tredirected\n";
+        assert_eq!(report.tsv(false, now), firing_row);
+        let all = report.tsv(true, now);
+        assert_eq!(
+            all.lines().nth(1),
+            Some(
+                "node-a\tresolved 60 s ago\tcritical\tnfs-sidecar-redirect\tnode\t2026-11-30T00:53:20Z\ttwo lines of it"
+            )
+        );
+    }
+
     #[test]
     fn the_cost_says_what_counts_it_and_how_full_the_ring_was() {
         let counts = crate::events::Counts::default();
