@@ -28,7 +28,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::Metrics;
+use super::{metrics::Metrics, rfc3339};
 use crate::incidents::{
     Incident,
     evaluator::{Evaluation, Subscriber},
@@ -60,10 +60,6 @@ pub fn alert_name(signature: &str) -> String {
         }
     }
     name
-}
-
-fn rfc3339(unix_ns: u64) -> String {
-    jiff::Timestamp::from_nanosecond(i128::from(unix_ns)).map(|t| t.to_string()).unwrap_or_default()
 }
 
 /// The alert for `incident` at `now`. Empty label values are left out, as Prometheus does.

@@ -26,7 +26,7 @@ use serde::Serialize;
 use tokio::sync::{broadcast, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::Metrics;
+use super::{metrics::Metrics, rfc3339};
 use crate::{
     attribution::Attributed,
     incidents::{
@@ -310,10 +310,6 @@ fn write_all(rx: Receiver<Queued>, mut writer: Writer, node: &str, metrics: &Met
         writer.flush();
     }
     writer.flush();
-}
-
-fn rfc3339(unix_ns: u64) -> String {
-    jiff::Timestamp::from_nanosecond(i128::from(unix_ns)).map(|t| t.to_string()).unwrap_or_default()
 }
 
 /// Stdout, or the file and its rotation.
