@@ -122,6 +122,15 @@ pub fn rpcs_of(pods: &[&NfsPod], operation: &str) -> u64 {
     total
 }
 
+/// Creates `file` at the export's root from the server's side: a client finds it by LOOKUP and
+/// never OPENs it, so it never holds a delegation for it. Under a delegation a client answers
+/// `stat()` from its cache even on a `noac` mount, and whether an OPEN brings one depends on how
+/// far the server's callback probe has got.
+pub fn create_on_server(file: &str, contents: &str) {
+    ensure_server();
+    std::fs::write(Path::new(WORK).join("export").join(file), contents).expect("a file on the export");
+}
+
 /// `stat()`s of `file` on `pod`'s mount, in the pod's namespace and cgroup, for `length`: with
 /// `noac`, each is a GETATTR RPC. Returns how many it did.
 pub fn stat_storm(pod: &NfsPod, file: &str, length: Duration) -> u64 {

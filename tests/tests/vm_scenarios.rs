@@ -715,7 +715,7 @@ fn nfs_rpc_timing_costs_beside_bpftrace() {
     let mut pod = NfsPod::new(11, "bench-0");
     let (agent, _dir) = agent_with(&[&pod], &[]);
     pod.mount_with("vers=4.1,hard,proto=tcp,noac");
-    std::fs::write(pod.mountpoint.join("probe"), "x").expect("a file to stat");
+    nfs::create_on_server("probe", "x");
     // bpftrace 0.17 cannot compile 5.10's tracepoint format (`u32`): kstall's figures alone there.
     let trace = Bpftrace::try_start(
         "tracepoint:sunrpc:rpc_stats_latency { @us[args->client_id] = hist(args->execute); @rpcs = count(); }",
