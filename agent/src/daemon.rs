@@ -184,6 +184,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             writers.push(tokio::spawn(writer));
             subscribers.push(Box::new(feed));
         }
+        if !config.kubernetes.node_taints.is_empty() {
+            let (writer, feed) = kubernetes::taints::writer(
+                client.clone(),
+                node.clone(),
+                config.kubernetes.node_taints.clone(),
+                config.kubernetes.taint_holds,
+                metrics.clone(),
+                shutdown.clone(),
+            );
+            writers.push(tokio::spawn(writer));
+            subscribers.push(Box::new(feed));
+        }
         if !config.kubernetes.node_conditions.is_empty() {
             let (enabled, settings) =
                 (config.kubernetes.node_conditions.clone(), kubernetes::conditions::Settings::default());

@@ -231,7 +231,7 @@ pub const KUBERNETES_WRITES: Metric = node(
     Counter,
     &["kind", "result"],
     "Writes to the Kubernetes API (kind=\"event\": Events on pods and nodes; \"node_condition\": the \
-     Node's status), by result: created, patched (a repeat counted), forbidden, conflict, not_found, \
+     Node's status; \"node_taint\": its taints), by result: created, patched (a repeat counted), forbidden, conflict, not_found, \
      server_error, rejected, unreachable, dropped (the writer's queue was full).",
 );
 

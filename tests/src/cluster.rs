@@ -12,7 +12,10 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{deploy::deploy_dir, host::wait_for};
+use crate::{
+    deploy::{deploy_dir, relative},
+    host::wait_for,
+};
 
 /// The node the cluster's kubelet registers.
 pub const NODE: &str = "node1";
@@ -118,6 +121,27 @@ impl Cluster {
     pub fn apply_overlay(&self, overlay: &str) {
         let dir = deploy_dir().join("overlays").join(overlay);
         self.kubectl(&["apply", "-k", &dir.display().to_string()]);
+    }
+
+    /// `deploy/overlays/<overlay>` with `args` added to the agent's, applied from a
+    /// kustomization of the test's own that uses the overlay as a user's would.
+    pub fn apply_overlay_with_args(&self, overlay: &str, args: &[&str]) {
+        let dir = tempfile::tempdir().expect("a directory for the kustomization");
+        let base = relative(dir.path(), &deploy_dir().join("overlays").join(overlay));
+        let patches: String = args
+            .iter()
+            .map(|arg| {
+                format!(
+                    "      - {{op: add, path: /spec/template/spec/containers/0/args/-, value: \"{arg}\"}}\n"
+                )
+            })
+            .collect();
+        let kustomization = format!(
+            "resources: [{}]\npatches:\n  - target: {{group: apps, kind: DaemonSet, name: kstall}}\n    patch: |-\n{patches}",
+            base.display()
+        );
+        std::fs::write(dir.path().join("kustomization.yaml"), kustomization).expect("the kustomization");
+        self.kubectl(&["apply", "-k", &dir.path().display().to_string()]);
     }
 
     /// The pod of `namespace` matching `selector` once its Ready condition is True.

@@ -72,6 +72,15 @@ fn quantity_bytes(quantity: &str) -> Option<u64> {
     number.parse::<u64>().ok()?.checked_mul(unit)
 }
 
+/// `to` relative to `from`: kustomize takes no absolute paths.
+pub fn relative(from: &Path, to: &Path) -> PathBuf {
+    let (from, to) = (from.canonicalize().unwrap(), to.canonicalize().unwrap());
+    let common = from.components().zip(to.components()).take_while(|(a, b)| a == b).count();
+    let mut path: PathBuf = from.components().skip(common).map(|_| "..").collect();
+    path.extend(to.components().skip(common));
+    path
+}
+
 #[cfg(test)]
 mod tests {
     use super::quantity_bytes;

@@ -6,14 +6,20 @@
 //! the agent reads. Run by `cargo xtask test` (the `cluster` feature), which brings the cluster
 //! up and down around them.
 
-use std::{str::FromStr as _, time::Duration};
+use std::{
+    str::FromStr as _,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
 
 use kstall_tests::{
     agent::{sample_with, samples_with},
-    cluster::{AGENT_SOCKET, Cluster, NODE, agent_incidents, agent_request, is_ready, istio_nat_rules},
+    cluster::{
+        AGENT_SOCKET, Cluster, NODE, POD_READY_WITHIN, agent_incidents, agent_request, is_ready,
+        istio_nat_rules,
+    },
     host::wait_for,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// The overlay every test installs: the base and the node conditions.
 const OVERLAY: &str = "node-conditions";
@@ -467,6 +473,159 @@ impl Drop for Stopped {
     fn drop(&mut self) {
         // SAFETY: as above.
         unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// The taints of deploy/overlays/node-taints, its holds shortened to 20 s (to add) and 30 s (to
+/// clear). With the kubelet stopped, kstall's `kstall.io/kubelet-degraded` goes on beside the
+/// node lifecycle controller's `node.kubernetes.io/unreachable` and a taint of the user's, not
+/// before kubelet-degraded fired for 20 s; with the kubelet back it comes off, not before 30
+/// quiet seconds; the others' taints are as their owners left them.
+#[test]
+fn kstalls_taint_comes_after_its_hold_and_goes_after_its_quiet_beside_everyone_elses() {
+    let Some(cluster) =
+        Cluster::running("kstalls_taint_comes_after_its_hold_and_goes_after_its_quiet_beside_everyone_elses")
+    else {
+        return;
+    };
+    deployed(&cluster);
+    let _restore = TaintsTried(&cluster);
+    let (add_after, clear_after) = (20, 30);
+    cluster.apply_overlay_with_args(
+        "node-taints",
+        &[&format!("--node-taint-after={add_after}s"), &format!("--node-taint-clear-after={clear_after}s")],
+    );
+    ready_agent(&cluster, |args| {
+        args.iter().any(|a| a.as_str().is_some_and(|a| a.starts_with("--node-taint-after=")))
+    });
+    cluster.kubectl(&["taint", "nodes", NODE, &format!("{USERS_TAINT}=storage:PreferNoSchedule")]);
+    let taints = || -> Vec<Value> {
+        cluster.json(&["get", "node", NODE])["spec"]["taints"].as_array().cloned().unwrap_or_default()
+    };
+    let with_key = |taints: &[Value], key: &str| taints.iter().find(|t| t["key"] == key).cloned();
+    let users = with_key(&taints(), USERS_TAINT).expect("the user's taint");
+    let degraded = |state: &str| {
+        agent_incidents().into_iter().find(|i| i["signature"] == "kubelet-degraded" && i["state"] == state)
+    };
+    wait_for(Duration::from_secs(330), || degraded("firing").is_none().then_some(()))
+        .unwrap_or_else(|| panic!("kubelet-degraded on a healthy kubelet: {:?}", degraded("firing")));
+    assert_eq!(with_key(&taints(), KSTALLS_TAINT), None, "tainted before anything fired");
+
+    let stopped = Stopped::new(cluster.kubelet_pid());
+    let fired = wait_for(FIRES_WITHIN, || degraded("firing")).unwrap_or_else(|| {
+        panic!("kubelet-degraded not fired with the kubelet stopped:\n{}", cluster.agent_logs())
+    });
+    let added = wait_for(Duration::from_secs(add_after + 60), || with_key(&taints(), KSTALLS_TAINT))
+        .unwrap_or_else(|| panic!("no {KSTALLS_TAINT} taint: {:#?}\n{}", taints(), cluster.agent_logs()));
+    assert_eq!((&added["effect"], &added["value"]), (&json!("NoSchedule"), &json!("true")), "{added}");
+    let time_added = jiff::Timestamp::from_str(added["timeAdded"].as_str().expect("timeAdded")).unwrap();
+    let fired_at = fired["fired_unix_ns"].as_u64().expect("fired_unix_ns") / 1_000_000_000;
+    // timeAdded is in whole seconds, the hold counted from the evaluation that fired it.
+    assert!(
+        time_added.as_second() >= fired_at as i64 + add_after as i64,
+        "added at {time_added}, not {add_after} s after kubelet-degraded fired: {fired}"
+    );
+    // The node lifecycle controller's taint once the kubelet's lease has run out, on the same list.
+    let beside = wait_for(Duration::from_secs(120), || {
+        let now = taints();
+        (with_key(&now, "node.kubernetes.io/unreachable").is_some()
+            && with_key(&now, KSTALLS_TAINT).is_some())
+        .then_some(now)
+    })
+    .unwrap_or_else(|| {
+        panic!("kstall's and the controller's taints not on the Node together: {:#?}", taints())
+    });
+    assert_eq!(with_key(&beside, USERS_TAINT), Some(users.clone()), "{beside:#?}");
+    assert_eq!(with_key(&beside, KSTALLS_TAINT), Some(added.clone()), "written once: {beside:#?}");
+
+    drop(stopped);
+    let resolved = wait_for(FIRES_WITHIN, || {
+        agent_incidents().into_iter().find(|i| {
+            i["id"] == fired["id"]
+                && i["first_seen_unix_ns"] == fired["first_seen_unix_ns"]
+                && i["state"] == "resolved"
+        })
+    })
+    .unwrap_or_else(|| {
+        panic!("kubelet-degraded did not resolve with the kubelet back:\n{:#?}", agent_incidents())
+    });
+    let quiet_from = Duration::from_nanos(resolved["resolved_unix_ns"].as_u64().expect("resolved_unix_ns"));
+    let cleared_at = quiet_from + Duration::from_secs(clear_after);
+    let since_epoch = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    // Any read that ended before the quiet hold was over still shows it.
+    let read = taints();
+    if since_epoch() < cleared_at {
+        assert_eq!(with_key(&read, KSTALLS_TAINT), Some(added.clone()), "removed within the quiet hold");
+    }
+    let (left, gone_at) = wait_for(Duration::from_secs(clear_after + 120), || {
+        let now = taints();
+        (with_key(&now, KSTALLS_TAINT).is_none()
+            && with_key(&now, "node.kubernetes.io/unreachable").is_none())
+        .then(|| (now, since_epoch()))
+    })
+    .unwrap_or_else(|| panic!("the taints did not come off with the kubelet back: {:#?}", taints()));
+    assert!(
+        gone_at >= cleared_at,
+        "{KSTALLS_TAINT} came off {:?} after kubelet-degraded resolved, within its {clear_after} s quiet hold",
+        gone_at - quiet_from
+    );
+    assert_eq!(left, vec![users], "only the user's taint is left, as it was");
+    println!(
+        "cluster taints: {KSTALLS_TAINT} added {} s after kubelet-degraded fired (hold {add_after} s), beside \
+         node.kubernetes.io/unreachable and {USERS_TAINT}; seen gone {:.1} s after it resolved (quiet hold {clear_after} s)",
+        time_added.as_second() - fired_at as i64,
+        (gone_at - quiet_from).as_secs_f64()
+    );
+    let writes = |result: &str| {
+        metric(&cluster, "kstall_kubernetes_writes_total", &[("kind", "node_taint"), ("result", result)])
+    };
+    assert!(writes("patched").is_some_and(|n| n >= 2.0), "{:?}", writes("patched"));
+    assert_eq!(writes("forbidden"), None);
+}
+
+/// A taint of the user's that kstall must leave alone, and kstall's taint for kubelet-degraded.
+const USERS_TAINT: &str = "example.com/dedicated";
+const KSTALLS_TAINT: &str = "kstall.io/kubelet-degraded";
+
+/// The agent pod once it runs with arguments `args_are` accepts and is Ready.
+fn ready_agent(cluster: &Cluster, args_are: impl Fn(&[Value]) -> bool) -> Value {
+    let pod = wait_for(POD_READY_WITHIN, || {
+        let pods = cluster.json(&["-n", "kstall", "get", "pods", "-l", "app.kubernetes.io/name=kstall"]);
+        pods["items"]
+            .as_array()?
+            .iter()
+            .find(|p| {
+                let args = p["spec"]["containers"][0]["args"].as_array().cloned().unwrap_or_default();
+                is_ready(p) && p["metadata"]["deletionTimestamp"].is_null() && args_are(&args)
+            })
+            .cloned()
+    });
+    let pod = pod.unwrap_or_else(|| {
+        panic!(
+            "no Ready agent pod with those arguments:\n{}",
+            cluster.kubectl(&["-n", "kstall", "get", "pods", "-o", "wide"])
+        )
+    });
+    wait_for(Duration::from_secs(30), || agent_request(r#"{"request":"status"}"#).ok())
+        .unwrap_or_else(|| panic!("no agent API on {AGENT_SOCKET}:\n{}", cluster.agent_logs()));
+    pod
+}
+
+/// Puts the cluster back as the other tests want it, also when the test fails: the agent of
+/// [`OVERLAY`], the taints component's RBAC gone, no taint of kstall's or the user's left.
+struct TaintsTried<'a>(&'a Cluster);
+
+impl Drop for TaintsTried<'_> {
+    fn drop(&mut self) {
+        let cluster = self.0;
+        cluster.apply_overlay(OVERLAY);
+        ready_agent(cluster, |args| {
+            !args.iter().any(|a| a.as_str().is_some_and(|a| a.starts_with("--node-taints")))
+        });
+        cluster.try_kubectl(&["delete", "clusterrolebinding,clusterrole", "kstall-node-taints"]);
+        for key in [USERS_TAINT, KSTALLS_TAINT] {
+            cluster.try_kubectl(&["taint", "nodes", NODE, &format!("{key}-")]);
+        }
     }
 }
 

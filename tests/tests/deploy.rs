@@ -18,7 +18,7 @@ use std::{
 
 use kstall_tests::{
     alerting,
-    deploy::{deploy_dir, render, rendered_daemonset, yaml_documents},
+    deploy::{deploy_dir, relative, render, rendered_daemonset, yaml_documents},
 };
 use serde_json::{Value, json};
 
@@ -130,17 +130,42 @@ fn install(cmd: &mut Command, what: &str) -> Result<(), String> {
 /// network at all: the validation must need none.
 fn validate(objects: &[(String, Value)]) -> (bool, String) {
     let python = validator_python().expect("installed by can_run");
-    let mut cmd = if is_root() { Command::new("unshare") } else { Command::new(&python) };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/validate.py");
+    offline(&python, &[script.as_os_str()], objects)
+}
+
+/// tests/deploy/remediation-models (built on first use) on other projects' objects, as
+/// [`validate`] runs validate.py.
+fn validate_remediation(objects: &[(String, Value)]) -> (bool, String) {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = here.join("../target/remediation-models");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let built = Command::new(cargo)
+        .args(["build", "--quiet", "--manifest-path"])
+        .arg(here.join("deploy/remediation-models/Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target)
+        .status()
+        .expect("cargo build");
+    assert!(built.success(), "building tests/deploy/remediation-models failed: {built}");
+    offline(&target.join("debug/kstall-remediation-models"), &[], objects)
+}
+
+/// `program` with `args` on `objects` (where each came from, the object) as a JSON list on stdin:
+/// whether all are valid, and its lines, one per object. As root it runs in a network namespace of
+/// its own with no network at all: the validation must need none.
+fn offline(program: &Path, args: &[&std::ffi::OsStr], objects: &[(String, Value)]) -> (bool, String) {
+    let mut cmd = if is_root() { Command::new("unshare") } else { Command::new(program) };
     if is_root() {
-        cmd.args(["--net", "--"]).arg(&python);
+        cmd.args(["--net", "--"]).arg(program);
     }
     let mut child = cmd
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/validate.py"))
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("run validate.py");
+        .unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
     let input: Vec<Value> =
         objects.iter().map(|(source, object)| json!({"source": source, "object": object})).collect();
     // It reads all its input before it writes: no deadlock on full pipes.
@@ -149,8 +174,8 @@ fn validate(objects: &[(String, Value)]) -> (bool, String) {
         .take()
         .expect("piped")
         .write_all(Value::Array(input).to_string().as_bytes())
-        .expect("to validate.py");
-    let out = child.wait_with_output().expect("validate.py");
+        .expect("to the validator");
+    let out = child.wait_with_output().expect("the validator");
     let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), report)
 }
@@ -230,6 +255,63 @@ fn every_package_renders_and_every_object_validates_offline() {
     println!("{report}validated {ok} objects in {:.1} s", started.elapsed().as_secs_f64());
 }
 
+/// deploy/remediation: a medik8s NodeHealthCheck on kstall's conditions and a descheduler policy
+/// on its taints, for users who run those. Each validated offline by its own project's model (the
+/// descheduler's in a ConfigMap, validated as Kubernetes' own kind), naming only conditions kstall
+/// writes; a wrong field or a wrong rule in either is refused.
+#[test]
+fn the_remediation_examples_validate_offline_and_watch_what_kstall_writes() {
+    if !can_run("the_remediation_examples_validate_offline_and_watch_what_kstall_writes", true) {
+        return;
+    }
+    let dir = deploy_dir().join("remediation");
+    let read = |file: &str| yaml_documents(&std::fs::read_to_string(dir.join(file)).unwrap()).remove(0);
+    let (check, config_map) = (read("nodehealthcheck.yaml"), read("descheduler-policy.yaml"));
+    let policy = yaml_documents(config_map["data"]["policy.yaml"].as_str().expect("policy.yaml")).remove(0);
+    let (valid, report) = validate(&[("remediation/descheduler-policy.yaml".into(), config_map)]);
+    assert!(valid && report.starts_with("ok "), "{report}");
+    let objects = [
+        ("remediation/nodehealthcheck.yaml".to_string(), check.clone()),
+        ("remediation/descheduler-policy.yaml policy.yaml".to_string(), policy.clone()),
+    ];
+    let (valid, report) = validate_remediation(&objects);
+    assert!(valid, "invalid examples:\n{report}");
+    assert_eq!(report.lines().filter(|l| l.starts_with("ok ")).count(), 2, "{report}");
+    println!("{report}");
+
+    // The conditions it watches besides the kubelet's Ready are kstall's.
+    let component =
+        std::fs::read_to_string(deploy_dir().join("components/node-conditions/kustomization.yaml"));
+    let component = component.unwrap();
+    let written: BTreeSet<&str> = component
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("value: --node-conditions="))
+        .expect("the component's --node-conditions")
+        .split(',')
+        .collect();
+    let watched = check["spec"]["unhealthyConditions"].as_array().unwrap();
+    for condition in watched.iter().filter(|c| c["type"] != "Ready") {
+        assert!(written.contains(condition["type"].as_str().unwrap()), "kstall writes no {condition}");
+        assert_eq!(condition["status"], "True", "kstall's conditions are True while they fire: {condition}");
+    }
+
+    // Wrong in each model's way: refused, with the reason.
+    let mut misspelt = check;
+    misspelt["spec"]["minHealty"] = json!("80%");
+    let mut both = policy.clone();
+    both["profiles"][0]["pluginConfig"][0]["args"]["excludedTaints"] = json!(["example.com/x"]);
+    let mut elsewhere = policy;
+    elsewhere["profiles"][0]["plugins"] = json!({"balance": {"enabled": ["RemovePodsViolatingNodeTaints"]}});
+    let wrong =
+        [("misspelt", misspelt), ("both", both), ("elsewhere", elsewhere)].map(|(n, o)| (n.to_string(), o));
+    let (valid, report) = validate_remediation(&wrong);
+    assert!(!valid, "{report}");
+    for reason in ["minHealty: unknown field", "either includedTaints or excludedTaints", "deschedule plugin"]
+    {
+        assert!(report.lines().any(|l| l.starts_with("FAIL ") && l.contains(reason)), "{reason}:\n{report}");
+    }
+}
+
 #[test]
 fn the_validator_rejects_what_the_api_server_would() {
     if !can_run("the_validator_rejects_what_the_api_server_would", true) {
@@ -302,6 +384,7 @@ fn the_daemonset_keeps_what_the_agent_needs() {
     let scrape_annotations = deploy_dir().join("components/scrape-annotations").canonicalize().unwrap();
     let non_root_component = deploy_dir().join("components/non-root").canonicalize().unwrap();
     let node_conditions = deploy_dir().join("components/node-conditions").canonicalize().unwrap();
+    let node_taints = deploy_dir().join("components/node-taints").canonicalize().unwrap();
     let old_kernels_component = deploy_dir().join("components/kernels-before-5.11").canonicalize().unwrap();
     for (name, dir) in packages() {
         // deploy/components/non-root changes the user, the capabilities and the socket's volume
@@ -406,6 +489,12 @@ fn the_daemonset_keeps_what_the_agent_needs() {
             let rules = json!([{"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]);
             expected.push(("kstall-node-conditions", rules));
         }
+        // deploy/components/node-taints: a third that reads and patches Nodes, and its flag.
+        let with_taints = components_of(&dir).contains(&node_taints);
+        if with_taints {
+            let rules = json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]);
+            expected.push(("kstall-node-taints", rules));
+        }
         let of_kind = |kind: &'static str| objects.iter().filter(move |o| o["kind"] == kind);
         assert_eq!(of_kind("ClusterRole").count(), expected.len(), "{name}");
         assert_eq!(of_kind("ClusterRoleBinding").count(), expected.len(), "{name}");
@@ -421,6 +510,9 @@ fn the_daemonset_keeps_what_the_agent_needs() {
         }
         let flag = "--node-conditions=NFSClientStalled,KernelSystemOOM,KubeletDegraded,CPUSoftLockup,ConntrackTableFull";
         assert_eq!(args.contains(&flag), with_conditions, "{name}: {args:?}");
+        let flag =
+            "--node-taints=NFSClientStalled,KernelSystemOOM,KubeletDegraded,CPUSoftLockup,ConntrackTableFull";
+        assert_eq!(args.contains(&flag), with_taints, "{name}: {args:?}");
         // The prometheus.io annotations come with their component only.
         let annotations = &daemonset["spec"]["template"]["metadata"]["annotations"];
         if components_of(&dir).contains(&scrape_annotations) {
@@ -658,15 +750,6 @@ fn each_grafana_dashboard_is_a_configmap_for_the_sidecar() {
     if dashboards.is_empty() {
         println!("no dashboards in deploy/grafana yet");
     }
-}
-
-/// `to` relative to `from`: kustomize takes no absolute paths.
-fn relative(from: &Path, to: &Path) -> PathBuf {
-    let (from, to) = (from.canonicalize().unwrap(), to.canonicalize().unwrap());
-    let common = from.components().zip(to.components()).take_while(|(a, b)| a == b).count();
-    let mut path: PathBuf = from.components().skip(common).map(|_| "..").collect();
-    path.extend(to.components().skip(common));
-    path
 }
 
 #[test]

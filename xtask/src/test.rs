@@ -49,6 +49,15 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
         .args(["run", &env.ebpf_toolchain, "cargo", "clippy", "--package", "kstall-ebpf", "--release"])
         .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core", "--", "-D", "warnings"]);
     step("cargo clippy (eBPF programs)", &mut clippy_ebpf)?;
+    // The remediation examples' validator is a workspace of its own (tests/deploy/remediation-models).
+    let models = root.join("tests/deploy/remediation-models/Cargo.toml");
+    let mut fmt_models = Command::new("cargo");
+    fmt_models.arg("fmt").arg("--manifest-path").arg(&models).args(["--", "--check"]);
+    step("cargo fmt --check (remediation models)", &mut fmt_models)?;
+    let mut clippy_models = Command::new("cargo");
+    clippy_models.arg("clippy").arg("--manifest-path").arg(&models).arg("--target-dir");
+    clippy_models.arg(root.join("target/remediation-models")).args(["--", "-D", "warnings"]);
+    step("cargo clippy (remediation models)", &mut clippy_models)?;
 
     // The container tests run the image the README's install builds, from this build's binary.
     let image = if bootstrap::is_root() {

@@ -6,6 +6,7 @@
 pub mod conditions;
 pub mod events;
 pub mod flags;
+pub mod taints;
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 

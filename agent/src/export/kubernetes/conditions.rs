@@ -88,7 +88,7 @@ impl Condition {
 
     /// Whether `incident` is the node's: a full table in one pod's namespace is that pod's
     /// trouble, not the node's condition.
-    fn is_set_by(self, incident: &Incident) -> bool {
+    pub(super) fn is_set_by(self, incident: &Incident) -> bool {
         incident.signature == self.signature()
             && (self != Condition::ConntrackTableFull || incident.pod.is_empty())
     }
