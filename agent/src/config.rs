@@ -68,6 +68,9 @@ pub struct AgentArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub export_events: crate::export::json_lines::Flags,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub export_otlp: crate::export::otlp::Flags,
     /// For an agent run by `kstall trace --standalone`: keep only this process's events, in the
     /// kernel (the node agent must see every event).
     #[arg(long, hide = true, value_name = "PID")]
@@ -105,6 +108,8 @@ pub struct Config {
     pub alertmanager: crate::export::alertmanager::Settings,
     /// Every event and incident as JSON lines, when on.
     pub export_events: Option<crate::export::json_lines::Settings>,
+    /// Every event and incident as OTLP log records, when on.
+    pub export_otlp: Option<crate::export::otlp::Settings>,
     /// What kstall writes to the Kubernetes API (needs the API pod source).
     pub kubernetes: crate::export::kubernetes::flags::Settings,
     /// The kubelet's health checks, when on.
@@ -325,6 +330,7 @@ impl Config {
 
         let alertmanager = args.alertmanager.settings()?;
         let export_events = args.export_events.settings()?;
+        let export_otlp = args.export_otlp.settings()?;
 
         let api = matches!(pod_metadata, PodMetadata::Api { .. });
         let kubernetes = args.kubernetes.settings(api)?;
@@ -335,6 +341,7 @@ impl Config {
             metrics,
             alertmanager,
             export_events,
+            export_otlp,
             kubernetes,
             kubelet,
             incidents,
@@ -1078,6 +1085,7 @@ mod tests {
             ("export_events", s(&events), one(&events)),
             ("export_events_max_bytes", "1048576".into(), one("1M")),
             ("export_events_max_files", "3".into(), one("3")),
+            ("export_otlp", "false".into(), one("off")),
         ]
     }
 

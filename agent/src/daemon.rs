@@ -29,7 +29,7 @@ use crate::{
     config::Config,
     conntrack,
     events::{Counts, Decoder},
-    export::{alertmanager, json_lines, kubernetes, metrics::Metrics},
+    export::{alertmanager, json_lines, kubernetes, metrics::Metrics, otlp},
     incidents::{
         engine::Engine,
         evaluator::{self, Subscriber},
@@ -162,6 +162,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             shutdown.clone(),
         );
         writers.push(tokio::spawn(writer));
+        subscribers.push(Box::new(feed));
+    }
+    if let Some(settings) = config.export_otlp.clone() {
+        let (exporter, feed) =
+            otlp::start(settings, config.node_name.clone(), &events_tx, metrics.clone(), shutdown.clone());
+        writers.push(tokio::spawn(exporter));
         subscribers.push(Box::new(feed));
     }
     if let Some(dir) = state_dir {

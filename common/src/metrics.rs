@@ -413,14 +413,16 @@ pub const EXPORT_RECORDS: Metric = node(
     "kstall_export_records_total",
     Counter,
     &["output", "record"],
-    "Records written to an event stream (--export-events: output \"json\"), by record type (event, incident).",
+    "Records written to an event stream (--export-events: output \"json\"; --export-otlp: \"otlp\", taken by \
+     the endpoint), by record type (event, incident).",
 );
 pub const EXPORT_RECORDS_DROPPED: Metric = node(
     "kstall_export_records_dropped_total",
     Counter,
     &["output", "record", "reason"],
-    "Records an event stream dropped: its consumer or disk was behind and the queue full \
-     (reason \"behind\"), or writing failed (\"write_error\"). Each is a gap in the stream's seq.",
+    "Records an event stream dropped: its consumer, disk or endpoint was behind and the queue full \
+     (reason \"behind\"), writing or sending failed (\"write_error\"), or the OTLP endpoint said it \
+     rejected them (\"rejected\"). Each is a gap in the stream's seq.",
 );
 
 /// Every metric the agent exports.

@@ -11,7 +11,8 @@ use kstall_tests::{
     kernel_tests_can_run,
     storms::{
         Detail, RESETS_BY_PORTS_ONE_LINER, RESETS_ONE_LINER, Row, distinct_ports, drop_storm,
-        drops_one_liner, hung_tasks, idle, oom_storm, reset_storm, streamed_reset_storm, table,
+        drops_one_liner, hung_tasks, idle, oom_storm, otlp_reset_storm, reset_storm, streamed_reset_storm,
+        table,
     },
 };
 
@@ -38,6 +39,9 @@ fn main() {
         // The same with the JSON stream on: its cost per event beside the row above.
         rows.push(streamed_reset_storm(secs, Detail::Sampled, |_| false).0);
         rows.push(streamed_reset_storm(secs, Detail::Full, |_| false).0);
+        // And over OTLP to a receiver: its cost per event beside both.
+        rows.push(otlp_reset_storm(secs, Detail::Sampled));
+        rows.push(otlp_reset_storm(secs, Detail::Full));
     }
     if wanted("ports") {
         rows.push(distinct_ports(3000, true));

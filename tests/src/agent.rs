@@ -48,10 +48,21 @@ impl Agent {
     /// An agent whose incident history is kept in `state` (which outlives it), or in its own
     /// directory.
     pub fn start_with_state(state: Option<&Path>, extra_args: &[&str]) -> Self {
-        Self::spawn(state, None, extra_args)
+        Self::spawn(state, None, &[], extra_args)
     }
 
-    fn spawn(state: Option<&Path>, cgroup_procs: Option<&Path>, extra_args: &[&str]) -> Self {
+    /// An agent with `env` in its environment besides the test's (what the OpenTelemetry
+    /// variables configure).
+    pub fn start_with_env(env: &[(&str, &str)], extra_args: &[&str]) -> Self {
+        Self::spawn(None, None, env, extra_args)
+    }
+
+    fn spawn(
+        state: Option<&Path>,
+        cgroup_procs: Option<&Path>,
+        env: &[(&str, &str)],
+        extra_args: &[&str],
+    ) -> Self {
         let dir = std::env::temp_dir().join(format!("kstall-test-{}-{}", std::process::id(), unique()));
         std::fs::create_dir_all(&dir).expect("agent dir");
         let state = state.map_or_else(|| dir.join("state"), Path::to_path_buf);
@@ -87,6 +98,7 @@ impl Agent {
             .arg("--state-dir")
             .arg(&state)
             .args(extra_args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -276,10 +288,15 @@ pub struct LimitedAgent {
 
 impl LimitedAgent {
     pub fn start(tag: &str, extra_args: &[&str]) -> Self {
+        Self::start_with_env(tag, &[], extra_args)
+    }
+
+    /// As [`LimitedAgent::start`], with `env` in the agent's environment.
+    pub fn start_with_env(tag: &str, env: &[(&str, &str)], extra_args: &[&str]) -> Self {
         let limit_bytes = crate::deploy::agent_memory_limit();
         let cgroup = Cgroup::new(tag);
         let limit = MemoryLimit::new(&cgroup, limit_bytes);
-        let agent = Agent::spawn(None, Some(limit.procs()), extra_args);
+        let agent = Agent::spawn(None, Some(limit.procs()), env, extra_args);
         LimitedAgent { agent, limit, limit_bytes, _cgroup: cgroup }
     }
 

@@ -30,6 +30,7 @@ pub mod kubelet;
 pub mod netns;
 pub mod nfs;
 pub mod oom;
+pub mod otlp;
 pub mod sidecar;
 pub mod soak;
 pub mod storms;

@@ -207,12 +207,13 @@ fn measure(
     scenario: String,
     unit: &'static str,
     counter: &Counter,
-    agent_args: &[&str],
+    agent: (&[(&str, &str)], &[&str]),
     bpftrace: Option<OneLiner>,
     counted_within: Duration,
     drive: impl FnOnce() -> u64,
 ) -> Row {
-    let agent = LimitedAgent::start("storm-agent", agent_args);
+    let (agent_env, agent_args) = agent;
+    let agent = LimitedAgent::start_with_env("storm-agent", agent_env, agent_args);
     let before = Tally::of(&agent, counter);
     let programs_before = program_runs_of(agent.pid());
     let cpu_before = cpu_ticks(agent.pid());
@@ -425,7 +426,7 @@ impl Detail {
 /// sidecar's rule without its proxy), for `secs`: one sent and one received reset per connect.
 /// Measured first without the agent, for the slowdown it causes.
 pub fn reset_storm(secs: u64, detail: Detail, bpftrace: Option<OneLiner>) -> Row {
-    reset_storm_with(secs, detail, &[], "", bpftrace)
+    reset_storm_with(secs, detail, (&[], &[]), "", bpftrace)
 }
 
 /// The reset storm with what the kernel sends of it written as JSON lines to a file that rotates
@@ -444,7 +445,7 @@ pub fn streamed_reset_storm(
         ["--export-events", &sink, "--export-events-max-bytes", "64K", "--export-events-max-files", "100"];
     let follower = Follower::start(&path, 100, keep);
     // The agent is stopped (and its stream flushed) when the row is made.
-    let mut row = reset_storm_with(secs, detail, &args, ", as JSON lines to a rotating file", None);
+    let mut row = reset_storm_with(secs, detail, (&[], &args), ", as JSON lines to a rotating file", None);
     let followed = follower.finish();
     row.notes.push(format!(
         "{}: {} records read back from {} files, {} missing from seq; the agent counted {} dropped \
@@ -459,10 +460,32 @@ pub fn streamed_reset_storm(
     (row, followed)
 }
 
+/// The reset storm with every record sent over OTLP/gRPC to a receiver on the host (tests/src/otlp.rs):
+/// the row, its notes saying what the receiver took and what the agent counted as dropped.
+pub fn otlp_reset_storm(secs: u64, detail: Detail) -> Row {
+    let receiver = crate::otlp::Receiver::start(crate::otlp::Protocol::Grpc, None);
+    let endpoint = receiver.endpoint(false);
+    let env = [("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"), ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
+    // The agent is stopped (its last batch sent) when the row is made.
+    let mut row =
+        reset_storm_with(secs, detail, (&env, &["--export-otlp", "on"]), ", as OTLP logs over gRPC", None);
+    let records = receiver.records();
+    row.notes.push(format!(
+        "{}: {} records taken by the receiver in {} exports; the agent counted {} dropped by the time \
+         the storm was counted; {:.2} µs of agent CPU per event received",
+        row.scenario,
+        records.len(),
+        receiver.received().len(),
+        row.export_dropped,
+        1e6 * row.agent_cpu_secs / row.received.max(1.0),
+    ));
+    row
+}
+
 fn reset_storm_with(
     secs: u64,
     detail: Detail,
-    extra_args: &[&str],
+    (env, extra_args): (&[(&str, &str)], &[&str]),
     what: &str,
     bpftrace: Option<OneLiner>,
 ) -> Row {
@@ -479,7 +502,7 @@ fn reset_storm_with(
         ),
         "resets",
         &RESETS,
-        &args,
+        (env, &args),
         bpftrace,
         COUNTED_WITHIN,
         || {
@@ -535,7 +558,7 @@ pub fn distinct_ports(ports: u16, side_by_side: bool) -> Row {
         "resets",
         &RESETS,
         // Every port kept by number and room for all: the cost of many live series.
-        &["--metric-ports", "20000-29999", "--max-series-per-metric", "20000"],
+        (&[], &["--metric-ports", "20000-29999", "--max-series-per-metric", "20000"]),
         side_by_side.then_some(RESETS_ONE_LINER),
         COUNTED_WITHIN,
         || {
@@ -582,7 +605,7 @@ pub fn drop_storm(secs: u64, ports: u16, bpftrace: Option<OneLiner>) -> Row {
         scenario,
         "drops",
         &DROPS,
-        &["--pods-file", pods_file.to_str().expect("a UTF-8 path")],
+        (&[], &["--pods-file", pods_file.to_str().expect("a UTF-8 path")]),
         bpftrace,
         COUNTED_WITHIN,
         || {
@@ -673,14 +696,17 @@ pub fn hung_tasks(tasks: usize, side_by_side: bool) -> Row {
         format!("hung-task storm ({tasks} writers in D on a frozen FUSE disk)"),
         "stuck tasks",
         &STUCK_TASKS,
-        &[
-            "--pods-file",
-            pods_file.to_str().expect("a UTF-8 path"),
-            "--stuck-task-interval",
-            "1s",
-            "--stuck-task-threshold",
-            "3s",
-        ],
+        (
+            &[],
+            &[
+                "--pods-file",
+                pods_file.to_str().expect("a UTF-8 path"),
+                "--stuck-task-interval",
+                "1s",
+                "--stuck-task-threshold",
+                "3s",
+            ],
+        ),
         // Distinct tasks the kernel's detector reported.
         side_by_side.then_some(OneLiner {
             by: "",
@@ -725,7 +751,7 @@ pub fn oom_storm(kills: usize, side_by_side: bool) -> Row {
         format!("memcg OOM storm ({kills} kills in a {} MiB cgroup)", OOM_LIMIT >> 20),
         "kills",
         &OOM_KILLS,
-        &[],
+        (&[], &[]),
         side_by_side.then_some(OneLiner {
             by: "",
             script: "tracepoint:oom:mark_victim { @kills = count(); }",

@@ -102,7 +102,7 @@ fn every_bad_flag_or_environment_value_exits_64_naming_it() {
     let fifo = fifo.to_str().unwrap();
     // Each named as the user gave it: its flag, or its variable.
     let events_fifo = format!("file:{fifo}");
-    let cases: [(&[&str], (&str, &str), &str); 9] = [
+    let cases: [(&[&str], (&str, &str), &str); 12] = [
         (&["--max-series-per-metric", "0"], ("", ""), "--max-series-per-metric"),
         (&["--metric-ports", "http"], ("", ""), "--metric-ports"),
         (&[], ("KSTALL_STATE_DIR", "relative/dir"), "KSTALL_STATE_DIR"),
@@ -113,6 +113,22 @@ fn every_bad_flag_or_environment_value_exits_64_naming_it() {
         // Writing to a FIFO nobody reads would block: refused at start, not at the first event.
         (&["--export-events", &events_fifo], ("", ""), "--export-events"),
         (&[], ("KSTALL_EXPORT_EVENTS", "file:/nonexistent/dir/events.jsonl"), "KSTALL_EXPORT_EVENTS"),
+        // OTLP is configured as the OpenTelemetry SDKs are: the variable is named.
+        (
+            &["--export-otlp", "on"],
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ),
+        (
+            &["--export-otlp", "on"],
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317"),
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ),
+        (
+            &["--export-otlp", "on"],
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", fifo),
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        ),
     ];
     for (args, (env, value), field) in cases {
         let mut command = Command::new(agent_binary());

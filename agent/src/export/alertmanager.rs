@@ -28,7 +28,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{metrics::Metrics, rfc3339};
+use super::{metrics::Metrics, rfc3339, tls};
 use crate::incidents::{
     Incident,
     evaluator::{Evaluation, Subscriber},
@@ -180,7 +180,7 @@ impl Settings {
             endpoint(url).map_err(|e| ("alertmanager_url", e))?;
         }
         if self.urls.iter().any(|u| u.starts_with("https://")) || self.ca_file.is_some() {
-            client_tls(self.ca_file.as_deref()).map_err(|e| ("alertmanager_ca_file", e))?;
+            tls::client_config(self.ca_file.as_deref(), None).map_err(|e| ("alertmanager_ca_file", e))?;
         }
         match &self.auth {
             None => {}
@@ -285,37 +285,6 @@ fn authorization(auth: &Auth) -> Result<String, String> {
     })
 }
 
-/// TLS for https Alertmanagers: the CA file's certificates, or the system's trust store.
-fn client_tls(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
-    let builder = match ca_file {
-        Some(path) => {
-            let certs = crate::named_file::certificates(path)?;
-            let mut roots = rustls::RootCertStore::empty();
-            if roots.add_parsable_certificates(certs).0 == 0 {
-                return Err(format!("{}: no CA certificate in it", path.display()));
-            }
-            builder.with_root_certificates(roots)
-        }
-        None => rustls_platform_verifier::BuilderVerifierExt::with_platform_verifier(builder)
-            .map_err(|e| format!("the system's trust store: {e}"))?,
-    };
-    Ok(builder.with_no_client_auth())
-}
-
-/// A TLS configuration that trusts nothing, for a connector that only ever speaks plain http.
-fn plain_http_only() -> rustls::ClientConfig {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default versions")
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth()
-}
-
 type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Pushes until `stop`; `snapshots` come from the incident evaluator.
@@ -327,7 +296,11 @@ pub async fn run(
 ) {
     // Plain http needs no trust store (a container image may have none).
     let https = settings.urls.iter().any(|u| u.starts_with("https://"));
-    let tls = match if https { client_tls(settings.ca_file.as_deref()) } else { Ok(plain_http_only()) } {
+    let tls = match if https {
+        tls::client_config(settings.ca_file.as_deref(), None)
+    } else {
+        Ok(tls::plain_http_only())
+    } {
         Ok(tls) => tls,
         // Checked when the configuration was read; a trust store gone since is said once.
         Err(e) => {

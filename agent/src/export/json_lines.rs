@@ -2,45 +2,35 @@
 //! Fluent Bit's `tail` or Vector's `file` source reads the file, a node's log collector reads
 //! stdout. The schema is `kstall/v1` (README, "Event and incident stream"): an envelope (`schema`,
 //! `record`, `seq`, `time`, `node`) and the record under its own name, `event` as the API socket
-//! streams it, `incident` as `/api/v1/incidents` lists it.
+//! streams it, `incident` as `/api/v1/incidents` lists it (the records and their numbering:
+//! `stream.rs`).
 //!
-//! Never on the event path's clock: records are queued to a writer thread, and a queue full
-//! because the consumer (a pipe nobody reads, a slow disk) is behind drops the record and counts
-//! it. `seq` numbers every record offered, so a gap in the stream is exactly what was dropped.
-//! The file rotates by renaming at `--export-events-max-bytes` (`PATH` → `PATH.1` → ... →
-//! `PATH.<max-files>`), the rotation those readers follow.
+//! Written by a thread of its own from the stream's queue. The file rotates by renaming at
+//! `--export-events-max-bytes` (`PATH` → `PATH.1` → ... → `PATH.<max-files>`), the rotation those
+//! readers follow.
 
 use std::{
     fs::{File, OpenOptions},
     io::{self, Write as _},
     os::unix::fs::OpenOptionsExt as _,
     path::{Path, PathBuf},
-    sync::{
-        Arc, Mutex,
-        mpsc::{self, Receiver, SyncSender, TrySendError},
-    },
+    sync::{Arc, mpsc::Receiver},
     time::{Duration, Instant},
 };
 
 use serde::Serialize;
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::{metrics::Metrics, rfc3339};
+use super::{
+    metrics::Metrics,
+    rfc3339,
+    stream::{self, Body, Feed, Record, SCHEMA},
+};
 use crate::{
     attribution::Attributed,
-    incidents::{
-        Incident,
-        evaluator::{Evaluation, Subscriber},
-    },
     setting::{self, Invalid},
 };
-
-pub const SCHEMA: &str = "kstall/v1";
-
-/// Records queued for the writer: a storm's burst of resets rides it out, a stopped consumer
-/// fills it in a fraction of a second and the rest is dropped (counted), not held in memory.
-const QUEUE_RECORDS: usize = 16_384;
 
 /// A writer that cannot write waits this long before opening its file again.
 const REOPEN_AFTER: Duration = Duration::from_secs(10);
@@ -142,93 +132,8 @@ struct Envelope<'a> {
     body: &'a Body,
 }
 
-#[derive(Serialize)]
-#[serde(untagged)]
-enum Body {
-    Event { event: Arc<Attributed> },
-    Incident { transition: Transition, incident: Box<Incident> },
-}
-
-#[derive(Debug, Clone, Copy, Serialize)]
-#[serde(rename_all = "snake_case")]
-enum Transition {
-    Fired,
-    Resolved,
-}
-
-struct Queued {
-    seq: u64,
-    time_unix_ns: u64,
-    body: Body,
-}
-
-impl Body {
-    fn record(&self) -> &'static str {
-        match self {
-            Body::Event { .. } => "event",
-            Body::Incident { .. } => "incident",
-        }
-    }
-}
-
-/// A lock that survives a panic elsewhere while it was held.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The producers' side: numbers each record and queues it, or drops and counts it.
-#[derive(Clone)]
-struct Offer {
-    next: Arc<Mutex<(u64, SyncSender<Queued>)>>,
-    metrics: Arc<Metrics>,
-}
-
-impl Offer {
-    fn send(&self, time_unix_ns: u64, body: Body) {
-        let record = body.record();
-        let mut next = lock(&self.next);
-        next.0 += 1;
-        let queued = Queued { seq: next.0, time_unix_ns, body };
-        match next.1.try_send(queued) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.metrics.export_dropped("json", record, "behind", 1);
-            }
-        }
-    }
-
-    /// `n` events the broadcast dropped before this subscriber took them: numbered all the same,
-    /// so the gap shows.
-    fn lagged(&self, n: u64) {
-        lock(&self.next).0 += n;
-        self.metrics.export_dropped("json", "event", "behind", n);
-    }
-}
-
-/// The incidents' feed: an evaluation's changes, queued.
-pub struct Feed(Offer);
-
-impl Feed {
-    fn changes(&self, now_unix_ns: u64, fired: &[Incident], resolved: &[Incident]) {
-        for (transition, incidents) in [(Transition::Fired, fired), (Transition::Resolved, resolved)] {
-            for incident in incidents {
-                let body = Body::Incident { transition, incident: Box::new(incident.clone()) };
-                self.0.send(now_unix_ns, body);
-            }
-        }
-    }
-}
-
-impl Subscriber for Feed {
-    fn publish(&mut self, evaluation: &Evaluation) {
-        self.changes(evaluation.now_unix_ns, evaluation.fired, evaluation.resolved);
-    }
-}
-
-/// The stream's tasks: the events' subscriber, the writer thread, and the incidents' feed for the
-/// evaluator. `stop` comes after the event path has drained the kernel's last events: what the
-/// broadcast still holds is taken first, and the returned future ends once the writer has written
-/// what was queued (or, stuck on its consumer, after 2 s).
+/// The stream's tasks: the events' subscriber (ending once the writer thread has written what was
+/// queued), and the incidents' feed for the evaluator (`stream::start`).
 pub fn start(
     settings: Settings,
     node: String,
@@ -236,43 +141,18 @@ pub fn start(
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) -> (impl Future<Output = ()> + use<>, Feed) {
-    let (tx, rx) = mpsc::sync_channel(QUEUE_RECORDS);
-    let offer = Offer { next: Arc::new(Mutex::new((0, tx))), metrics: metrics.clone() };
-    let (done_tx, done) = oneshot::channel();
-    let writer_metrics = metrics.clone();
-    std::thread::Builder::new()
-        .name("kstall-export".into())
-        .spawn(move || {
-            write_all(rx, Writer::new(settings), &node, &writer_metrics);
-            let _ = done_tx.send(());
-        })
-        .expect("spawn the events writer");
-    let mut subscribed = events.subscribe();
-    let events_offer = offer.clone();
-    let events_task = async move {
-        loop {
-            let event = tokio::select! {
-                biased;
-                event = subscribed.recv() => event,
-                _ = stop.cancelled() => break,
-            };
-            match event {
-                Ok(event) => {
-                    let time = event.event.header.time_unix_ns;
-                    events_offer.send(time, Body::Event { event });
-                }
-                Err(broadcast::error::RecvError::Lagged(n)) => events_offer.lagged(n),
-                Err(broadcast::error::RecvError::Closed) => break,
-            }
-        }
-        drop(events_offer);
-        let _ = tokio::time::timeout(Duration::from_secs(2), done).await;
-    };
-    (events_task, Feed(offer))
+    stream::start(
+        "json",
+        "kstall-export",
+        events,
+        metrics.clone(),
+        stop,
+        Box::new(move |records| write_all(records, Writer::new(settings), &node, &metrics)),
+    )
 }
 
 /// Writes until every producer is gone, flushing whenever the queue is empty.
-fn write_all(rx: Receiver<Queued>, mut writer: Writer, node: &str, metrics: &Metrics) {
+fn write_all(rx: Receiver<Record>, mut writer: Writer, node: &str, metrics: &Metrics) {
     let mut line = Vec::with_capacity(4096);
     while let Ok(mut queued) = rx.recv() {
         loop {
@@ -290,7 +170,7 @@ fn write_all(rx: Receiver<Queued>, mut writer: Writer, node: &str, metrics: &Met
                 Ok(()) => {
                     line.push(b'\n');
                     match writer.write(&line) {
-                        Ok(()) => metrics.export_written("json", record),
+                        Ok(()) => metrics.export_written("json", record, 1),
                         Err(e) => {
                             metrics.export_dropped("json", record, "write_error", 1);
                             writer.failed(&e);
@@ -504,19 +384,18 @@ mod tests {
         // A pipe whose reader never reads: the writer blocks on it once the pipe is full.
         let (read_end, write_end) = std::io::pipe().unwrap();
         let metrics = metrics();
-        let (tx, rx) = mpsc::sync_channel(16);
-        let offer = Offer { next: Arc::new(Mutex::new((0, tx))), metrics: metrics.clone() };
+        let (offer, rx) = stream::offer_for_tests("json", 16, metrics.clone());
+        let writer_metrics = metrics.clone();
         let writer = std::thread::spawn(move || {
             let mut writer = Writer::new(Settings { sink: Sink::Stdout, max_bytes: 0, max_files: 1 });
             writer.out = Some(io::BufWriter::with_capacity(1024, Box::new(write_end)));
-            write_all(rx, writer, "node-a", &metrics);
+            write_all(rx, writer, "node-a", &writer_metrics);
         });
         let who = ev::pod("uid-1", "web-1");
         let sent = 20_000u64;
         for t in 0..sent {
             offer.send(t, Body::Event { event: Arc::new(ev::redirected_reset(t, 2049, &who)) });
         }
-        let metrics = offer.metrics.clone();
         drop(offer);
         // Reading now lets the writer finish what it queued.
         let reader = std::thread::spawn(move || std::io::read_to_string(read_end).unwrap());

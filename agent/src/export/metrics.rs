@@ -498,8 +498,8 @@ impl Metrics {
         self.subscriber_drops_total.with_label_values(&[stream]).inc_by(n);
     }
 
-    pub fn export_written(&self, output: &str, record: &str) {
-        self.export_records_total.with_label_values(&[output, record]).inc();
+    pub fn export_written(&self, output: &str, record: &str, n: u64) {
+        self.export_records_total.with_label_values(&[output, record]).inc_by(n);
     }
 
     pub fn export_dropped(&self, output: &str, record: &str, reason: &str, n: u64) {
