@@ -86,12 +86,7 @@ impl Transport {
                 Ok(Transport::Grpc(Grpc { client: LogsServiceClient::new(endpoint.connect_lazy()), headers }))
             }
             Protocol::HttpProtobuf => {
-                let client_auth = settings.client.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
-                let config = if https {
-                    tls::client_config(settings.certificate.as_deref(), client_auth)?
-                } else {
-                    tls::plain_http_only()
-                };
+                let config = if https { https_config(settings)? } else { tls::plain_http_only() };
                 let connector = hyper_rustls::HttpsConnectorBuilder::new()
                     .with_tls_config(config)
                     .https_or_http()
@@ -99,18 +94,8 @@ impl Transport {
                     .build();
                 let endpoint: hyper::Uri =
                     settings.endpoint.parse().map_err(|e| format!("{}: {e}", settings.endpoint))?;
-                let headers = settings
-                    .headers
-                    .iter()
-                    .map(|(k, v)| {
-                        let name = hyper::header::HeaderName::try_from(k.as_str())
-                            .map_err(|e| format!("header {k:?}: {e}"))?;
-                        let value = hyper::header::HeaderValue::try_from(v.as_str())
-                            .map_err(|e| format!("header {k:?}: {e}"))?;
-                        Ok((name, value))
-                    })
-                    .collect::<Result<_, String>>()?;
                 let client = Client::builder(TokioExecutor::new()).build(connector);
+                let headers = http_headers(settings)?;
                 Ok(Transport::Http(Box::new(Http { client, endpoint, headers, timeout: settings.timeout })))
             }
         }
@@ -120,13 +105,9 @@ impl Transport {
     /// names the bad part.
     pub fn check(settings: &Settings) -> Result<(), String> {
         settings.endpoint.parse::<hyper::Uri>().map_err(|e| format!("{}: {e}", settings.endpoint))?;
-        for (k, v) in &settings.headers {
-            hyper::header::HeaderName::try_from(k.as_str()).map_err(|e| format!("header {k:?}: {e}"))?;
-            hyper::header::HeaderValue::try_from(v.as_str()).map_err(|e| format!("header {k:?}: {e}"))?;
-        }
+        http_headers(settings)?;
         if settings.endpoint.starts_with("https://") {
-            let client_auth = settings.client.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
-            tls::client_config(settings.certificate.as_deref(), client_auth)?;
+            https_config(settings)?;
         }
         Ok(())
     }
@@ -196,4 +177,27 @@ impl Transport {
         };
         Ok(response.partial_success.map_or(0, |p| p.rejected_log_records.max(0) as u64))
     }
+}
+
+/// The settings' headers as HTTP has them (gRPC metadata takes the same names, lower-cased).
+fn http_headers(
+    settings: &Settings,
+) -> Result<Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>, String> {
+    settings
+        .headers
+        .iter()
+        .map(|(k, v)| {
+            let name =
+                hyper::header::HeaderName::try_from(k.as_str()).map_err(|e| format!("header {k:?}: {e}"))?;
+            let value =
+                hyper::header::HeaderValue::try_from(v.as_str()).map_err(|e| format!("header {k:?}: {e}"))?;
+            Ok((name, value))
+        })
+        .collect()
+}
+
+/// TLS for an `https://` endpoint over HTTP: the settings' CA and client certificate.
+fn https_config(settings: &Settings) -> Result<rustls::ClientConfig, String> {
+    let client_auth = settings.client.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+    tls::client_config(settings.certificate.as_deref(), client_auth)
 }
