@@ -13,7 +13,12 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{bootstrap, build};
+use crate::{
+    arch::{Arch, Arches},
+    bootstrap, build,
+};
+
+mod oci;
 
 /// What building and running the image needs: podman (its pause image needs catatonit), runc
 /// (crun refuses this machine's hybrid cgroups), setcap; openssl for the container tests' API
@@ -29,58 +34,106 @@ const SOURCE: &str = "https://github.com/kstall/kstall";
 /// set. SYS_RESOURCE only serves kernels before 5.11.
 const FILE_CAPABILITIES: &str = "cap_bpf,cap_perfmon,cap_syslog,cap_sys_ptrace,cap_dac_read_search+p";
 
-pub fn run() -> anyhow::Result<()> {
+pub fn run(arches: Arches) -> anyhow::Result<()> {
     let env = bootstrap::run()?;
     bootstrap::apt_install(IMAGE_PACKAGES)?;
-    build::release(&env)?;
-    let image = build_image()?;
+    let arches = arches.list();
+    for &arch in &arches {
+        build::release_for(&env, arch)?;
+    }
+    let image = build_image(&arches)?;
     println!("image: {} ({})", image.tag, human_bytes(image.size_bytes));
-    println!("image: OCI archive {} ({})", image.archive.display(), human_bytes(image.archive_bytes));
+    println!(
+        "image: OCI archive {} ({}), an index of {}",
+        image.archive.display(),
+        human_bytes(image.archive_bytes),
+        arches.iter().map(|a| format!("linux/{}", a.name())).collect::<Vec<_>>().join(" and ")
+    );
     Ok(())
 }
 
 pub struct Image {
+    /// This machine's image, in podman's storage under the name the kustomize base deploys.
     pub tag: String,
     pub size_bytes: u64,
+    /// Every architecture's image as one OCI image index.
     pub archive: PathBuf,
     pub archive_bytes: u64,
 }
 
-/// Stages the context and builds and saves the image from the release binary already built.
-pub fn build_image() -> anyhow::Result<Image> {
+/// Stages a context per architecture and builds and saves the images from the release binaries
+/// already built: each `NAME:VERSION-<arch>` in podman's storage (this machine's also
+/// `NAME:VERSION`), all of them in one OCI archive whose index names each one's platform. Then
+/// reads the archive back: each platform's manifest must hold that architecture's binary.
+pub fn build_image(arches: &[Arch]) -> anyhow::Result<Image> {
     let root = build::workspace_root();
     let out = root.join("target/image");
-    let context = out.join("context");
-    stage(&build::release_binary(), &context)?;
     let tag = format!("{NAME}:{VERSION}");
     let revision = git_revision(&root);
-    println!("==> podman build {tag} (revision {revision})");
-    let mut build = podman();
-    build
-        .args(["build", "--format", "oci", "--tag", &tag])
-        .args(["--build-arg", &format!("VERSION={VERSION}")])
-        .args(["--build-arg", &format!("REVISION={revision}")])
-        .args(["--build-arg", &format!("SOURCE={SOURCE}")])
-        .arg("--file")
-        .arg(root.join("deploy/image/Containerfile"))
-        .arg(&context);
-    run_checked(&mut build, "podman build")?;
-    let size = podman().args(["image", "inspect", "--format", "{{.Size}}", &tag]).output()?;
-    let size_bytes =
-        String::from_utf8_lossy(&size.stdout).trim().parse().context("podman image inspect: size")?;
+    let mut layouts = Vec::new();
+    for &arch in arches {
+        let context = out.join(format!("context-{}", arch.name()));
+        let binary = build::release_binary_for(arch);
+        stage(&binary, &context, arch)?;
+        let arch_tag = format!("{tag}-{}", arch.name());
+        println!("==> podman build {arch_tag} (revision {revision})");
+        let mut build = podman();
+        // FROM scratch and COPY only: another architecture's image builds without emulating it.
+        build
+            .args(["build", "--format", "oci", "--platform", &format!("linux/{}", arch.name())])
+            .args(["--tag", &arch_tag])
+            .args(["--build-arg", &format!("VERSION={VERSION}")])
+            .args(["--build-arg", &format!("REVISION={revision}")])
+            .args(["--build-arg", &format!("SOURCE={SOURCE}")])
+            .arg("--file")
+            .arg(root.join("deploy/image/Containerfile"))
+            .arg(&context);
+        if arch.is_host() {
+            build.args(["--tag", &tag]);
+        }
+        run_checked(&mut build, "podman build")?;
+        let layout = out.join(format!("oci-{}", arch.name()));
+        let _ = std::fs::remove_dir_all(&layout);
+        run_checked(
+            podman().args(["save", "--format", "oci-dir", "--output"]).arg(&layout).arg(&arch_tag),
+            "podman save",
+        )?;
+        layouts.push((arch, layout, context.join("rootfs/usr/bin/kstall")));
+    }
+    let size_bytes = if arches.iter().any(|a| a.is_host()) {
+        let size = podman().args(["image", "inspect", "--format", "{{.Size}}", &tag]).output()?;
+        String::from_utf8_lossy(&size.stdout).trim().parse().context("podman image inspect: size")?
+    } else {
+        0
+    };
     let archive = out.join(format!("kstall-{VERSION}.oci.tar"));
-    let _ = std::fs::remove_file(&archive);
-    run_checked(
-        podman().args(["save", "--format", "oci-archive", "--output"]).arg(&archive).arg(&tag),
-        "podman save",
-    )?;
+    oci::write_index(&layouts.iter().map(|(a, l, _)| (*a, l.as_path())).collect::<Vec<_>>(), &tag, &archive)?;
+    for (arch, _, staged) in &layouts {
+        let held = oci::binary_of(&archive, *arch, "usr/bin/kstall", &out.join("check"))?;
+        let machine = elf_machine(&held)?;
+        let same =
+            std::fs::read(&held).context("the image's binary")? == std::fs::read(staged).context("staged")?;
+        if machine != arch.elf_machine() || !same {
+            bail!(
+                "the image's linux/{} manifest holds a {machine} kstall that is not {} stripped",
+                arch.name(),
+                build::release_binary_for(*arch).display()
+            );
+        }
+        println!(
+            "image: linux/{} holds /usr/bin/kstall ({machine}): {} stripped",
+            arch.name(),
+            build::release_binary_for(*arch).display()
+        );
+    }
     let archive_bytes = std::fs::metadata(&archive).context("the saved archive")?.len();
     Ok(Image { tag, size_bytes, archive, archive_bytes })
 }
 
 /// The context's `rootfs/` becomes the image's `/`: the binary at /usr/bin/kstall (so
-/// `kubectl exec ... kstall status` finds it on PATH) and each library `ldd` names, at its path.
-fn stage(binary: &Path, context: &Path) -> anyhow::Result<()> {
+/// `kubectl exec ... kstall status` finds it on PATH), its dynamic loader and each library it
+/// needs, at their paths.
+fn stage(binary: &Path, context: &Path, arch: Arch) -> anyhow::Result<()> {
     if context.exists() {
         std::fs::remove_dir_all(context).with_context(|| format!("clean {}", context.display()))?;
     }
@@ -88,45 +141,81 @@ fn stage(binary: &Path, context: &Path) -> anyhow::Result<()> {
     let bin = rootfs.join("usr/bin/kstall");
     std::fs::create_dir_all(bin.parent().expect("usr/bin")).context("stage usr/bin")?;
     // The symbol table is 4 of the binary's 20 MB and only serves debuggers (a panic's message
-    // needs none). The embedded kernel programs are data and keep their BTF.
+    // needs none). The embedded kernel programs are data and keep their BTF; the build id stays.
     run_checked(
-        Command::new("objcopy").arg("--strip-all").arg(binary).arg(&bin),
+        Command::new(arch.binutil("objcopy")).arg("--strip-all").arg(binary).arg(&bin),
         "objcopy --strip-all (binutils)",
     )?;
     // For an agent run as a non-root user (deploy/components/non-root): the kernel grants these
     // on exec. Without effect for root, whose capabilities are the container's.
     run_checked(Command::new("setcap").arg(FILE_CAPABILITIES).arg(&bin), "setcap (libcap2-bin)")?;
-    for library in shared_libraries(binary)? {
-        let target = rootfs.join(library.strip_prefix("/").expect("absolute"));
+    for (here, in_image) in shared_libraries(binary, arch)? {
+        let target = rootfs.join(in_image.strip_prefix("/").expect("absolute"));
         std::fs::create_dir_all(target.parent().expect("a directory")).context("stage a library")?;
         // The file itself, not a symlink into the builder's /lib.
-        std::fs::copy(&library, &target).with_context(|| format!("copy {}", library.display()))?;
+        std::fs::copy(&here, &target).with_context(|| format!("copy {}", here.display()))?;
     }
     Ok(())
 }
 
-/// The absolute paths `ldd` resolves for `binary`, the dynamic loader included.
-fn shared_libraries(binary: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let out = Command::new("ldd").arg(binary).output().context("cannot run ldd")?;
-    if !out.status.success() {
-        bail!("ldd {} failed: {}", binary.display(), String::from_utf8_lossy(&out.stderr).trim());
-    }
-    let libraries = parse_ldd(&String::from_utf8_lossy(&out.stdout));
-    if libraries.is_empty() {
-        bail!("ldd named no libraries for {}: is it dynamically linked?", binary.display());
+/// What the binary needs at run time, as `(file here, path in the image)`: its program
+/// interpreter (the dynamic loader) and the libraries it and they need, by their `DT_NEEDED`
+/// names — read from the ELF, so it works for a binary this machine cannot run.
+fn shared_libraries(binary: &Path, arch: Arch) -> anyhow::Result<Vec<(PathBuf, PathBuf)>> {
+    let dirs = arch.libraries();
+    let headers = readelf(binary, "--program-headers")?;
+    let interpreter = program_interpreter(&headers).with_context(|| {
+        format!("{} names no program interpreter: is it dynamically linked?", binary.display())
+    })?;
+    let loader = Path::new(&interpreter).file_name().expect("a file name").to_string_lossy().into_owned();
+    let mut libraries = vec![(Path::new(dirs.here).join(&loader), PathBuf::from(&interpreter))];
+    let mut wanted = needed(&readelf(binary, "--dynamic")?);
+    let mut seen = vec![loader];
+    while let Some(name) = wanted.pop() {
+        if seen.contains(&name) {
+            continue;
+        }
+        let here = Path::new(dirs.here).join(&name);
+        if !here.exists() {
+            bail!("{} needs {name}, which is not in {}", binary.display(), dirs.here);
+        }
+        wanted.extend(needed(&readelf(&here, "--dynamic")?));
+        libraries.push((here, Path::new(dirs.in_image).join(&name)));
+        seen.push(name);
     }
     Ok(libraries)
 }
 
-fn parse_ldd(text: &str) -> Vec<PathBuf> {
-    text.lines()
-        .filter_map(|line| {
-            // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)";
-            // linux-vdso has no file.
-            let path = line.split("=>").last()?.split_whitespace().next()?;
-            path.starts_with('/').then(|| PathBuf::from(path))
-        })
+fn readelf(file: &Path, what: &str) -> anyhow::Result<String> {
+    let out =
+        Command::new("readelf").arg("--wide").arg(what).arg(file).output().context("cannot run readelf")?;
+    if !out.status.success() {
+        bail!("readelf {what} {} failed: {}", file.display(), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `[Requesting program interpreter: /lib64/ld-linux-x86-64.so.2]` in `readelf -l`.
+fn program_interpreter(headers: &str) -> Option<String> {
+    let (_, rest) = headers.split_once("[Requesting program interpreter: ")?;
+    rest.split_once(']').map(|(path, _)| path.to_string())
+}
+
+/// The `(NEEDED) Shared library: [libc.so.6]` lines of `readelf -d`.
+fn needed(dynamic: &str) -> Vec<String> {
+    dynamic
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| Some(l.split_once('[')?.1.split_once(']')?.0.to_string()))
         .collect()
+}
+
+fn elf_machine(file: &Path) -> anyhow::Result<String> {
+    let header = readelf(file, "--file-header")?;
+    header
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Machine:").map(|m| m.trim().to_string()))
+        .with_context(|| format!("{} has no ELF machine", file.display()))
 }
 
 fn git_revision(root: &Path) -> String {
@@ -186,19 +275,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ldd_output_gives_the_files_to_copy() {
-        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\
-                    \tlibgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x00007f1)\n\
-                    \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f2)\n\
-                    \t/lib64/ld-linux-x86-64.so.2 (0x00007f3)\n";
-        assert_eq!(
-            parse_ldd(text),
-            [
-                "/lib/x86_64-linux-gnu/libgcc_s.so.1",
-                "/lib/x86_64-linux-gnu/libc.so.6",
-                "/lib64/ld-linux-x86-64.so.2"
-            ]
-            .map(PathBuf::from)
-        );
+    fn the_loader_and_the_libraries_come_from_readelf() {
+        let headers = "  INTERP  0x000350 0x350 0x350 0x00001c 0x00001c R   0x1\n      \
+                       [Requesting program interpreter: /lib/ld-linux-aarch64.so.1]\n";
+        assert_eq!(program_interpreter(headers).as_deref(), Some("/lib/ld-linux-aarch64.so.1"));
+        assert_eq!(program_interpreter("  LOAD 0x0"), None, "a static binary has none");
+        let dynamic = " 0x0000000000000001 (NEEDED)             Shared library: [libgcc_s.so.1]\n \
+                       0x0000000000000001 (NEEDED)             Shared library: [libc.so.6]\n \
+                       0x000000000000000e (SONAME)             Library soname: [libx.so.1]\n";
+        assert_eq!(needed(dynamic), ["libgcc_s.so.1", "libc.so.6"]);
     }
 }

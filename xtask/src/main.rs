@@ -3,6 +3,7 @@
 //! `cargo xtask run` and `cargo xtask test` are the README's two set-up commands: both bootstrap
 //! what is missing first, so a fresh Debian 12 machine needs nothing else.
 
+mod arch;
 mod bench;
 mod bootstrap;
 mod build;
@@ -55,8 +56,13 @@ enum Command {
         no_matrix: bool,
     },
     /// Bootstrap, build, then the agent's container image (podman build of deploy/image/Containerfile
-    /// from a staged context; saved as an OCI archive under target/image/).
-    Image,
+    /// from a staged context per architecture; saved as one multi-arch OCI archive under
+    /// target/image/).
+    Image {
+        /// The architectures the image is for (another than this machine's is cross-built).
+        #[arg(long, value_enum, default_value = "all")]
+        arch: arch::Arches,
+    },
     /// Regenerate deploy/'s generated files: the PrometheusRule (from the alerting rules) and the
     /// Grafana dashboards' kustomization (from deploy/grafana/*.json).
     Deploy,
@@ -103,18 +109,25 @@ enum Command {
         #[arg(value_enum)]
         action: cluster::Action,
     },
-    /// The kernel matrix (root): boot Debian 5.10, 6.1, 6.12 and 7.3 in VMs; in each, load every
-    /// probe and run the incident scenarios (real NFS, a real global OOM).
+    /// The kernel matrix (root): boot Debian 5.10, 6.1, 6.12 and 7.3 (amd64) and 6.1 and 6.12
+    /// (arm64) in VMs; in each, load every probe and run the incident scenarios (real NFS, a
+    /// real global OOM).
     VmTest {
         /// Only these kernels (5.10, 6.1, 6.12, 7.3) [default: all].
         #[arg(long = "kernel")]
         kernels: Vec<String>,
+        /// Only this architecture's kernels (arm64: cross-built, emulated) [default: all].
+        #[arg(long, value_enum, default_value = "all")]
+        arch: arch::Arches,
         /// Run the matrix this many times back to back; a flake hunt.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
         repeat: u32,
         /// Only the scenarios whose test name contains this (libtest's filter) [default: all].
         #[arg(long, value_name = "FILTER")]
         scenario: Option<String>,
+        /// Only build what the guests run (the binaries, arm64's root file system); boot nothing.
+        #[arg(long)]
+        prepare_only: bool,
     },
 }
 
@@ -124,7 +137,7 @@ fn main() -> ExitCode {
         Command::Build => bootstrap::run().and_then(|env| build::release(&env)),
         Command::Run { agent_args } => run::run(&agent_args),
         Command::Test { repeat, no_matrix } => test::run(repeat, !no_matrix),
-        Command::Image => image::run(),
+        Command::Image { arch } => image::run(arch),
         Command::Deploy => deploy::run(),
         Command::Imports => imports::run(),
         Command::Bench { storms } => bench::run(&storms),
@@ -133,7 +146,10 @@ fn main() -> ExitCode {
         Command::Soak { healthy: false, pods, secs } => soak::run(pods, secs),
         Command::Soak { healthy: true, secs, .. } => soak::healthy(secs),
         Command::Cluster { action } => cluster::run(action),
-        Command::VmTest { kernels, repeat, scenario } => vm::run(&kernels, repeat, scenario.as_deref()),
+        Command::VmTest { prepare_only: true, arch, .. } => vm::prepare(&arch.list()),
+        Command::VmTest { kernels, arch, repeat, scenario, prepare_only: false } => {
+            vm::run(&kernels, &arch.list(), repeat, scenario.as_deref())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,22 +5,28 @@
 
 use std::path::Path;
 
-use crate::generated;
+use crate::{arch::Arch, generated};
 
-/// One tested kernel: how the README names it and the agent's status there.
+/// One tested kernel: how the README names it, its architecture and the agent's status there.
 pub struct Tested<'a> {
     pub label: &'a str,
+    pub arch: Arch,
     pub status: &'a serde_json::Value,
 }
 
 /// The markdown table: a row per kernel and probe.
 pub fn table(kernels: &[Tested]) -> String {
-    let mut out =
-        String::from("| kernel | probe | hooks | unavailable on this kernel |\n|---|---|---|---|\n");
+    let mut out = String::from(
+        "| arch | kernel | probe | hooks | unavailable on this kernel |\n|---|---|---|---|---|\n",
+    );
     for kernel in kernels {
         let version = kernel.status["kernel"].as_str().unwrap_or("?");
         for (i, probe) in kernel.status["probes"].as_array().into_iter().flatten().enumerate() {
-            let first = if i == 0 { format!("{version} ({})", kernel.label) } else { String::new() };
+            let (arch, first) = if i == 0 {
+                (kernel.arch.name(), format!("{version} ({})", kernel.label))
+            } else {
+                ("", String::new())
+            };
             let hook = if probe["up"] == true {
                 probe["hook"].as_str().unwrap_or("").to_string()
             } else {
@@ -36,7 +42,7 @@ pub fn table(kernels: &[Tested]) -> String {
                 .collect();
             let missing = if missing.is_empty() { "—".to_string() } else { missing.join("; ") };
             out.push_str(&format!(
-                "| {} | {} | {} | {} |\n",
+                "| {arch} | {} | {} | {} | {} |\n",
                 cell(&first),
                 cell(probe["name"].as_str().unwrap_or("?")),
                 cell(&hook),
@@ -74,12 +80,12 @@ mod tests {
     #[test]
     fn a_row_per_probe_naming_hooks_and_missing_fields() {
         let status = status();
-        let text = table(&[Tested { label: "Debian 11", status: &status }]);
+        let text = table(&[Tested { label: "Debian 11", arch: Arch::Amd64, status: &status }]);
         let rows: Vec<&str> = text.lines().collect();
         assert_eq!(
             rows[2],
-            "| 5.10.0-46-amd64 (Debian 11) | tcp-reset | tp_btf/a + fentry/{b,c} | `reason`: none before 6.10 |"
+            "| amd64 | 5.10.0-46-amd64 (Debian 11) | tcp-reset | tp_btf/a + fentry/{b,c} | `reason`: none before 6.10 |"
         );
-        assert_eq!(rows[3], "|  | nfs | **down**: x \\| y | — |");
+        assert_eq!(rows[3], "|  |  | nfs | **down**: x \\| y | — |");
     }
 }

@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{bootstrap, build, cluster, fuzz, image, libtest::Results, repeat::Tally, vm};
+use crate::{arch::Arch, bootstrap, build, cluster, fuzz, image, libtest::Results, repeat::Tally, vm};
 
 /// How long `cargo xtask test` runs each fuzz target: enough to catch what a change broke in a
 /// parser; `cargo xtask fuzz --secs N` fuzzes for real.
@@ -31,6 +31,16 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     let cluster_build = if bootstrap::is_root() {
         println!("==> the real cluster's build, in the background (cargo xtask cluster build)");
         Some(cluster::build_in_background()?)
+    } else {
+        None
+    };
+    // The arm64 guests' binaries (cross-built) and root file system (mmdebstrap) take 10-15
+    // minutes of mostly one core: at idle priority beside everything up to the matrix.
+    let arm64_guests = if required && with_matrix && bootstrap::is_root() {
+        println!(
+            "==> the arm64 guests' preparation, in the background (cargo xtask vm-test --arch arm64 --prepare-only)"
+        );
+        Some(vm::prepare_in_background(Arch::Arm64)?)
     } else {
         None
     };
@@ -63,7 +73,7 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     let image = if bootstrap::is_root() {
         bootstrap::apt_install(image::IMAGE_PACKAGES)?;
         println!("==> the agent's image (cargo xtask image)");
-        let image = image::build_image()?;
+        let image = image::build_image(&[Arch::Amd64])?;
         println!("image: {} ({})", image.tag, image::human_bytes(image.size_bytes));
         Some(image.tag)
     } else {
@@ -105,7 +115,7 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     let on_cluster = match cluster_build {
         Some(build) => {
             // Built now: beside the fuzz targets' build, cargo would wait on its locks.
-            let binary = build::test_binary(&env, "cluster", &["cluster"])?;
+            let binary = build::test_binary(&env, "cluster", &["cluster"], Arch::Amd64)?;
             println!(
                 "==> the real cluster and its tests (cargo xtask cluster up; tests/tests/cluster.rs), beside the fuzz targets"
             );
@@ -118,7 +128,7 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     let fuzzed = fuzz::run(FUZZ_SECS, &[]);
     let Some(stage) = on_cluster else {
         fuzzed?;
-        return matrix(&env, required && with_matrix, repeat);
+        return matrix(&env, arm64_guests, repeat);
     };
     let suite = stage.suite(repeat);
     // The healthy-node watch needs the node quiet, not the cores: beside the VMs.
@@ -127,7 +137,7 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
         println!("==> the real cluster, 10 minutes of a healthy node ({HEALTHY_NODE_TEST}), beside the VMs");
     }
     let watch = stage.watch(go);
-    let matrix = if go { matrix(&env, required && with_matrix, repeat) } else { Ok(()) };
+    let matrix = if go { matrix(&env, arm64_guests, repeat) } else { Ok(()) };
     let watched = watch.join().map_err(|_| anyhow::anyhow!("the cluster stage panicked"))?;
     suite?;
     fuzzed?;
@@ -143,10 +153,25 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     matrix
 }
 
-fn matrix(env: &bootstrap::BuildEnv, run: bool, repeat: u32) -> anyhow::Result<()> {
-    if run {
-        println!("==> the kernel matrix in VMs (cargo xtask vm-test)");
-        vm::matrix(env, &[], repeat, None)?;
+/// The kernel matrix, when the arm64 guests were being prepared for it: every amd64 scenario,
+/// [`vm::ARM64_CI_SCENARIOS`] on arm64.
+fn matrix(
+    env: &bootstrap::BuildEnv,
+    arm64_guests: Option<vm::Background>,
+    repeat: u32,
+) -> anyhow::Result<()> {
+    if let Some(arm64_guests) = arm64_guests {
+        arm64_guests.wait()?;
+        println!("==> the kernel matrix in VMs (cargo xtask vm-test; on arm64 a subset of the scenarios)");
+        vm::matrix(env, &[], &Arch::ALL, repeat, None, Some(vm::ARM64_CI_SCENARIOS))?;
+        // The arm64 binary the guests ran, in the image's arm64 manifest.
+        println!("==> the multi-arch image (cargo xtask image --arch all)");
+        let image = image::build_image(&Arch::ALL)?;
+        println!(
+            "image: OCI archive {} ({})",
+            image.archive.display(),
+            image::human_bytes(image.archive_bytes)
+        );
     }
     Ok(())
 }

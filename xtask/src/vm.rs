@@ -31,6 +31,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use crate::{
+    arch::Arch,
     bootstrap::{self, BuildEnv},
     build, generated,
     libtest::{Failure, Results},
@@ -39,13 +40,17 @@ use crate::{
     support,
 };
 
+mod guest_root;
+
 /// One kernel of the matrix.
 struct MatrixKernel {
     /// Version prefix (`--kernel` matches it).
     prefix: &'static str,
+    arch: Arch,
     /// Where it comes from, for the README's table.
     label: &'static str,
-    /// What installs it when no such kernel is installed.
+    /// What installs it when no such kernel is installed (amd64: on this machine; arm64: in the
+    /// guests' root file system, where a metapackage stands for the kernel it depends on).
     packages: &'static [&'static str],
     /// The Debian release it comes from, and the apt lines that reach its headers: the soft-lockup
     /// test module is built against them in a chroot of that release.
@@ -59,6 +64,7 @@ struct MatrixKernel {
 const KERNELS: &[MatrixKernel] = &[
     MatrixKernel {
         prefix: "5.10.",
+        arch: Arch::Amd64,
         label: "Debian 11 bullseye-security",
         packages: &["linux-image-5.10.0-46-amd64"],
         release: "bullseye",
@@ -69,6 +75,7 @@ const KERNELS: &[MatrixKernel] = &[
     },
     MatrixKernel {
         prefix: "6.1.",
+        arch: Arch::Amd64,
         label: "Debian 12",
         packages: &["linux-image-amd64"],
         release: "bookworm",
@@ -76,6 +83,7 @@ const KERNELS: &[MatrixKernel] = &[
     },
     MatrixKernel {
         prefix: "6.12.",
+        arch: Arch::Amd64,
         label: "Debian 12 bookworm-backports",
         packages: &["linux-image-6.12.*+deb12-amd64"],
         release: "bookworm",
@@ -83,6 +91,7 @@ const KERNELS: &[MatrixKernel] = &[
     },
     MatrixKernel {
         prefix: "7.3.",
+        arch: Arch::Amd64,
         label: "Debian 13 trixie-backports",
         packages: &["linux-binary-7.3.4+deb13-amd64", "linux-modules-7.3.4+deb13-amd64"],
         release: "trixie",
@@ -90,6 +99,24 @@ const KERNELS: &[MatrixKernel] = &[
             "deb http://deb.debian.org/debian trixie main",
             "deb http://deb.debian.org/debian trixie-backports main",
         ],
+    },
+    // arm64: the generic flavour of the same two Debian 12 kernels (Graviton's and Ampere's
+    // instances boot it, or its -cloud sibling with the same BPF and BTF options).
+    MatrixKernel {
+        prefix: "6.1.",
+        arch: Arch::Arm64,
+        label: "Debian 12",
+        packages: &["linux-image-arm64"],
+        release: "bookworm",
+        header_sources: BOOKWORM,
+    },
+    MatrixKernel {
+        prefix: "6.12.",
+        arch: Arch::Arm64,
+        label: "Debian 12 bookworm-backports",
+        packages: &["linux-image-6.12.*+deb12-arm64"],
+        release: "bookworm",
+        header_sources: BOOKWORM,
     },
 ];
 
@@ -139,36 +166,141 @@ const UNUSED_MODULES: &str = "kvm,kvm_amd,kvm_intel,irqbypass,ccp,iTCO_wdt,iTCO_
     sg,ahci,libahci,libata,aesni_intel,ghash_clmulni_intel,crct10dif_pclmul,\
     crc32_pclmul,qemu_fw_cfg";
 
-pub fn run(kernels: &[String], repeat: u32, scenario: Option<&str>) -> anyhow::Result<()> {
+pub fn run(kernels: &[String], arches: &[Arch], repeat: u32, scenario: Option<&str>) -> anyhow::Result<()> {
     if let Some(bad) = scenario.filter(|s| !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')) {
         bail!("--scenario {bad:?}: a part of a test name (letters, digits, _)");
     }
     let env = bootstrap::run()?;
-    build::release(&env)?;
-    matrix(&env, kernels, repeat, scenario)
+    matrix(&env, kernels, arches, repeat, scenario, None)
 }
 
-/// Boots each kernel, `repeat` times over, with the release binary already built. A failure
-/// prints one line per failed scenario or probe, naming the kernel, the test and the assertion.
-pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<&str>) -> anyhow::Result<()> {
+/// `--prepare-only`: what `arches`' guests run, built, and nothing booted.
+pub fn prepare(arches: &[Arch]) -> anyhow::Result<()> {
+    let env = bootstrap::run()?;
     let vm_dir = build::workspace_root().join("target/vm");
-    let vng = install(&vm_dir)?;
-    let scenarios = build::test_binary(env, "vm_scenarios", &[])?;
+    install(&vm_dir, arches)?;
+    for &arch in arches {
+        Guests::prepare(&env, &vm_dir, arch)?;
+    }
+    Ok(())
+}
+
+/// The scenarios `cargo xtask test` runs on arm64 (its CI budget has room for these beside the
+/// amd64 matrix): incident 1's sidecar redirect and both OOM kinds. `cargo xtask vm-test --arch
+/// arm64` runs them all.
+pub const ARM64_CI_SCENARIOS: &[&str] = &[
+    "nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it",
+    "the_global_oom_killer_taking_a_node_daemon_is_a_critical_system_oom",
+    "a_pod_squeezed_under_its_memory_limit_is_named_before_it_is_oom_killed",
+];
+
+/// Starts `cargo xtask vm-test --arch <arch> --prepare-only` in the background at the lowest
+/// priority (for `cargo xtask test`, beside its host tests), its output in
+/// target/vm/prepare-<arch>.log. What it installs with apt must be installed first
+/// ([`install`]): two apt-gets at once would fight over dpkg's lock.
+pub fn prepare_in_background(arch: Arch) -> anyhow::Result<Background> {
+    let vm_dir = build::workspace_root().join("target/vm");
+    install(&vm_dir, &[arch])?;
+    arch.bootstrap()?;
+    let log_path = vm_dir.join(format!("prepare-{}.log", arch.name()));
+    let log = std::fs::File::create(&log_path).context("the preparation's log")?;
+    let child = Command::new("nice")
+        .args(["-n", "19"])
+        .arg(std::env::current_exe().context("this program's path")?)
+        .args(["vm-test", "--arch", arch.name(), "--prepare-only"])
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().context("the preparation's log")?)
+        .stderr(log)
+        .spawn()
+        .context("cannot start the guests' preparation")?;
+    Ok(Background { child, log: log_path })
+}
+
+pub struct Background {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl Background {
+    /// Waits for it; a failure names its last line and its log.
+    pub fn wait(mut self) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let status = self.child.wait().context("the guests' preparation")?;
+        if !status.success() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().to_string();
+            bail!(
+                "vm-test: preparing the guests failed ({status}): {last} (whole log: {})",
+                self.log.display()
+            );
+        }
+        println!(
+            "vm-test: the guests' preparation was done (waited {:.0} s for it)",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+}
+
+/// What one architecture's guests run: its agent and scenario binaries and, for a foreign
+/// architecture, a root file system of its own (an amd64 guest shares this machine's).
+struct Guests {
+    arch: Arch,
+    kstall: PathBuf,
+    scenarios: PathBuf,
+    root: Option<PathBuf>,
+}
+
+impl Guests {
+    /// Builds `arch`'s binaries (cross-built for arm64) and its guests' root.
+    fn prepare(env: &BuildEnv, vm_dir: &Path, arch: Arch) -> anyhow::Result<Self> {
+        build::release_for(env, arch)?;
+        let scenarios = build::test_binary(env, "vm_scenarios", &[], arch)?;
+        let root = if arch.is_host() {
+            None
+        } else {
+            let packages: Vec<&str> =
+                KERNELS.iter().filter(|m| m.arch == arch).flat_map(|m| m.packages.iter().copied()).collect();
+            Some(guest_root::ensure(vm_dir, arch, &packages)?)
+        };
+        Ok(Guests { arch, kstall: build::release_binary_for(arch), scenarios, root })
+    }
+}
+
+/// Boots each kernel of `arches`, `repeat` times over. A failure prints one line per failed
+/// scenario or probe, naming the kernel, the test and the assertion.
+pub fn matrix(
+    env: &BuildEnv,
+    kernels: &[String],
+    arches: &[Arch],
+    repeat: u32,
+    scenario: Option<&str>,
+    arm64_subset: Option<&[&str]>,
+) -> anyhow::Result<()> {
+    let vm_dir = build::workspace_root().join("target/vm");
+    let vng = install(&vm_dir, arches)?;
+    let guests =
+        arches.iter().map(|&a| Guests::prepare(env, &vm_dir, a)).collect::<anyhow::Result<Vec<_>>>()?;
     let guest = vm_dir.join("guest.sh");
     std::fs::write(&guest, GUEST_SCRIPT).context("write the guest script")?;
     let selected = KERNELS
         .iter()
+        .filter(|m| arches.contains(&m.arch))
         .filter(|m| {
             kernels.is_empty()
                 || kernels.iter().any(|k| m.prefix.starts_with(&format!("{k}.")) || m.prefix == k)
         })
-        .map(|m| installed_kernel(m).with_context(|| format!("no {}x kernel installed", m.prefix)))
+        .map(|m| {
+            let root = guests.iter().find(|g| g.arch == m.arch).and_then(|g| g.root.as_deref());
+            installed_kernel(m, root.unwrap_or(Path::new("/")))
+                .with_context(|| format!("no {}x {} kernel installed", m.prefix, m.arch.name()))
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     if selected.is_empty() {
         let known: Vec<&str> = KERNELS.iter().map(|m| m.prefix.trim_end_matches('.')).collect();
         bail!("--kernel {}: the matrix has {}", kernels.join(" --kernel "), known.join(", "));
     }
-    for kernel in &selected {
+    for kernel in selected.iter().filter(|k| k.arch.is_host()) {
         lockup_module::build(&vm_dir, &kernel.version, kernel.release, kernel.header_sources)?;
     }
     let mut tally = Tally::default();
@@ -181,9 +313,12 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
         let mut tested = Vec::new();
         let mut times_to_name = Vec::new();
         let mut benches = Vec::new();
-        let boots = boots(&selected, scenario);
-        let mut runs =
-            boot_all(&boots, |b| boot_and_check(&vng, &vm_dir, &guest, &scenarios, b))?.into_iter();
+        let boots = boots(&selected, scenario, arm64_subset);
+        let mut runs = boot_all(&boots, |b| {
+            let guests = guests.iter().find(|g| g.arch == b.kernel.arch).expect("prepared");
+            boot_and_check(&vng, &vm_dir, &guest, guests, b)
+        })?
+        .into_iter();
         for booted in &selected {
             let version = &booted.version;
             // Its boots, in the order `boots` listed them: the main one first.
@@ -206,17 +341,27 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
             failed.extend(
                 kernel.failed.into_iter().map(|f| Failure { test: format!("{version} {}", f.test), ..f }),
             );
-            tested.push((booted.label, kernel.status));
+            tested.push((booted.label, booted.arch, kernel.status));
             times_to_name.push((version.clone(), kernel.times_to_name));
             benches.push((version.clone(), kernel.benches));
         }
         println!("vm-test: {} kernel(s) in {:.0} s", selected.len(), started.elapsed().as_secs_f64());
         print!("{}", time_to_name_summary(&times_to_name));
-        let full_and_green = failed.is_empty() && kernels.is_empty() && scenario.is_none();
+        let every_kernel = failed.is_empty() && kernels.is_empty() && arches.len() == Arch::ALL.len();
+        let every_scenario = scenario.is_none() && arm64_subset.is_none();
         tally.record(started.elapsed(), passed, failed);
-        if full_and_green {
-            let tested: Vec<support::Tested> =
-                tested.iter().map(|(label, status)| support::Tested { label, status }).collect();
+        if every_kernel && every_scenario {
+            let results = build::workspace_root().join("bench/results.md");
+            generated::write(&results, "time-to-name", &time_to_name_table(&times_to_name))?;
+            generated::write(&results, "nfs-rpc-cost", &nfs_rpc_cost_table(&benches))?;
+            println!("vm-test: the times to name and the NFS RPC cost are in {}", results.display());
+        }
+        // The table is the probes' (each kernel's first boot), whichever scenarios ran.
+        if every_kernel {
+            let tested: Vec<support::Tested> = tested
+                .iter()
+                .map(|(label, arch, status)| support::Tested { label, arch: *arch, status })
+                .collect();
             let readme = build::workspace_root().join("README.md");
             if support::update_readme(&readme, &support::table(&tested))? {
                 bail!(
@@ -225,10 +370,6 @@ pub fn matrix(env: &BuildEnv, kernels: &[String], repeat: u32, scenario: Option<
                 );
             }
             println!("vm-test: README.md's kernel support table is what this run saw");
-            let results = build::workspace_root().join("bench/results.md");
-            generated::write(&results, "time-to-name", &time_to_name_table(&times_to_name))?;
-            generated::write(&results, "nfs-rpc-cost", &nfs_rpc_cost_table(&benches))?;
-            println!("vm-test: the times to name and the NFS RPC cost are in {}", results.display());
         }
     }
     if repeat > 1 {
@@ -375,21 +516,28 @@ struct Boot<'a> {
 }
 
 /// Each kernel's boots, a kernel's main one first: the main one runs every scenario `scenario`
-/// selects but the two-CPU ones (and checks the probes); a second, with two CPUs, those of
-/// [`TWO_CPU_SCENARIOS`] it selects.
-fn boots<'a>(kernels: &'a [Kernel], scenario: Option<&str>) -> Vec<Boot<'a>> {
+/// selects but the two-CPU ones (and checks the probes) — on arm64 only `arm64_subset`'s when
+/// given; a second, with two CPUs, those of [`TWO_CPU_SCENARIOS`] it selects.
+fn boots<'a>(kernels: &'a [Kernel], scenario: Option<&str>, arm64_subset: Option<&[&str]>) -> Vec<Boot<'a>> {
     let selected = |name: &str| scenario.is_none_or(|s| name.contains(s));
     let skipped: String = TWO_CPU_SCENARIOS.iter().map(|t| format!(" --skip {t}")).collect();
     let mut boots = Vec::new();
     for kernel in kernels {
-        let filter = format!("{}{skipped}", scenario.unwrap_or(""));
+        let filter = match arm64_subset.filter(|_| kernel.arch == Arch::Arm64) {
+            Some(subset) => {
+                let subset = subset.iter().filter(|t| selected(t)).copied().collect::<Vec<_>>();
+                format!("{} --exact", subset.join(" "))
+            }
+            None => format!("{}{skipped}", scenario.unwrap_or("")),
+        };
         boots.push(Boot {
             kernel,
             cpus: VM_CPUS,
             filter: filter.trim().to_string(),
             name: kernel.version.clone(),
         });
-        for test in TWO_CPU_SCENARIOS.iter().filter(|t| selected(t)) {
+        // The soft-lockup test module is built for the amd64 kernels only.
+        for test in TWO_CPU_SCENARIOS.iter().filter(|t| selected(t) && kernel.arch.is_host()) {
             boots.push(Boot {
                 kernel,
                 cpus: "2",
@@ -436,30 +584,33 @@ fn boot_all(
 /// A kernel to boot: its version, its image and how the README names it.
 struct Kernel {
     version: String,
+    arch: Arch,
     image: PathBuf,
     label: &'static str,
     release: &'static str,
     header_sources: &'static [&'static str],
 }
 
-/// The newest installed kernel of `m`: `/boot/vmlinuz-<version>`, or
+/// The newest kernel of `m` installed in `root`: `/boot/vmlinuz-<version>`, or
 /// `/usr/lib/modules/<version>/vmlinuz` (Debian's split kernel packages, from 7.x).
-fn installed_kernel(m: &MatrixKernel) -> Option<Kernel> {
-    let in_boot = std::fs::read_dir("/boot")
+fn installed_kernel(m: &MatrixKernel, root: &Path) -> Option<Kernel> {
+    let in_boot = std::fs::read_dir(root.join("boot"))
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| Some((e.file_name().to_str()?.strip_prefix("vmlinuz-")?.to_string(), e.path())));
-    let in_modules = std::fs::read_dir("/usr/lib/modules").into_iter().flatten().flatten().filter_map(|e| {
-        let image = e.path().join("vmlinuz");
-        image.exists().then(|| (e.file_name().to_string_lossy().into_owned(), image))
-    });
+    let in_modules =
+        std::fs::read_dir(root.join("usr/lib/modules")).into_iter().flatten().flatten().filter_map(|e| {
+            let image = e.path().join("vmlinuz");
+            image.exists().then(|| (e.file_name().to_string_lossy().into_owned(), image))
+        });
     in_boot
         .chain(in_modules)
-        .filter(|(version, _)| version.starts_with(m.prefix))
+        .filter(|(version, _)| version.starts_with(m.prefix) && version.ends_with(m.arch.name()))
         .max_by_key(|(version, _)| version_key(version))
         .map(|(version, image)| Kernel {
             version,
+            arch: m.arch,
             image,
             label: m.label,
             release: m.release,
@@ -472,8 +623,8 @@ fn version_key(version: &str) -> Vec<u64> {
     version.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse().ok()).collect()
 }
 
-/// Installs what is missing; returns the vng binary.
-fn install(vm_dir: &Path) -> anyhow::Result<PathBuf> {
+/// Installs what `arches`' guests need and is missing; returns the vng binary.
+fn install(vm_dir: &Path, arches: &[Arch]) -> anyhow::Result<PathBuf> {
     let backports = Path::new("/etc/apt/sources.list.d/kstall-backports.sources");
     let has_backports = std::fs::read_dir("/etc/apt/sources.list.d")
         .into_iter()
@@ -510,9 +661,17 @@ fn install(vm_dir: &Path) -> anyhow::Result<PathBuf> {
         println!("vm-test: installing {}", packages.join(" "));
         bootstrap::run_step(&mut cmd, &format!("apt-get install {}", packages.join(" ")))
     };
-    if !bootstrap::dpkg_installed("qemu-system-x86") {
+    // Both from backports, to match its qemu-system-common; qemu-user runs the arm64 root's
+    // maintainer scripts while mmdebstrap makes it.
+    let qemu: &[&str] = if arches.contains(&Arch::Arm64) {
+        &["qemu-system-x86", "qemu-system-arm", "qemu-user-static"]
+    } else {
+        &["qemu-system-x86"]
+    };
+    let qemu: Vec<&str> = qemu.iter().copied().filter(|p| !bootstrap::dpkg_installed(p)).collect();
+    if !qemu.is_empty() {
         apt_update(&mut updated)?;
-        install(&["qemu-system-x86"], true)?;
+        install(&qemu, true)?;
     }
     let missing: Vec<&str> = [
         "busybox-static",
@@ -525,6 +684,8 @@ fn install(vm_dir: &Path) -> anyhow::Result<PathBuf> {
         "iptables",
         "iproute2",
         "mmdebstrap",
+        // mmdebstrap's check that it can run another architecture's programs.
+        "arch-test",
     ]
     .into_iter()
     .filter(|p| !bootstrap::dpkg_installed(p))
@@ -543,8 +704,8 @@ fn install(vm_dir: &Path) -> anyhow::Result<PathBuf> {
             .context("write the kernels' apt pin")?;
         updated = false;
     }
-    for m in KERNELS {
-        if installed_kernel(m).is_none() {
+    for m in KERNELS.iter().filter(|m| m.arch.is_host()) {
+        if installed_kernel(m, Path::new("/")).is_none() {
             apt_update(&mut updated)?;
             let packages = m
                 .packages
@@ -614,13 +775,12 @@ fn boot_and_check(
     vng: &Path,
     vm_dir: &Path,
     guest: &Path,
-    scenarios: &Path,
+    guests: &Guests,
     boot: &Boot,
 ) -> anyhow::Result<KernelRun> {
     let (kernel, filter) = (boot.kernel, &boot.filter);
     let version = &boot.name;
     let out = vm_dir.join("out").join(version);
-    let kstall = build::release_binary();
     let started = Instant::now();
     let mut attempt = 0;
     loop {
@@ -634,13 +794,38 @@ fn boot_and_check(
             vng.parent().map(|p| p.display().to_string()).unwrap_or_default(),
             std::env::var("PATH").unwrap_or_default()
         );
-        let mut vm = Command::new("timeout")
-            .arg(BOOT_TIMEOUT_SECS.to_string())
-            .arg(vng)
-            .env("PATH", path)
-            .args(["--disable-kvm", "--memory", VM_MEMORY, "--cpus", boot.cpus, "--rwdir"])
-            .arg(&out)
-            .args(["--append", &format!("module_blacklist={UNUSED_MODULES}")])
+        let mut vm = Command::new("timeout");
+        vm.arg(BOOT_TIMEOUT_SECS.to_string()).arg(vng).env("PATH", path).args([
+            "--disable-kvm",
+            "--memory",
+            VM_MEMORY,
+            "--cpus",
+            boot.cpus,
+        ]);
+        match &guests.root {
+            None => {
+                vm.arg("--rwdir").arg(&out).args(["--append", &format!("module_blacklist={UNUSED_MODULES}")]);
+            }
+            Some(root) => {
+                // At the paths they have here (made in the root: virtme-ng mounts over
+                // directories that exist, and none inside another): the binaries, the test
+                // crate's directory (the scenarios find the workspace from it) and the dashboards
+                // and rules they query (deploy/), the output directories.
+                let binaries = guests.kstall.parent().and_then(Path::parent).expect("target/cross/<triple>");
+                let (tests, deploy) =
+                    (build::workspace_root().join("tests"), build::workspace_root().join("deploy"));
+                vm.args(["--arch", guests.arch.name(), "--root"]).arg(root);
+                let dirs =
+                    [("--rodir", binaries), ("--rodir", &tests), ("--rodir", &deploy), ("--rwdir", vm_dir)];
+                for (how, dir) in dirs {
+                    let inside = root.join(dir.strip_prefix("/").context("an absolute path")?);
+                    std::fs::create_dir_all(&inside)
+                        .with_context(|| format!("create {}", inside.display()))?;
+                    vm.arg(how).arg(format!("{0}={0}", dir.display()));
+                }
+            }
+        }
+        let mut vm = vm
             .arg("--run")
             .arg(&kernel.image)
             .arg("--exec")
@@ -648,8 +833,8 @@ fn boot_and_check(
                 "bash {} {} {} {} {SCENARIOS_TIMEOUT_SECS} '{filter}'",
                 guest.display(),
                 out.display(),
-                kstall.display(),
-                scenarios.display()
+                guests.kstall.display(),
+                guests.scenarios.display()
             ))
             .stdout(console.try_clone()?)
             .stderr(console)
@@ -820,14 +1005,15 @@ mod tests {
     fn the_two_cpu_scenarios_boot_a_guest_of_their_own_when_selected() {
         let kernel = |version: &str| Kernel {
             version: version.into(),
+            arch: if version.ends_with("arm64") { Arch::Arm64 } else { Arch::Amd64 },
             image: PathBuf::from("/boot/vmlinuz"),
             label: "Debian",
             release: "bookworm",
             header_sources: BOOKWORM,
         };
-        let kernels = [kernel("6.1.0-57-amd64"), kernel("7.3.4+deb13-amd64")];
+        let kernels = [kernel("6.1.0-57-amd64"), kernel("7.3.4+deb13-amd64"), kernel("6.12.118+deb12-arm64")];
         let shown = |scenario| {
-            boots(&kernels, scenario)
+            boots(&kernels, scenario, None)
                 .iter()
                 .map(|b| format!("{} {} {}", b.name, b.cpus, b.filter))
                 .collect::<Vec<_>>()
@@ -840,16 +1026,23 @@ mod tests {
                 format!("6.1.0-57-amd64.2cpus 2 {lockup} --exact"),
                 format!("7.3.4+deb13-amd64 1 --skip {lockup}"),
                 format!("7.3.4+deb13-amd64.2cpus 2 {lockup} --exact"),
-            ]
+                format!("6.12.118+deb12-arm64 1 --skip {lockup}"),
+            ],
+            "the lockup module is built for amd64 kernels only"
         );
         assert_eq!(
             shown(Some("nfs_slow")),
             [
                 format!("6.1.0-57-amd64 1 nfs_slow --skip {lockup}"),
-                format!("7.3.4+deb13-amd64 1 nfs_slow --skip {lockup}")
+                format!("7.3.4+deb13-amd64 1 nfs_slow --skip {lockup}"),
+                format!("6.12.118+deb12-arm64 1 nfs_slow --skip {lockup}"),
             ]
         );
         assert_eq!(shown(Some("soft_lockup"))[1], format!("6.1.0-57-amd64.2cpus 2 {lockup} --exact"));
+        let subset = boots(&kernels, None, Some(&["nfs_a", "oom_b"]));
+        let filters: Vec<&str> = subset.iter().map(|b| b.filter.as_str()).collect();
+        assert_eq!(filters[0], format!("--skip {lockup}"), "amd64 runs every scenario");
+        assert_eq!(filters[4], "nfs_a oom_b --exact", "arm64 only the subset");
     }
 
     #[test]
