@@ -42,7 +42,9 @@ pub fn run(arches: Arches) -> anyhow::Result<()> {
         build::release_for(&env, arch)?;
     }
     let image = build_image(&arches)?;
-    println!("image: {} ({})", image.tag, human_bytes(image.size_bytes));
+    if let Some((tag, size_bytes)) = &image.local {
+        println!("image: {tag} ({})", human_bytes(*size_bytes));
+    }
     println!(
         "image: OCI archive {} ({}), an index of {}",
         image.archive.display(),
@@ -53,9 +55,9 @@ pub fn run(arches: Arches) -> anyhow::Result<()> {
 }
 
 pub struct Image {
-    /// This machine's image, in podman's storage under the name the kustomize base deploys.
-    pub tag: String,
-    pub size_bytes: u64,
+    /// This machine's image, when built: its name in podman's storage (the one the kustomize base
+    /// deploys) and its size.
+    pub local: Option<(String, u64)>,
     /// Every architecture's image as one OCI image index.
     pub archive: PathBuf,
     pub archive_bytes: u64,
@@ -100,11 +102,13 @@ pub fn build_image(arches: &[Arch]) -> anyhow::Result<Image> {
         )?;
         layouts.push((arch, layout, context.join("rootfs/usr/bin/kstall")));
     }
-    let size_bytes = if arches.iter().any(|a| a.is_host()) {
+    let local = if arches.iter().any(|a| a.is_host()) {
         let size = podman().args(["image", "inspect", "--format", "{{.Size}}", &tag]).output()?;
-        String::from_utf8_lossy(&size.stdout).trim().parse().context("podman image inspect: size")?
+        let size =
+            String::from_utf8_lossy(&size.stdout).trim().parse().context("podman image inspect: size")?;
+        Some((tag.clone(), size))
     } else {
-        0
+        None
     };
     let archive = out.join(format!("kstall-{VERSION}.oci.tar"));
     oci::write_index(&layouts.iter().map(|(a, l, _)| (*a, l.as_path())).collect::<Vec<_>>(), &tag, &archive)?;
@@ -127,7 +131,7 @@ pub fn build_image(arches: &[Arch]) -> anyhow::Result<Image> {
         );
     }
     let archive_bytes = std::fs::metadata(&archive).context("the saved archive")?.len();
-    Ok(Image { tag, size_bytes, archive, archive_bytes })
+    Ok(Image { local, archive, archive_bytes })
 }
 
 /// The context's `rootfs/` becomes the image's `/`: the binary at /usr/bin/kstall (so

@@ -4,6 +4,7 @@
 //! what is missing first, so a fresh Debian 12 machine needs nothing else.
 
 mod arch;
+mod background;
 mod bench;
 mod bootstrap;
 mod build;

@@ -16,7 +16,10 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{arch::Arch, bootstrap, build, cluster, fuzz, image, libtest::Results, repeat::Tally, vm};
+use crate::{
+    arch::Arch, background::Background, bootstrap, build, cluster, fuzz, image, libtest::Results,
+    repeat::Tally, vm,
+};
 
 /// How long `cargo xtask test` runs each fuzz target: enough to catch what a change broke in a
 /// parser; `cargo xtask fuzz --secs N` fuzzes for real.
@@ -73,9 +76,9 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     let image = if bootstrap::is_root() {
         bootstrap::apt_install(image::IMAGE_PACKAGES)?;
         println!("==> the agent's image (cargo xtask image)");
-        let image = image::build_image(&[Arch::Amd64])?;
-        println!("image: {} ({})", image.tag, image::human_bytes(image.size_bytes));
-        Some(image.tag)
+        let (tag, size_bytes) = image::build_image(&[Arch::Amd64])?.local.context("the amd64 image")?;
+        println!("image: {tag} ({})", image::human_bytes(size_bytes));
+        Some(tag)
     } else {
         None
     };
@@ -155,11 +158,7 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
 
 /// The kernel matrix, when the arm64 guests were being prepared for it: every amd64 scenario,
 /// [`vm::ARM64_CI_SCENARIOS`] on arm64.
-fn matrix(
-    env: &bootstrap::BuildEnv,
-    arm64_guests: Option<vm::Background>,
-    repeat: u32,
-) -> anyhow::Result<()> {
+fn matrix(env: &bootstrap::BuildEnv, arm64_guests: Option<Background>, repeat: u32) -> anyhow::Result<()> {
     if let Some(arm64_guests) = arm64_guests {
         arm64_guests.wait()?;
         println!("==> the kernel matrix in VMs (cargo xtask vm-test; on arm64 a subset of the scenarios)");
@@ -190,7 +189,7 @@ struct ClusterStage {
 }
 
 impl ClusterStage {
-    fn start(build: std::process::Child, binary: std::path::PathBuf, repeat: u32) -> Self {
+    fn start(build: Background, binary: std::path::PathBuf, repeat: u32) -> Self {
         let (suite_tx, suite) = mpsc::channel();
         let (go, go_rx) = mpsc::channel();
         let thread = std::thread::spawn(move || {

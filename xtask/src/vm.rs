@@ -32,6 +32,7 @@ use anyhow::{Context as _, bail};
 
 use crate::{
     arch::Arch,
+    background::Background,
     bootstrap::{self, BuildEnv},
     build, generated,
     libtest::{Failure, Results},
@@ -194,52 +195,18 @@ pub const ARM64_CI_SCENARIOS: &[&str] = &[
     "a_pod_squeezed_under_its_memory_limit_is_named_before_it_is_oom_killed",
 ];
 
-/// Starts `cargo xtask vm-test --arch <arch> --prepare-only` in the background at the lowest
-/// priority (for `cargo xtask test`, beside its host tests), its output in
-/// target/vm/prepare-<arch>.log. What it installs with apt must be installed first
-/// ([`install`]): two apt-gets at once would fight over dpkg's lock.
+/// Starts `cargo xtask vm-test --arch <arch> --prepare-only` in the background (for `cargo
+/// xtask test`, beside its host tests), its output in target/vm/prepare-<arch>.log, after
+/// installing with apt what it needs.
 pub fn prepare_in_background(arch: Arch) -> anyhow::Result<Background> {
     let vm_dir = build::workspace_root().join("target/vm");
     install(&vm_dir, &[arch])?;
     arch.bootstrap()?;
-    let log_path = vm_dir.join(format!("prepare-{}.log", arch.name()));
-    let log = std::fs::File::create(&log_path).context("the preparation's log")?;
-    let child = Command::new("nice")
-        .args(["-n", "19"])
-        .arg(std::env::current_exe().context("this program's path")?)
-        .args(["vm-test", "--arch", arch.name(), "--prepare-only"])
-        .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone().context("the preparation's log")?)
-        .stderr(log)
-        .spawn()
-        .context("cannot start the guests' preparation")?;
-    Ok(Background { child, log: log_path })
-}
-
-pub struct Background {
-    child: std::process::Child,
-    log: PathBuf,
-}
-
-impl Background {
-    /// Waits for it; a failure names its last line and its log.
-    pub fn wait(mut self) -> anyhow::Result<()> {
-        let started = Instant::now();
-        let status = self.child.wait().context("the guests' preparation")?;
-        if !status.success() {
-            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().to_string();
-            bail!(
-                "vm-test: preparing the guests failed ({status}): {last} (whole log: {})",
-                self.log.display()
-            );
-        }
-        println!(
-            "vm-test: the guests' preparation was done (waited {:.0} s for it)",
-            started.elapsed().as_secs_f64()
-        );
-        Ok(())
-    }
+    Background::start(
+        &["vm-test", "--arch", arch.name(), "--prepare-only"],
+        vm_dir.join(format!("prepare-{}.log", arch.name())),
+        format!("vm-test: the {} guests' preparation", arch.name()),
+    )
 }
 
 /// What one architecture's guests run: its agent and scenario binaries and, for a foreign

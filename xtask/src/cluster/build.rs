@@ -6,13 +6,16 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
 };
 
 use anyhow::{Context as _, bail};
 
 use super::{SOURCE_VERSION, cache_dir};
-use crate::bootstrap::{self, run_step};
+use crate::{
+    background::Background,
+    bootstrap::{self, run_step},
+};
 
 /// What building and running the cluster takes from Debian.
 const PACKAGES: &[&str] = &[
@@ -110,19 +113,9 @@ fn fetch_locked(dir: &Path) -> anyhow::Result<()> {
 
 /// `cargo xtask cluster build` at idle priority (after [`fetch`]: it needs no apt), its output
 /// in the cache's build.log.
-pub fn spawn_background() -> anyhow::Result<Child> {
+pub fn spawn_background() -> anyhow::Result<Background> {
     fetch()?;
-    let dir = cache_dir();
-    let log = std::fs::File::create(dir.join("build.log")).context("cluster: build.log")?;
-    Command::new("nice")
-        .args(["-n", "19"])
-        .arg(std::env::current_exe().context("cluster: this program's path")?)
-        .args(["cluster", "build"])
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().context("cluster: build.log")?)
-        .stderr(log)
-        .spawn()
-        .context("cluster: cannot start the background build")
+    Background::start(&["cluster", "build"], cache_dir().join("build.log"), "cluster: the build".into())
 }
 
 /// The source package and kubectl's binary package, unpacked.

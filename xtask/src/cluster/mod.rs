@@ -11,9 +11,9 @@ mod pki;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 
-use crate::bootstrap;
+use crate::{background::Background, bootstrap};
 
 /// Debian bookworm's `src:kubernetes`: the full upstream v1.20.2 tree, `vendor/` included.
 pub const SOURCE_VERSION: &str = "1.20.5+really1.20.2-1.1+deb12u1";
@@ -72,7 +72,7 @@ pub fn run(action: Action) -> anyhow::Result<()> {
 /// Builds the cluster's binaries and images if they are missing, in the background at idle
 /// priority: `cargo xtask test` starts it first and waits for it only when the cluster tests
 /// need it.
-pub fn build_in_background() -> anyhow::Result<std::process::Child> {
+pub fn build_in_background() -> anyhow::Result<Background> {
     build::spawn_background()
 }
 
@@ -83,17 +83,8 @@ pub struct Running {
 
 /// Waits for `build` (from [`build_in_background`]), then starts a fresh cluster (stopping one
 /// that runs).
-pub fn start_for_tests(build: std::process::Child) -> anyhow::Result<Running> {
-    let mut build = build;
-    let started = std::time::Instant::now();
-    let status = build.wait().context("cluster: the background build")?;
-    if !status.success() {
-        let log = cache_dir().join("build.log");
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().to_string();
-        bail!("cluster: the build failed ({status}): {last} (whole log: {})", log.display());
-    }
-    println!("cluster: build ready (waited {:.0} s for it)", started.elapsed().as_secs_f64());
+pub fn start_for_tests(build: Background) -> anyhow::Result<Running> {
+    build.wait()?;
     let built = build::Built::at(&cache_dir());
     node::down()?;
     let started = std::time::Instant::now();
