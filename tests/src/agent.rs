@@ -25,7 +25,7 @@ use crate::{
 pub fn agent_binary() -> PathBuf {
     std::env::var_os("KSTALL_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/kstall"))
+        .unwrap_or_else(|| crate::workspace().join("target/release/kstall"))
 }
 
 /// A running `kstall agent` with its own metrics port and API socket; SIGTERM (then SIGKILL) on

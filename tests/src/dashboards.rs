@@ -5,7 +5,7 @@
 
 use std::{
     net::SocketAddr,
-    path::{Path, PathBuf},
+    path::PathBuf,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -56,13 +56,9 @@ pub fn fed_by_the_vm_scenarios() -> impl Iterator<Item = Key> {
         .copied()
 }
 
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// Every dashboard: (file stem, JSON).
 pub fn dashboards() -> Vec<(String, Value)> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("deploy/grafana"))
+    let mut files: Vec<PathBuf> = std::fs::read_dir(crate::workspace().join("deploy/grafana"))
         .expect("deploy/grafana")
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "json"))

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 /// The repository's deploy/ directory.
 pub fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+    crate::workspace().join("deploy")
 }
 
 /// The objects `kubectl kustomize dir` renders, in its order. Panics with kubectl's own error

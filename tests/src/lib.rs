@@ -4,7 +4,10 @@
 //! it on drop, also when the test fails. Each module holds one concern; this root only says whether
 //! the tests can run here.
 
-use std::{path::Path, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use crate::agent::agent_binary;
 
@@ -13,6 +16,15 @@ use crate::agent::agent_binary;
 /// host; in the kernel matrix, two emulated guests share two cores and the 5.10 verifier walks
 /// the NFS programs slowly, and an agent's start took 40 s, Prometheus's over 30 s.
 pub const START_WITHIN: Duration = Duration::from_secs(180);
+
+/// The kstall checkout: `KSTALL_WORKSPACE` where the machine running the tests sees it elsewhere
+/// (a kernel-matrix guest is told where its checkout is shared with it), else where this crate
+/// was built.
+pub fn workspace() -> PathBuf {
+    std::env::var_os("KSTALL_WORKSPACE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+}
 
 pub mod agent;
 pub mod alerting;

@@ -21,13 +21,14 @@ use kstall_tests::{
     cgroup::{Cgroup, MemoryLimit, PodProcess},
     dashboards::{
         Key, Panels, Query, Selection, Variables, dashboards, described, fed_by_the_vm_scenarios, queries,
-        root, select, variable_queries,
+        select, variable_queries,
     },
     host::{Sysctl, wait_for},
     kernel_tests_can_run,
     kubelet::FakeKubelet,
     netns::{NetNs, NfsReconnects, closed_low_ports, held_connections, refused_connects, timed_out_connects},
     oom::{OOM_LIMIT, oom_kill_as},
+    workspace,
     writeback::FreezableDisk,
 };
 use serde_json::Value;
@@ -90,7 +91,7 @@ fn every_dashboard_has_the_variables_and_runs_its_queries_on_the_chosen_data_sou
             let content = panel["options"]["content"].as_str().unwrap_or_default();
             for link in content.split("](${runbooks}/").skip(1) {
                 let file = link.split(')').next().unwrap();
-                assert!(root().join("docs/runbooks").join(file).exists(), "{name}: no runbook {file}");
+                assert!(workspace().join("docs/runbooks").join(file).exists(), "{name}: no runbook {file}");
             }
         }
     }
@@ -305,7 +306,7 @@ fn every_panel_shows_data_of_a_real_agent_on_this_kernel() {
         .filter_map(|s| s["metric"]["signature"].as_str())
         .collect();
     for signature in &signatures {
-        if !root().join(format!("docs/runbooks/{signature}.md")).exists() {
+        if !workspace().join(format!("docs/runbooks/{signature}.md")).exists() {
             failures.push(format!(
                 "signature {signature} links to docs/runbooks/{signature}.md, which is missing"
             ));

@@ -1,7 +1,8 @@
 //! `cargo xtask vm-test [--kernel 5.10 --kernel 7.3]`: the kernel matrix. Boots Debian's 5.10, 6.1,
 //! 6.12 and 7.3 kernels under qemu (software emulation: this machine has no KVM) with virtme-ng, the
-//! host's root file system shared read-only, two one-CPU guests at a time, and in one boot per
-//! kernel:
+//! host's root file system shared read-only and what the guest runs of the checkout shared with it
+//! explicitly (a checkout may be anywhere: [`guest`]), two one-CPU guests at a time, and in one
+//! boot per kernel:
 //! - runs the release agent and requires every probe to load and attach — a verifier rejection
 //!   or a missing hook is a failure;
 //! - runs the incident scenarios of `tests/tests/vm_scenarios.rs` (real NFS server and client,
@@ -41,6 +42,7 @@ use crate::{
     support,
 };
 
+mod guest;
 mod guest_root;
 
 /// One kernel of the matrix.
@@ -248,8 +250,6 @@ pub fn matrix(
     let vng = install(&vm_dir, arches)?;
     let guests =
         arches.iter().map(|&a| Guests::prepare(env, &vm_dir, a)).collect::<anyhow::Result<Vec<_>>>()?;
-    let guest = vm_dir.join("guest.sh");
-    std::fs::write(&guest, GUEST_SCRIPT).context("write the guest script")?;
     let selected = KERNELS
         .iter()
         .filter(|m| arches.contains(&m.arch))
@@ -283,7 +283,7 @@ pub fn matrix(
         let boots = boots(&selected, scenario, arm64_subset);
         let mut runs = boot_all(&boots, |b| {
             let guests = guests.iter().find(|g| g.arch == b.kernel.arch).expect("prepared");
-            boot_and_check(&vng, &vm_dir, &guest, guests, b)
+            boot_and_check(&vng, &vm_dir, guests, b)
         })?
         .into_iter();
         for booted in &selected {
@@ -470,17 +470,23 @@ fn nfs_rpc_cost_table(benches: &[(String, Vec<(String, String)>)]) -> String {
     out
 }
 
-/// Boots `kernels` [`GUESTS_AT_ONCE`] at a time, the next kernel in the list into the first free
-/// slot (the list is slowest first: 5.10 verifies longest), printing each kernel's report as it
-/// finishes; returns the runs in the list's order.
-/// One boot of a kernel: its guest's CPUs, the scenarios it runs and its output directory's name.
+/// One boot of a kernel: its guest's CPUs, the scenarios it runs, its output directory's name and
+/// where it sees the checkout.
 struct Boot<'a> {
     kernel: &'a Kernel,
     cpus: &'static str,
     /// The scenarios' filter, as libtest takes it.
     filter: String,
     name: String,
+    /// Where the guest finds the checkout: here, or under one of [`CHECKOUT_ELSEWHERE`].
+    checkout_under: Option<&'static str>,
 }
+
+/// Where people put a quick try of a project, and virtme-ng's init hides under a tmpfs in the
+/// guest (issue 54: a checkout there failed every boot of the matrix). The first amd64 kernels
+/// booted are each given this checkout as if it were under one of them, so every full matrix
+/// proves a checkout there works.
+const CHECKOUT_ELSEWHERE: &[&str] = &["/tmp", "/var/tmp"];
 
 /// Each kernel's boots, a kernel's main one first: the main one runs every scenario `scenario`
 /// selects but the two-CPU ones (and checks the probes) — on arm64 only `arm64_subset`'s when
@@ -489,6 +495,7 @@ fn boots<'a>(kernels: &'a [Kernel], scenario: Option<&str>, arm64_subset: Option
     let selected = |name: &str| scenario.is_none_or(|s| name.contains(s));
     let skipped: String = TWO_CPU_SCENARIOS.iter().map(|t| format!(" --skip {t}")).collect();
     let mut boots = Vec::new();
+    let mut elsewhere = CHECKOUT_ELSEWHERE.iter().copied();
     for kernel in kernels {
         let filter = match arm64_subset.filter(|_| kernel.arch == Arch::Arm64) {
             Some(subset) => {
@@ -502,6 +509,7 @@ fn boots<'a>(kernels: &'a [Kernel], scenario: Option<&str>, arm64_subset: Option
             cpus: VM_CPUS,
             filter: filter.trim().to_string(),
             name: kernel.version.clone(),
+            checkout_under: if kernel.arch.is_host() { elsewhere.next() } else { None },
         });
         // The soft-lockup test module is built for the amd64 kernels only.
         for test in TWO_CPU_SCENARIOS.iter().filter(|t| selected(t) && kernel.arch.is_host()) {
@@ -510,12 +518,16 @@ fn boots<'a>(kernels: &'a [Kernel], scenario: Option<&str>, arm64_subset: Option
                 cpus: "2",
                 filter: format!("{test} --exact"),
                 name: format!("{}.2cpus", kernel.version),
+                checkout_under: None,
             });
         }
     }
     boots
 }
 
+/// Boots `kernels` [`GUESTS_AT_ONCE`] at a time, the next kernel in the list into the first free
+/// slot (the list is slowest first: 5.10 verifies longest), printing each kernel's report as it
+/// finishes; returns the runs in the list's order.
 fn boot_all(
     boots: &[Boot],
     boot: impl Fn(&Boot) -> anyhow::Result<KernelRun> + Sync,
@@ -727,6 +739,18 @@ struct KernelRun {
 }
 
 impl KernelRun {
+    /// A boot that gave no result, and why.
+    fn failed_to_boot(boot: &str, attempts: u32, why: String) -> Self {
+        KernelRun {
+            report: format!("vm-test {boot}: no result after {attempts} boot(s)\n"),
+            passed: Vec::new(),
+            failed: vec![Failure { test: "boot".into(), why }],
+            status: serde_json::Value::Null,
+            times_to_name: Vec::new(),
+            benches: Vec::new(),
+        }
+    }
+
     /// Another boot's run of the same kernel (its report already printed): its scenarios and
     /// failures join this one's; the main boot's status stays the kernel's.
     fn add(&mut self, other: KernelRun) {
@@ -738,71 +762,57 @@ impl KernelRun {
 }
 
 /// Boots `version` and reads what the guest left. Errs only when the VM cannot be started at all.
-fn boot_and_check(
-    vng: &Path,
-    vm_dir: &Path,
-    guest: &Path,
-    guests: &Guests,
-    boot: &Boot,
-) -> anyhow::Result<KernelRun> {
-    let (kernel, filter) = (boot.kernel, &boot.filter);
+fn boot_and_check(vng: &Path, vm_dir: &Path, guests: &Guests, boot: &Boot) -> anyhow::Result<KernelRun> {
+    let kernel = boot.kernel;
     let version = &boot.name;
     let out = vm_dir.join("out").join(version);
+    let checkout = match boot.checkout_under {
+        Some(dir) => guest::Checkout::under(dir, version)?,
+        None => guest::Checkout::here(),
+    };
     let started = Instant::now();
     let mut attempt = 0;
     loop {
         attempt += 1;
         let _ = std::fs::remove_dir_all(&out);
         std::fs::create_dir_all(&out).context("create the output directory")?;
-        let console = std::fs::File::create(out.join("console.log")).context("console log")?;
-        // vng runs virtme-run, its sibling in the venv.
-        let path = format!(
-            "{}:{}",
-            vng.parent().map(|p| p.display().to_string()).unwrap_or_default(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let mut vm = Command::new("timeout");
-        vm.arg(BOOT_TIMEOUT_SECS.to_string()).arg(vng).env("PATH", path).args([
-            "--disable-kvm",
-            "--memory",
-            VM_MEMORY,
-            "--cpus",
-            boot.cpus,
-        ]);
-        match &guests.root {
-            None => {
-                vm.arg("--rwdir").arg(&out).args(["--append", &format!("module_blacklist={UNUSED_MODULES}")]);
+        let run = guest::Run {
+            kstall: &guests.kstall,
+            scenarios: &guests.scenarios,
+            timeout_secs: SCENARIOS_TIMEOUT_SECS,
+            filter: &boot.filter,
+        };
+        let command = guest::prepare(&out, &checkout, &run)?;
+        let vm = |dry_run: bool| -> anyhow::Result<Command> {
+            let mut vm = Command::new("timeout");
+            vm.arg(BOOT_TIMEOUT_SECS.to_string());
+            checkout.enter(&mut vm);
+            // vng runs virtme-run, its sibling in the venv; from / (the guest is told its
+            // working directory on the kernel command line).
+            let path = format!(
+                "{}:{}",
+                vng.parent().map(|p| p.display().to_string()).unwrap_or_default(),
+                std::env::var("PATH").unwrap_or_default()
+            );
+            vm.arg(vng).env("PATH", path).current_dir("/");
+            if dry_run {
+                vm.arg("--dry-run");
             }
-            Some(root) => {
-                // At the paths they have here (made in the root: virtme-ng mounts over
-                // directories that exist, and none inside another): the binaries, the test
-                // crate's directory (the scenarios find the workspace from it) and the dashboards
-                // and rules they query (deploy/), the output directories.
-                let binaries = guests.kstall.parent().and_then(Path::parent).expect("target/cross/<triple>");
-                let (tests, deploy) =
-                    (build::workspace_root().join("tests"), build::workspace_root().join("deploy"));
-                vm.args(["--arch", guests.arch.name(), "--root"]).arg(root);
-                let dirs =
-                    [("--rodir", binaries), ("--rodir", &tests), ("--rodir", &deploy), ("--rwdir", vm_dir)];
-                for (how, dir) in dirs {
-                    let inside = root.join(dir.strip_prefix("/").context("an absolute path")?);
-                    std::fs::create_dir_all(&inside)
-                        .with_context(|| format!("create {}", inside.display()))?;
-                    vm.arg(how).arg(format!("{0}={0}", dir.display()));
-                }
-            }
+            vm.args(["--disable-kvm", "--memory", VM_MEMORY, "--cpus", boot.cpus]);
+            match &guests.root {
+                None => vm.args(["--append", &format!("module_blacklist={UNUSED_MODULES}")]),
+                Some(root) => vm.args(["--arch", guests.arch.name(), "--root"]).arg(root),
+            };
+            checkout.share(&mut vm, &out, guests.root.as_deref())?;
+            vm.arg("--run").arg(&kernel.image).arg("--exec").arg(&command);
+            Ok(vm)
+        };
+        let dry_run = vm(true)?.output().context("vng --dry-run")?;
+        if let Some(why) = guest::command_line_too_long(&String::from_utf8_lossy(&dry_run.stdout)) {
+            return Ok(KernelRun::failed_to_boot(version, attempt, why));
         }
-        let mut vm = vm
-            .arg("--run")
-            .arg(&kernel.image)
-            .arg("--exec")
-            .arg(format!(
-                "bash {} {} {} {} {SCENARIOS_TIMEOUT_SECS} '{filter}'",
-                guest.display(),
-                out.display(),
-                guests.kstall.display(),
-                guests.scenarios.display()
-            ))
+        let console = std::fs::File::create(out.join("console.log")).context("console log")?;
+        let mut vm = vm(false)?
             .stdout(console.try_clone()?)
             .stderr(console)
             // Its own group: a guest that never boots is killed with its qemu.
@@ -827,16 +837,16 @@ fn boot_and_check(
         if out.join("done").exists() {
             break;
         }
+        // What the guest could not see stays unseen at the next boot: say it now.
+        let console = std::fs::read_to_string(out.join("console.log")).unwrap_or_default();
+        let unseen = guest::unseen(&console);
+        if !unseen.is_empty() {
+            let why = format!("the guest could not see {} (not shared with it)", unseen.join(", "));
+            return Ok(KernelRun::failed_to_boot(version, attempt, why));
+        }
         if attempt >= ATTEMPTS {
             let why = format!("the guest did not finish ({ran}); see {}", out.join("console.log").display());
-            return Ok(KernelRun {
-                report: format!("vm-test {version}: no result after {attempt} boots\n"),
-                passed: Vec::new(),
-                failed: vec![Failure { test: "boot".into(), why }],
-                status: serde_json::Value::Null,
-                times_to_name: Vec::new(),
-                benches: Vec::new(),
-            });
+            return Ok(KernelRun::failed_to_boot(version, attempt, why));
         }
         println!("vm-test {version}: the VM did not finish ({ran}), booting again");
     }
@@ -851,6 +861,9 @@ fn boot_and_check(
         status["kernel"].as_str().unwrap_or("?"),
         started.elapsed().as_secs_f64()
     );
+    if let Some(at) = checkout.elsewhere() {
+        report.push_str(&format!("  checkout: seen at {}\n", at.display()));
+    }
     let mut failed = Vec::new();
     if status["probes"].as_array().is_none() {
         let why = format!("the agent gave no status; see {}", out.join("agent.log").display());
@@ -922,40 +935,6 @@ fn boot_and_check(
     })
 }
 
-/// Runs inside the VM as root: `guest.sh OUT KSTALL SCENARIOS TIMEOUT [FILTER]`. Loads the modules the NFS
-/// and tcp-reset probes wait for (the first NFS mount and the first NAT rule load them on a node),
-/// runs the agent until its module watcher has attached everything and saves its status; then runs
-/// the scenario tests, each of which starts its own agent.
-const GUEST_SCRIPT: &str = r#"#!/bin/bash
-OUT=$1 KSTALL=$2 SCENARIOS=$3 TIMEOUT=$4 FILTER=$5
-exec > "$OUT/guest.log" 2>&1
-cut -d' ' -f1 /proc/uptime > "$OUT/boot_secs"
-mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing
-modprobe sunrpc; modprobe nfsv4; modprobe nf_conntrack
-SOCK=/tmp/kstall.sock
-"$KSTALL" agent --listen 127.0.0.1:9700 --api-socket "$SOCK" --log-format json > "$OUT/agent.log" 2>&1 &
-AGENT=$!
-# Until every probe is up — the module watcher attaches what waited for sunrpc, nfsv4 and
-# nf_conntrack — or 3 minutes have passed (by the clock: under emulation one round of status
-# takes a second or more), when status.json says what is down.
-DEADLINE=$(( $(cut -d. -f1 /proc/uptime) + 180 ))
-while [ "$(cut -d. -f1 /proc/uptime)" -lt "$DEADLINE" ]; do
-    "$KSTALL" status --api-socket "$SOCK" --output json > "$OUT/status.json" 2>/dev/null &&
-        ! grep -q '"up": false' "$OUT/status.json" && break
-    sleep 1
-done
-kill -TERM "$AGENT"; wait "$AGENT"
-echo "agent exit $?" >> "$OUT/guest.log"
-START=$(cut -d' ' -f1 /proc/uptime)
-KSTALL_VM_GUEST=1 KSTALL_KERNEL_TESTS=require KSTALL_BIN="$KSTALL" \
-    KSTALL_LOCKUP_MODULE="$OUT/../../lockup-module/$(uname -r)/kstall_spin.ko" \
-    timeout "$TIMEOUT" "$SCENARIOS" --ignored --test-threads=1 --show-output $FILTER > "$OUT/scenarios.log" 2>&1
-echo $? > "$OUT/scenarios.rc"
-awk -v start="$START" '{ print $1 - start }' /proc/uptime > "$OUT/scenarios_secs"
-dmesg > "$OUT/dmesg.log"
-touch "$OUT/done"
-"#;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -996,6 +975,12 @@ mod tests {
                 format!("6.12.118+deb12-arm64 1 --skip {lockup}"),
             ],
             "the lockup module is built for amd64 kernels only"
+        );
+        let under: Vec<Option<&str>> = boots(&kernels, None, None).iter().map(|b| b.checkout_under).collect();
+        assert_eq!(
+            under,
+            [Some("/tmp"), None, Some("/var/tmp"), None, None],
+            "the first two amd64 kernels' main boots see the checkout under /tmp and /var/tmp"
         );
         assert_eq!(
             shown(Some("nfs_slow")),
