@@ -876,6 +876,7 @@ mod tests {
             containers: listed.iter().map(|(id, name)| (id.to_string(), name.to_string())).collect(),
             deletion_deadline_unix_secs: None,
             state: Default::default(),
+            mesh: None,
         };
         let mut index = Index { metadata_source: true, ..Index::default() };
         index.pod_meta.insert(POD_UID.into(), (Arc::new(meta), false));

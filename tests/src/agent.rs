@@ -446,6 +446,20 @@ pub fn pod_json(uid: &str, name: &str, container_id: &str) -> Value {
     })
 }
 
+/// An incident's break-glass commands, in their order.
+pub fn break_glass_commands(incident: &Value) -> Vec<String> {
+    let steps = incident["remediation"]["break_glass"].as_array().into_iter().flatten();
+    steps.filter_map(|s| s["command"].as_str().map(String::from)).collect()
+}
+
+/// Runs `command` as an operator pastes it (`sh -c`, as root); its output, trimmed. Panics naming
+/// the command and its error if it fails.
+pub fn run_as_printed(command: &str) -> String {
+    let out = Command::new("sh").args(["-c", command]).output().expect("sh");
+    assert!(out.status.success(), "{command}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 /// Writes `pods` as a `kubectl get pods -o json` list to `path`, atomically (as a ConfigMap
 /// update or `kubectl ... > tmp && mv` does).
 pub fn write_pods_file(path: &Path, pods: &[Value]) {

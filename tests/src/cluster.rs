@@ -223,20 +223,3 @@ pub fn agent_incidents() -> Vec<Value> {
         .map(|r| r["incidents"].as_array().cloned().unwrap_or_default())
         .unwrap_or_default()
 }
-
-/// Istio's own nat rules, as its iptables golden test data has them: the lines of the `nat`
-/// table, each an `iptables -t nat` command's arguments.
-pub fn istio_nat_rules() -> Vec<String> {
-    let golden = std::fs::read_to_string(golden_path()).expect("the Istio golden file");
-    golden
-        .lines()
-        .skip_while(|l| l.trim() != "* nat")
-        .skip(1)
-        .take_while(|l| l.trim() != "COMMIT")
-        .map(str::to_string)
-        .collect()
-}
-
-fn golden_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/istio-iptables/kube-virt-interfaces.golden")
-}

@@ -36,7 +36,7 @@ use serde_json::Value;
 use crate::{
     agent::{Agent, pod_json, write_pods_file},
     cgroup::{Cgroup, MemoryLimit, PodProcess},
-    host::{cpu_ticks, memory_kib, run, wait_for},
+    host::{cpu_ticks, memory_kib, wait_for},
     netns::NetNs,
     oom::{OOM_LIMIT, oom_kill},
     sidecar::SidecarProcess,
@@ -340,29 +340,8 @@ impl Pod {
         let cgroup = Cgroup::kubepods_container("burstable", &uid, &container);
         let netns = NetNs::new(&format!("healthy{n}"));
         let (address, gateway) = (Ipv4Addr::new(10, 77, n, 2), Ipv4Addr::new(10, 77, n, 1));
-        // Made in the two namespaces at once: nothing is left in the host's if a step fails.
         let (outer, inner) = (format!("khs{n}-{}", std::process::id() % 10_000), format!("khp{n}"));
-        run(
-            "ip",
-            &[
-                "link",
-                "add",
-                &outer,
-                "netns",
-                &service.name,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &inner,
-                "netns",
-                &netns.name,
-            ],
-        );
-        service.exec("ip", &["addr", "add", &format!("{gateway}/24"), "dev", &outer]);
-        service.exec("ip", &["link", "set", &outer, "up"]);
-        netns.exec("ip", &["addr", "add", &format!("{address}/24"), "dev", &inner]);
-        netns.exec("ip", &["link", "set", &inner, "up"]);
+        service.veth_to(&netns, (&outer, &format!("{gateway}/24")), (&inner, &format!("{address}/24")));
         let sandbox = PodProcess::start(&netns, &cgroup.procs());
         let json = pod_json(&uid, name, &container);
         Pod { uid, json, address, service: gateway, _sandbox: sandbox, cgroup, netns }

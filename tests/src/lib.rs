@@ -39,6 +39,7 @@ pub mod healthy;
 pub mod host;
 pub mod json_lines;
 pub mod kubelet;
+pub mod meshes;
 pub mod netns;
 pub mod nfs;
 pub mod oom;

@@ -73,6 +73,19 @@ impl NetNs {
         Path::new("/run/netns").join(&self.name)
     }
 
+    /// A veth pair between this namespace (`here`: its name and address/prefix) and `peer`'s
+    /// (`there`), both up. Made in the two namespaces at once: nothing is left in the host's if a
+    /// step fails, and it goes with them.
+    pub fn veth_to(&self, peer: &NetNs, here: (&str, &str), there: (&str, &str)) {
+        let (here_if, there_if) = (here.0, there.0);
+        let args = ["link", "add", here_if, "netns", &self.name, "type", "veth", "peer", "name", there_if];
+        run("ip", &[&args[..], &["netns", &peer.name]].concat());
+        for (ns, (name, address)) in [(self, here), (peer, there)] {
+            ns.exec("ip", &["addr", "add", address, "dev", name]);
+            ns.exec("ip", &["link", "set", name, "up"]);
+        }
+    }
+
     /// The namespace's inode: what kstall reports as `netns`.
     pub fn inode(&self) -> u64 {
         std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(self.path()).expect("netns file"))
@@ -188,30 +201,42 @@ pub fn nat_rule_packets(ns: &NetNs, iptables: &str, port: u16) -> u64 {
 pub struct NfsReconnects {
     running: std::sync::Arc<std::sync::atomic::AtomicBool>,
     refused: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    connected: std::sync::Arc<std::sync::atomic::AtomicU64>,
     thread: Option<thread::JoinHandle<()>>,
 }
 
 impl NfsReconnects {
+    /// To 127.0.0.1:2049.
     pub fn start(netns: &NetNs) -> Self {
+        Self::to(netns, SocketAddr::from((Ipv4Addr::LOCALHOST, 2049)))
+    }
+
+    pub fn to(netns: &NetNs, nfs: SocketAddr) -> Self {
         use std::sync::{
             Arc,
             atomic::{AtomicBool, AtomicU64, Ordering},
         };
         let running = Arc::new(AtomicBool::new(true));
-        let refused = Arc::new(AtomicU64::new(0));
-        let (flag, count) = (running.clone(), refused.clone());
+        let (refused, connected) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (flag, refused_count, connected_count) = (running.clone(), refused.clone(), connected.clone());
         let thread = netns.spawn_inside(move || {
             while flag.load(Ordering::Relaxed) {
-                let nfs = SocketAddr::from((Ipv4Addr::LOCALHOST, 2049));
-                if TcpStream::connect_timeout(&nfs, Duration::from_secs(1))
-                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
-                {
-                    count.fetch_add(1, Ordering::Relaxed);
-                }
+                match TcpStream::connect_timeout(&nfs, Duration::from_secs(1)) {
+                    Ok(_) => connected_count.fetch_add(1, Ordering::Relaxed),
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                        refused_count.fetch_add(1, Ordering::Relaxed)
+                    }
+                    Err(_) => 0,
+                };
                 thread::sleep(Duration::from_millis(500));
             }
         });
-        NfsReconnects { running, refused, thread: Some(thread) }
+        NfsReconnects { running, refused, connected, thread: Some(thread) }
+    }
+
+    /// The connects that got through.
+    pub fn connected(&self) -> u64 {
+        self.connected.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Stops them; how many were refused (reset) in all.

@@ -184,6 +184,8 @@ pub struct NfsPod {
     // Dropped in this order: the mount goes (in `drop`) before the sidecar it may go through, and
     // both before the namespace they are in.
     mounted: bool,
+    /// Its namespace holds the classic Istio sidecar's rules: the pod carries the sidecar's marks.
+    istio_sidecar: std::sync::atomic::AtomicBool,
     sidecar: Option<Sidecar>,
     _sandbox: PodProcess,
     pub container: Cgroup,
@@ -217,6 +219,7 @@ impl NfsPod {
             container_id,
             mountpoint,
             mounted: false,
+            istio_sidecar: false.into(),
             sidecar: None,
             _sandbox: sandbox,
             container,
@@ -244,6 +247,9 @@ impl NfsPod {
         let mut json = pod_json(&self.uid, &self.name, &self.container_id);
         json["status"]["podIP"] = self.ip.clone().into();
         json["status"]["podIPs"] = serde_json::json!([{"ip": self.ip}]);
+        if self.istio_sidecar.load(std::sync::atomic::Ordering::Relaxed) {
+            crate::meshes::mark(&mut json, crate::meshes::MeshRules::IstioSidecar, false);
+        }
         json
     }
 
@@ -318,6 +324,7 @@ impl NfsPod {
     /// jumps to ISTIO_OUTPUT, which returns the proxy's own (uid 65534 here, 1337 in Istio) and
     /// sends the rest through ISTIO_REDIRECT to the proxy's port 15001.
     pub fn add_sidecar_redirect(&self) {
+        self.istio_sidecar.store(true, std::sync::atomic::Ordering::Relaxed);
         let nat = |args: &[&str]| self.netns.exec("iptables", &[&["-t", "nat"][..], args].concat());
         nat(&["-N", "ISTIO_REDIRECT"]);
         nat(&["-A", "ISTIO_REDIRECT", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15001"]);

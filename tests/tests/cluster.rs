@@ -13,11 +13,9 @@ use std::{
 
 use kstall_tests::{
     agent::{sample_with, samples_with},
-    cluster::{
-        AGENT_SOCKET, Cluster, NODE, POD_READY_WITHIN, agent_incidents, agent_request, is_ready,
-        istio_nat_rules,
-    },
+    cluster::{AGENT_SOCKET, Cluster, NODE, POD_READY_WITHIN, agent_incidents, agent_request, is_ready},
     host::wait_for,
+    meshes::istio_nat_rules,
 };
 use serde_json::{Value, json};
 

@@ -81,8 +81,13 @@ fn sidecar_redirect_and_stuck_writer_fire_alert_and_resolve() {
     assert_eq!(evidence["redirect_ports"], serde_json::json!([15001]), "{redirect:#}");
     assert_eq!(evidence["netns"], netns.inode(), "{redirect:#}");
     assert!(evidence["resets_total"].as_u64().is_some_and(|n| n >= 2), "the threshold: {redirect:#}");
+    // A bare REDIRECT in a pod no mesh marks: no mesh is named, the way out is the neutral one.
+    assert_eq!(evidence["mesh"], "unknown", "{redirect:#}");
     let steps = redirect["remediation"]["break_glass"].to_string();
-    assert!(steps.contains("iptables -t nat -D ISTIO_OUTPUT -j ISTIO_REDIRECT"), "{steps}");
+    assert!(
+        steps.contains("iptables -t nat -I OUTPUT 1 -p tcp -d 127.0.0.1 --dport 2049 -j RETURN"),
+        "{steps}"
+    );
     assert!(steps.contains(&UID.replace('-', "_")), "the cgroup check names the pod UID: {steps}");
 
     let blocked = agent

@@ -13,7 +13,10 @@ use std::{
 };
 
 use kstall_tests::{
-    agent::{Agent, COUNTED_WITHIN, EventStream, sample_with, samples_with, write_pods_file},
+    agent::{
+        Agent, COUNTED_WITHIN, EventStream, break_glass_commands, run_as_printed, sample_with, samples_with,
+        write_pods_file,
+    },
     bpf::{ProgramRuns, program_runs_of},
     bpftrace::Bpftrace,
     cgroup::Cgroup,
@@ -858,6 +861,7 @@ fn nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it() {
     assert_eq!(evidence["server"], nfs::SERVER, "{incident:#}");
     assert_eq!(evidence["nfs_port"], 2049, "{incident:#}");
     assert_eq!(evidence["redirect_ports"], serde_json::json!([15001]), "{incident:#}");
+    assert_eq!((&evidence["mesh"], &evidence["proxy"]), (&"istio-sidecar".into(), &"istio-proxy".into()));
     assert_eq!(evidence["netns"], pod.netns.inode(), "{incident:#}");
     assert!(evidence["resets_total"].as_u64().is_some_and(|n| n >= 2), "{incident:#}");
     let task = &evidence["stuck_tasks"][0];
@@ -914,17 +918,8 @@ fn nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it() {
     assert!(refused.is_some(), "{}", agent.metrics());
 
     // The break-glass steps, run as the incident prints them: three checks, then the deletion.
-    let commands: Vec<String> = incident["remediation"]["break_glass"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s["command"].as_str().map(String::from))
-        .collect();
-    let sh = |command: &str| {
-        let out = Command::new("sh").args(["-c", command]).output().expect("sh");
-        assert!(out.status.success(), "{command}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
+    let commands = break_glass_commands(&incident);
+    let sh = run_as_printed;
     let [belongs, netns, one_jump, delete, _confirm] = commands.as_slice() else {
         panic!("five break-glass commands: {commands:#?}")
     };

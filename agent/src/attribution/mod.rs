@@ -100,6 +100,9 @@ pub struct Attribution {
     pub pod_phase: Option<PodPhase>,
     /// How the event was tied to it.
     pub via: Via,
+    /// The pod's service mesh, for the incidents' way out (not an event's label).
+    #[serde(skip)]
+    pub mesh: Option<pods::mesh::PodMesh>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
@@ -377,6 +380,7 @@ pub fn attribute(workload: &Workload, meta: Option<&pods::PodMeta>, deleted: boo
         a.pod = meta.name.clone();
         a.workload = meta.workload.clone();
         a.labels = meta.labels.clone();
+        a.mesh = meta.mesh.clone();
         a.container = container_id.and_then(|id| meta.containers.get(id)).cloned().unwrap_or_default();
         a.pod_phase = if deleted {
             Some(PodPhase::Deleted)
@@ -557,6 +561,7 @@ mod tests {
             containers: HashMap::from([("c1".to_string(), "app".to_string())]),
             deletion_deadline_unix_secs: Some(1_796_000_000),
             state: pods::PodState::default(),
+            mesh: None,
         };
         let a = attribute(&workload, Some(&meta), false, Via::Cgroup);
         assert_eq!((a.namespace.as_str(), a.pod.as_str(), a.container.as_str()), ("shop", "web-1", "app"));

@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod file;
+pub mod mesh;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -38,6 +39,8 @@ pub struct PodMeta {
     pub deletion_deadline_unix_secs: Option<i64>,
     /// What `kstall_node_pods` counts the pod under.
     pub state: PodState,
+    /// The service mesh whose redirect captures the pod's connections, by the pod's marks.
+    pub mesh: Option<mesh::PodMesh>,
 }
 
 /// A pod's phase and, while one of its containers waits, the first waiting container's reason
@@ -136,6 +139,7 @@ impl PodMeta {
             containers,
             deletion_deadline_unix_secs: meta.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
             state: PodState::of(pod),
+            mesh: mesh::PodMesh::of(pod),
         })
     }
 

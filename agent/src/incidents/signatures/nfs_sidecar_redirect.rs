@@ -1,7 +1,8 @@
 //! `nfs-sidecar-redirect` (incident 1): in one pod's network namespace, SYNs to an NFS port are
 //! redirected by NAT to a local port where nothing listens and answered with RST — the kernel NFS
-//! client's connection was captured by a sidecar proxy (Istio's `ISTIO_OUTPUT -> ISTIO_REDIRECT`)
-//! that is gone. A hard mount then retries forever and a task flushing to it never finishes.
+//! client's connection was captured by a mesh's proxy that is gone (Istio's sidecar, Istio
+//! ambient's ztunnel, Linkerd's proxy: [`way_out`] names it and says the way out). A hard mount
+//! then retries forever and a task flushing to it never finishes.
 //!
 //! Fires on `redirect_min_resets` such resets within `redirect_window` that show the redirect
 //! persisting: each within 15 s of the one before, going on for two seconds at least; evidence
@@ -28,11 +29,12 @@ use std::{
 
 use serde::Serialize;
 
+use self::way_out::{Case, Proxy, ProxyEvidence};
 use super::{evidence, human_secs, pod_name};
 use crate::{
     attribution::{Attributed, Attribution},
     events::Payload,
-    incidents::{Finding, NodeView, Remediation, Settings, Severity, Signature, Step, keyed::Keyed, ns},
+    incidents::{Finding, NodeView, Settings, Severity, Signature, keyed::Keyed, ns},
     probes::{
         nfs::What,
         ports::CountedPort,
@@ -41,6 +43,8 @@ use crate::{
     },
     stuck::StuckTask,
 };
+
+mod way_out;
 
 pub const NAME: &str = "nfs-sidecar-redirect";
 /// Times of resets kept per namespace (a count's resets share one); past it the oldest go, the
@@ -264,6 +268,7 @@ impl Namespace {
     }
 
     fn finding(&self, tasks: &[StuckTask]) -> Finding {
+        let proxy = Proxy::of(self.who.mesh.as_ref(), &self.redirect_ports);
         let server = self.server.map(|s| s.to_string()).unwrap_or_else(|| "the NFS server".into());
         let ports: Vec<String> = self.redirect_ports.iter().map(u16::to_string).collect();
         let mut summary = format!(
@@ -276,6 +281,7 @@ impl Namespace {
             self.in_window(),
             self.total,
         );
+        summary.push_str(&proxy.said());
         if self.timeouts > 0 {
             summary.push_str(&format!(" {} RPC timeouts to the server from this namespace.", self.timeouts));
         }
@@ -308,73 +314,16 @@ impl Namespace {
                 nfs_connect_errors: self.connect_errors,
                 server_responding_since_last_reset: self.last_responding > self.last_reset,
                 stuck_tasks: tasks,
+                proxy: proxy.evidence(),
             }),
-            remediation: self.remediation(tasks.first()),
+            remediation: way_out::remediation(&Case {
+                proxy: &proxy,
+                nfs_port: self.nfs_port,
+                server: self.server,
+                pod_uid: self.who.pod_uid.as_deref(),
+                stuck: tasks.first(),
+            }),
         }
-    }
-
-    fn remediation(&self, stuck: Option<&StuckTask>) -> Remediation {
-        let port = self.nfs_port;
-        let permanent = vec![
-            format!(
-                "Keep NFS out of the sidecar: annotate the pod template with \
-                 traffic.sidecar.istio.io/excludeOutboundPorts: \"{port}\" (cheapest; the mesh then leaves \
-                 the kernel's NFS connections alone)."
-            ),
-            "Or mount the volume with a CSI driver (e.g. the EFS CSI driver): the mount is made by the \
-             node, outside the pod's network namespace and its NAT rules."
-                .to_string(),
-            "Or run the proxy as a native sidecar (an init container with restartPolicy: Always), which \
-             Kubernetes stops after the app containers, so the final flush still reaches the server."
-                .to_string(),
-        ];
-        let uid = self.who.pod_uid.clone().unwrap_or_else(|| "<pod-uid>".into());
-        let uid_systemd = uid.replace('-', "_");
-        let (task_ns, where_) = match stuck {
-            Some(t) => (
-                format!("/proc/{}/task/{}/ns/net", t.pid, t.tid),
-                format!(
-                    "the stuck task (pid {}, tid {}) — its leader may be a zombie whose own ns link is unreadable",
-                    t.pid, t.tid
-                ),
-            ),
-            None => (
-                "/proc/<pid>/task/<tid>/ns/net".to_string(),
-                format!("any task of the pod: grep -l -e {uid} -e {uid_systemd} /proc/[0-9]*/task/*/cgroup"),
-            ),
-        };
-        let cgroup = task_ns.replace("/ns/net", "/cgroup");
-        let break_glass = vec![
-            Step::new(format!("Enter the pod's network namespace through {where_}."), None),
-            Step::new(
-                "Check 1: the task belongs to this pod (its cgroup path holds the pod UID; the systemd \
-                 driver writes it with underscores). Must print 1 or more.",
-                Some(format!("grep -c -e {uid} -e {uid_systemd} {cgroup}")),
-            ),
-            Step::new(
-                "Check 2: its network namespace is not the host's. Must print two different values.",
-                Some(format!("readlink {task_ns} /proc/1/ns/net")),
-            ),
-            Step::new(
-                "Check 3: exactly one REDIRECT jump in the sidecar's output chain. Must print 1.",
-                Some(format!(
-                    "nsenter --net={task_ns} iptables -t nat -S ISTIO_OUTPUT | grep -c -- '-j ISTIO_REDIRECT'"
-                )),
-            ),
-            Step::new(
-                "Only if all three checks passed: delete that one rule. The NFS client reconnects \
-                 directly within seconds, the flush completes, the task exits and the pod terminates.",
-                Some(format!("nsenter --net={task_ns} iptables -t nat -D ISTIO_OUTPUT -j ISTIO_REDIRECT")),
-            ),
-            Step::new(
-                format!(
-                    "Confirm: the kernel logs \"nfs: server {} OK\" and this incident resolves.",
-                    self.server.map(|s| s.to_string()).unwrap_or_else(|| "<server>".into())
-                ),
-                Some("dmesg | tail".to_string()),
-            ),
-        ];
-        Remediation { permanent, break_glass }
     }
 }
 
@@ -391,6 +340,8 @@ struct Evidence<'a> {
     nfs_connect_errors: u64,
     server_responding_since_last_reset: bool,
     stuck_tasks: &'a [StuckTask],
+    #[serde(flatten)]
+    proxy: ProxyEvidence,
 }
 
 #[cfg(test)]
@@ -399,6 +350,7 @@ mod tests {
 
     use super::*;
     use crate::{
+        attribution::pods::mesh::{Mesh, PodMesh},
         incidents::signatures::tests::*,
         stuck::{StuckSet, TaskState},
     };
@@ -442,7 +394,8 @@ mod tests {
 
     #[test]
     fn redirected_nfs_resets_with_a_stuck_writer_fire_critical_with_the_way_out() {
-        let who = pod(UID, "web-1");
+        let istio = PodMesh { meshes: vec![Mesh::IstioSidecar], native_sidecar: false };
+        let who = Arc::new(Attribution { mesh: Some(istio), ..(*pod(UID, "web-1")).clone() });
         let mut s = signature();
         let stuck = stuck(&[hung(100 * SEC, 4243, WaitClass::Nfs, 120, &who)]);
         s.observe(&redirected_reset(101 * SEC, 2049, &who));
@@ -467,6 +420,15 @@ mod tests {
         );
         assert!(commands.iter().any(|c| c.contains("0c2a5b1e_7f3d_4c1a_9e8b_1234567890ab")), "{commands:?}");
         assert!(f.remediation.permanent[0].contains("excludeOutboundPorts: \"2049\""));
+        assert_eq!(
+            (&f.evidence["mesh"], &f.evidence["proxy"]),
+            (&json!("istio-sidecar"), &json!("istio-proxy"))
+        );
+        assert!(
+            f.summary.contains("The redirect is istio-sidecar's: its proxy container istio-proxy"),
+            "{}",
+            f.summary
+        );
     }
 
     #[test]

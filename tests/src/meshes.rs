@@ -1,0 +1,101 @@
+//! The service meshes' own redirect rules, as their sources write them (`tests/data/`, each with
+//! its provenance): Istio's classic sidecar (istio-iptables), Istio ambient (istio-cni's in-pod
+//! rules) and Linkerd (proxy-init). Run in a pod's network namespace as the mesh runs them.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::netns::NetNs;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MeshRules {
+    IstioSidecar,
+    IstioAmbient,
+    Linkerd,
+}
+
+impl MeshRules {
+    /// Each rule as `iptables` arguments, in the order the mesh runs them.
+    pub fn commands(self) -> Vec<Vec<String>> {
+        let words = |line: &str| line.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        match self {
+            MeshRules::IstioSidecar => istio_nat_rules()
+                .iter()
+                .map(|rule| [vec!["-t".into(), "nat".into()], words(rule)].concat())
+                .collect(),
+            MeshRules::IstioAmbient | MeshRules::Linkerd => {
+                let file = if self == MeshRules::IstioAmbient {
+                    "istio-iptables/ambient-default.golden"
+                } else {
+                    "linkerd-proxy-init/outbound.rules"
+                };
+                let text = std::fs::read_to_string(data(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+                let commands = text.lines().filter_map(|l| l.strip_prefix("iptables ")).map(words);
+                commands.collect()
+            }
+        }
+    }
+
+    /// Runs the rules in `netns` with this machine's `iptables`.
+    pub fn install(self, netns: &NetNs) {
+        for command in self.commands() {
+            let args: Vec<&str> = command.iter().map(String::as_str).collect();
+            netns.exec("iptables", &args);
+        }
+    }
+}
+
+/// Marks `pod` (as `pod_json` makes it) as `mesh`'s injector marks a pod whose rules are `mesh`'s:
+/// its proxy container — an init container with `restartPolicy: Always` for a `native` sidecar —
+/// and its annotations. Ambient has no proxy in the pod, only istio-cni's annotation.
+pub fn mark(pod: &mut Value, mesh: MeshRules, native: bool) {
+    let annotations = &mut pod["metadata"]["annotations"];
+    let (proxy, init) = match mesh {
+        MeshRules::IstioSidecar => {
+            let (init, containers) = if native {
+                (r#"["istio-init","istio-proxy"]"#, "null")
+            } else {
+                (r#"["istio-init"]"#, r#"["istio-proxy"]"#)
+            };
+            annotations["sidecar.istio.io/status"] =
+                format!(r#"{{"initContainers":{init},"containers":{containers},"volumes":["istio-envoy"],"revision":"default"}}"#).into();
+            ("istio-proxy", "istio-init")
+        }
+        MeshRules::IstioAmbient => {
+            annotations["ambient.istio.io/redirection"] = "enabled".into();
+            return;
+        }
+        MeshRules::Linkerd => {
+            annotations["linkerd.io/proxy-version"] = "edge-26.8.3".into();
+            ("linkerd-proxy", "linkerd-init")
+        }
+    };
+    let spec = &mut pod["spec"];
+    let mut inits = spec["initContainers"].as_array().cloned().unwrap_or_default();
+    inits.push(json!({"name": init, "image": init}));
+    if native {
+        inits.push(json!({"name": proxy, "image": proxy, "restartPolicy": "Always"}));
+    } else if let Some(containers) = spec["containers"].as_array_mut() {
+        containers.push(json!({"name": proxy, "image": proxy}));
+    }
+    spec["initContainers"] = inits.into();
+}
+
+/// Istio's classic sidecar's nat rules, as its iptables golden test data has them: the lines of
+/// the `nat` table, each an `iptables -t nat` command's arguments.
+pub fn istio_nat_rules() -> Vec<String> {
+    let golden = std::fs::read_to_string(data("istio-iptables/kube-virt-interfaces.golden"))
+        .expect("the Istio golden file");
+    golden
+        .lines()
+        .skip_while(|l| l.trim() != "* nat")
+        .skip(1)
+        .take_while(|l| l.trim() != "COMMIT")
+        .map(str::to_string)
+        .collect()
+}
+
+fn data(file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("data").join(file)
+}

@@ -1,0 +1,205 @@
+//! Incident 1 in each mesh's own rules, on the real kernel: a pod's network namespace holds the
+//! redirect its mesh writes (`tests/data/`: Istio's classic sidecar, Istio ambient's in-pod rules,
+//! Linkerd's proxy-init), on a veth to an NFS server's address, with nothing listening on the
+//! proxy's port (the proxy, or ztunnel, gone). The pod's connects to :2049 are reset. kstall must
+//! fire `nfs-sidecar-redirect` naming the mesh the pod and the port say — or no mesh, when they
+//! do not agree — and the break-glass commands it prints, run as printed, must let the pod's
+//! connects reach the server, after which the incident resolves.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr, TcpListener},
+    time::Duration,
+};
+
+use kstall_tests::{
+    agent::{Agent, break_glass_commands, pod_json, run_as_printed, write_pods_file},
+    cgroup::{Cgroup, PodProcess},
+    host::wait_for,
+    kernel_tests_can_run,
+    meshes::{MeshRules, mark},
+    netns::{NetNs, NfsReconnects},
+};
+use serde_json::{Value, json};
+
+const UID: &str = "6d3e0f1a-2b3c-4d5e-8f9a-0b1c2d3e4f5a";
+const CONTAINER: &str = "7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f9e8d7c6b";
+const POD: &str = "reports-7f9c6d5b8-k2x4q";
+const SERVER: Ipv4Addr = Ipv4Addr::new(10, 79, 0, 1);
+
+/// What the pod is marked with, beyond its app container.
+enum Marks {
+    IstioSidecar,
+    IstioNativeSidecar,
+    Ambient,
+    LinkerdNativeSidecar,
+    /// Both Istio's and Linkerd's proxies: kstall must not pick one.
+    IstioAndLinkerd,
+}
+
+/// What kstall must say of the redirect.
+struct Expected {
+    mesh: &'static str,
+    proxy: Option<&'static str>,
+    native_sidecar: Option<bool>,
+    proxy_port: u16,
+}
+
+#[test]
+fn a_classic_istio_sidecar_gone_is_named_and_incident_1s_steps_free_it() {
+    let expected = Expected {
+        mesh: "istio-sidecar",
+        proxy: Some("istio-proxy"),
+        native_sidecar: Some(false),
+        proxy_port: 15001,
+    };
+    redirect_is_named_and_freed("istio_classic", MeshRules::IstioSidecar, Marks::IstioSidecar, &expected);
+}
+
+#[test]
+fn a_native_istio_sidecar_is_named_with_the_order_its_termination_follows() {
+    let expected = Expected {
+        mesh: "istio-sidecar",
+        proxy: Some("istio-proxy"),
+        native_sidecar: Some(true),
+        proxy_port: 15001,
+    };
+    let incident = redirect_is_named_and_freed(
+        "istio_native",
+        MeshRules::IstioSidecar,
+        Marks::IstioNativeSidecar,
+        &expected,
+    );
+    let order = incident["evidence"]["termination_order"].as_str().unwrap_or_default();
+    assert!(
+        order.starts_with("native sidecar: Kubernetes stops the proxy after the app containers"),
+        "{incident:#}"
+    );
+}
+
+#[test]
+fn istio_ambient_without_ztunnel_is_named_and_its_steps_free_it() {
+    let expected =
+        Expected { mesh: "istio-ambient", proxy: Some("ztunnel"), native_sidecar: None, proxy_port: 15001 };
+    let incident = redirect_is_named_and_freed("ambient", MeshRules::IstioAmbient, Marks::Ambient, &expected);
+    let fix = incident["remediation"]["permanent"][0].as_str().unwrap_or_default();
+    assert!(fix.contains("istio.io/dataplane-mode: none"), "ambient's way out, not a port annotation: {fix}");
+}
+
+#[test]
+fn linkerd_without_its_proxy_is_named_and_its_steps_free_it() {
+    let expected = Expected {
+        mesh: "linkerd",
+        proxy: Some("linkerd-proxy"),
+        native_sidecar: Some(true),
+        proxy_port: 4140,
+    };
+    let incident =
+        redirect_is_named_and_freed("linkerd", MeshRules::Linkerd, Marks::LinkerdNativeSidecar, &expected);
+    let fix = incident["remediation"]["permanent"][0].as_str().unwrap_or_default();
+    assert!(fix.contains("config.linkerd.io/skip-outbound-ports: \"2049\""), "{fix}");
+}
+
+#[test]
+fn a_pod_with_two_meshes_proxies_gets_no_meshs_advice_and_the_neutral_steps_free_it() {
+    let expected = Expected { mesh: "unknown", proxy: None, native_sidecar: None, proxy_port: 15001 };
+    let incident =
+        redirect_is_named_and_freed("two_meshes", MeshRules::IstioSidecar, Marks::IstioAndLinkerd, &expected);
+    let said = incident["evidence"]["unknown_because"].as_str().unwrap_or_default();
+    assert_eq!(said, "the pod carries the marks of istio-sidecar and linkerd", "{incident:#}");
+    let way_out = incident["remediation"].to_string();
+    for one_mesh in ["ISTIO_REDIRECT", "PROXY_INIT_OUTPUT", "excludeOutboundPorts: \\\"2049\\\""] {
+        assert!(!way_out.contains(one_mesh), "no one mesh's way out ({one_mesh}): {way_out}");
+    }
+}
+
+/// The pod, its mesh's rules and a server; the incident kstall fires, checked against
+/// `expected`; its break-glass commands run as printed; the pod's connects reaching the server
+/// and the incident resolving. Returns the incident as it fired.
+fn redirect_is_named_and_freed(test: &str, rules: MeshRules, marks: Marks, expected: &Expected) -> Value {
+    if !kernel_tests_can_run(test) {
+        return Value::Null;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pods_file = dir.path().join("pods.json");
+    let mut pod = pod_json(UID, POD, CONTAINER);
+    match marks {
+        Marks::IstioSidecar => mark(&mut pod, MeshRules::IstioSidecar, false),
+        Marks::IstioNativeSidecar => mark(&mut pod, MeshRules::IstioSidecar, true),
+        Marks::Ambient => mark(&mut pod, MeshRules::IstioAmbient, false),
+        Marks::LinkerdNativeSidecar => mark(&mut pod, MeshRules::Linkerd, true),
+        Marks::IstioAndLinkerd => {
+            mark(&mut pod, MeshRules::IstioSidecar, false);
+            mark(&mut pod, MeshRules::Linkerd, false);
+        }
+    }
+    write_pods_file(&pods_file, &[pod]);
+    let agent = Agent::start(&["--pods-file", pods_file.to_str().unwrap(), "--quiet-window", "5s"]);
+
+    // The NFS server's side, and the pod: its namespace on a veth to the server's, its mesh's
+    // rules, a process in its namespace and cgroup (what kstall learns the namespace by).
+    let server_ns = NetNs::new("meshsrv");
+    let netns = NetNs::new("meshpod");
+    let outer = format!("kms{}", std::process::id() % 100_000);
+    server_ns.veth_to(&netns, (&outer, &format!("{SERVER}/24")), ("kmp0", "10.79.0.2/24"));
+    let nfs = SocketAddr::from((SERVER, 2049));
+    let server = server_ns.run_inside(move || TcpListener::bind(nfs).expect("the server's port"));
+    let container = Cgroup::kubepods_container("burstable", UID, CONTAINER);
+    let sandbox = PodProcess::start(&netns, &container.procs());
+    rules.install(&netns);
+
+    // A hard-mounted client's reconnects: redirected to the proxy's port, where nothing listens.
+    let mut client = NfsReconnects::to(&netns, nfs);
+    let named =
+        |i: &Value| i["signature"] == "nfs-sidecar-redirect" && i["state"] == "firing" && i["pod"] == POD;
+    let incident = agent
+        .wait_incident(named, Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("no nfs-sidecar-redirect: {:#?}\n{}", agent.incidents(), agent.log()));
+    let evidence = &incident["evidence"];
+    assert_eq!(evidence["mesh"], expected.mesh, "{incident:#}");
+    assert_eq!(evidence["proxy"], json!(expected.proxy), "{incident:#}");
+    assert_eq!(evidence["native_sidecar"], json!(expected.native_sidecar), "{incident:#}");
+    assert_eq!(evidence["redirect_ports"], json!([expected.proxy_port]), "{incident:#}");
+    assert_eq!(evidence["server"], SERVER.to_string(), "{incident:#}");
+    assert_eq!(client.connected(), 0, "every connect was reset");
+
+    // The break-glass commands, as printed, entering through the pod's process.
+    let task = format!("/proc/{0}/task/{0}/", sandbox.pid());
+    let commands: Vec<String> =
+        break_glass_commands(&incident).iter().map(|c| c.replace("/proc/<pid>/task/<tid>/", &task)).collect();
+    let sh = run_as_printed;
+    let [belongs, netns_check, redirect_check, edit, _confirm] = commands.as_slice() else {
+        panic!("five break-glass commands: {commands:#?}")
+    };
+    assert!(sh(belongs).parse::<u32>().is_ok_and(|n| n >= 1), "check 1: {belongs}");
+    // Where pid 1 is a sandbox's whose namespace links even root cannot read (this machine's),
+    // the host's namespace is this test's own.
+    let netns_check = match std::fs::read_link("/proc/1/ns/net") {
+        Ok(_) => netns_check.clone(),
+        Err(_) => netns_check.replace("/proc/1/ns/net", "/proc/self/ns/net"),
+    };
+    let namespaces: Vec<String> = sh(&netns_check).lines().map(String::from).collect();
+    assert!(
+        namespaces.len() == 2 && namespaces[0] != namespaces[1],
+        "check 2: {netns_check}: {namespaces:?}"
+    );
+    let redirects: u32 = sh(redirect_check).parse().unwrap_or(0);
+    if expected.mesh == "unknown" {
+        assert!(redirects >= 1, "check 3: {redirect_check}");
+    } else {
+        assert_eq!(redirects, 1, "check 3: {redirect_check}");
+    }
+    sh(edit);
+    server.set_nonblocking(true).unwrap();
+    let peer = wait_for(Duration::from_secs(10), || server.accept().ok().map(|(_, peer)| peer));
+    let peer = peer.unwrap_or_else(|| panic!("the pod's connects reach the server once this ran: {edit}"));
+    assert_eq!(peer.ip(), Ipv4Addr::new(10, 79, 0, 2), "straight from the pod, not through a proxy");
+    // Its connect returned before the server's accept, its count a moment after.
+    let through = wait_for(Duration::from_secs(5), || (client.connected() > 0).then_some(()));
+    assert!(through.is_some(), "the client saw its connect through");
+    client.stop();
+    let id = incident["id"].clone();
+    let resolved =
+        agent.wait_incident(|i| i["id"] == id && i["state"] == "resolved", Duration::from_secs(30));
+    assert!(resolved.is_some(), "resolves once the resets stop: {:#?}", agent.incidents());
+    incident
+}
