@@ -20,7 +20,8 @@
 //! Installs what it needs first, idempotently: the bookworm-backports suite (a qemu matching the
 //! preinstalled qemu-utils, the 6.12 kernel), the bullseye-security and trixie-backports suites
 //! (pinned low: only the 5.10 and 7.3 kernels come from them), the kernels, the NFS server and
-//! client, socat, a static busybox (virtme-ng needs it), and virtme-ng in a venv under target/vm/.
+//! client, socat, bpftrace, a static busybox (virtme-ng needs it), and virtme-ng in a venv under
+//! target/vm/.
 
 use std::{
     os::unix::process::CommandExt as _,
@@ -665,6 +666,8 @@ fn install(vm_dir: &Path, arches: &[Arch]) -> anyhow::Result<PathBuf> {
         "mmdebstrap",
         // mmdebstrap's check that it can run another architecture's programs.
         "arch-test",
+        // The RPC timing scenario's one-liner beside kstall (amd64 guests run this machine's).
+        "bpftrace",
     ]
     .into_iter()
     .filter(|p| !bootstrap::dpkg_installed(p))
