@@ -20,17 +20,10 @@ pub fn pod_volumes(proc: &Path) -> HashMap<String, String> {
 
 fn parse(mountinfo: &str) -> HashMap<String, String> {
     let mut owners: HashMap<String, Option<String>> = HashMap::new();
-    for line in mountinfo.lines() {
-        // id parent major:minor root mount-point options [optional...] - fstype source options
-        let Some((head, tail)) = line.split_once(" - ") else { continue };
-        if !matches!(tail.split(' ').next(), Some("nfs" | "nfs4")) {
-            continue;
-        }
-        let fields: Vec<&str> = head.split(' ').collect();
-        let (Some(device), Some(mount_point)) = (fields.get(2), fields.get(4)) else { continue };
-        let Some(uid) = pod_of(mount_point) else { continue };
+    for mount in nfs_mounts(mountinfo) {
+        let Some(uid) = pod_of(mount.mount_point) else { continue };
         owners
-            .entry(device.to_string())
+            .entry(mount.device.to_string())
             .and_modify(|owner| {
                 if owner.as_deref() != Some(uid) {
                     *owner = None;
@@ -39,6 +32,49 @@ fn parse(mountinfo: &str) -> HashMap<String, String> {
             .or_insert_with(|| Some(uid.to_string()));
     }
     owners.into_iter().filter_map(|(device, owner)| Some((device, owner?))).collect()
+}
+
+/// One NFS mount of a mount table, as the kernel shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NfsMount<'a> {
+    /// `major:minor` of its superblock.
+    pub device: &'a str,
+    pub mount_point: &'a str,
+    /// The server's address (`addr=`), as the client resolved it.
+    pub server: Option<std::net::IpAddr>,
+    /// `vers=` (`3`, `4.1`, ...).
+    pub version: Option<&'a str>,
+    /// The ports the kernel shows in the mount's options: `port=` (NFS, when not 2049) and
+    /// `mountport=` (mountd, an NFSv3 mount's).
+    pub ports: Vec<u16>,
+}
+
+/// The NFS mounts of `mountinfo` (a `/proc/<pid>/mountinfo`).
+pub fn nfs_mounts(mountinfo: &str) -> Vec<NfsMount<'_>> {
+    let mut mounts = Vec::new();
+    for line in mountinfo.lines() {
+        // id parent major:minor root mount-point options [optional...] - fstype source super-options
+        let Some((head, tail)) = line.split_once(" - ") else { continue };
+        let mut tail = tail.split(' ');
+        if !matches!(tail.next(), Some("nfs" | "nfs4")) {
+            continue;
+        }
+        let options = tail.nth(1).unwrap_or_default();
+        let fields: Vec<&str> = head.split(' ').collect();
+        let (Some(device), Some(mount_point)) = (fields.get(2), fields.get(4)) else { continue };
+        let option = |name: &str| {
+            options.split(',').find_map(|o| o.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+        };
+        let ports = ["port", "mountport"].iter().filter_map(|name| option(name)?.parse().ok()).collect();
+        mounts.push(NfsMount {
+            device,
+            mount_point,
+            server: option("addr").and_then(|a| a.parse().ok()),
+            version: option("vers"),
+            ports,
+        });
+    }
+    mounts
 }
 
 /// The pod UID of a mount point under the kubelet's `pods/<uid>/volumes/` (whatever its root).
@@ -79,5 +115,24 @@ mod tests {
         for nobodys in ["0:55", "0:56", "0:57", "0:59", "8:1"] {
             assert!(!owners.contains_key(nobodys), "{nobodys}: {owners:?}");
         }
+    }
+
+    #[test]
+    fn an_nfs_mounts_server_version_and_ports_are_read_from_its_options() {
+        // As 6.1 shows a v3 mount made by mount.nfs (it passes the ports it found to the kernel),
+        // and a v4.1 mount of a server on another port.
+        let table = "40 22 0:60 / /data rw,relatime shared:2 - nfs 10.55.0.1:/export rw,vers=3,rsize=1048576,\
+                     wsize=1048576,namlen=255,hard,nolock,proto=tcp,port=2049,timeo=600,retrans=2,sec=sys,\
+                     mountaddr=10.55.0.1,mountvers=3,mountport=20048,mountproto=tcp,local_lock=all,addr=10.55.0.1\n\
+                     41 22 0:61 / /mnt/b rw - nfs4 [fd00::5]:/ rw,vers=4.1,hard,proto=tcp6,port=3049,clientaddr=fd00::9,\
+                     addr=fd00::5\n\
+                     42 22 8:1 / / rw - ext4 /dev/sda1 rw,port=1\n";
+        let mounts = nfs_mounts(table);
+        assert_eq!(mounts.len(), 2, "{mounts:?}");
+        assert_eq!((mounts[0].device, mounts[0].mount_point), ("0:60", "/data"));
+        assert_eq!(mounts[0].server, Some("10.55.0.1".parse().unwrap()));
+        assert_eq!((mounts[0].version, &mounts[0].ports[..]), (Some("3"), &[2049, 20048][..]));
+        assert_eq!(mounts[1].server, Some("fd00::5".parse().unwrap()));
+        assert_eq!((mounts[1].version, &mounts[1].ports[..]), (Some("4.1"), &[3049][..]));
     }
 }
