@@ -184,6 +184,8 @@ pub struct Index {
     pub by_process: HashMap<u32, Arc<Attribution>>,
     /// NFS devices (`major:minor`) mounted as one pod's volume.
     pub by_nfs_mount: HashMap<String, Arc<Attribution>>,
+    /// The ports the node's NFS mounts name in their options (`port=`, `mountport=`).
+    pub nfs_mount_ports: std::collections::BTreeSet<u16>,
     /// The pods' cgroups live in a v1 hierarchy.
     pub v1_pods: bool,
     /// A metadata source (API, file) is configured: a pod without a name is worth a short wait.

@@ -4,16 +4,30 @@
 //! RPC (writeback) is attributed by. Read from `/proc/1/mountinfo`, served from memory: no mount
 //! is ever touched (a `stat()` of a hung NFS mount would hang the agent).
 
-use std::{collections::HashMap, path::Path};
+use std::{
+    collections::{BTreeSet, HashMap},
+    path::Path,
+};
 
-/// Each NFS device (`major:minor`) that exactly one pod's volumes mount, and that pod's UID. A
-/// device two pods mount (one export bound into both) is neither's.
-pub fn pod_volumes(proc: &Path) -> HashMap<String, String> {
+/// What the node's mount table says of NFS.
+#[derive(Debug, Default)]
+pub struct NodeNfsMounts {
+    /// Each NFS device (`major:minor`) that exactly one pod's volumes mount, and that pod's UID. A
+    /// device two pods mount (one export bound into both) is neither's.
+    pub pod_volumes: HashMap<String, String>,
+    /// The ports NFS mounts name in their options (`port=`, `mountport=`).
+    pub option_ports: BTreeSet<u16>,
+}
+
+pub fn node_mounts(proc: &Path) -> NodeNfsMounts {
     match std::fs::read_to_string(proc.join("1/mountinfo")) {
-        Ok(text) => parse(&text),
+        Ok(text) => NodeNfsMounts {
+            pod_volumes: parse(&text),
+            option_ports: nfs_mounts(&text).into_iter().flat_map(|m| m.ports).collect(),
+        },
         Err(e) => {
             tracing::debug!(error = %e, "no host mount table: NFS mounts are not attributed to pods");
-            HashMap::new()
+            NodeNfsMounts::default()
         }
     }
 }

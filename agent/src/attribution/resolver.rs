@@ -85,7 +85,7 @@ pub struct Resolver {
     /// Each pod's own cgroup v2 directory (pod UID -> dir), at the last walk: its pressure files.
     pod_dirs: HashMap<String, std::path::PathBuf>,
     /// NFS devices (`major:minor`) mounted as one pod's volume, and that pod's UID, at the last walk.
-    nfs_volumes: HashMap<String, String>,
+    nfs_mounts: mounts::NodeNfsMounts,
     node_memory: u64,
 }
 
@@ -106,7 +106,7 @@ impl Resolver {
             unresolvable: HashSet::new(),
             pod_memory_limits: 0,
             pod_dirs: HashMap::new(),
-            nfs_volumes: HashMap::new(),
+            nfs_mounts: mounts::NodeNfsMounts::default(),
         }
     }
 
@@ -143,7 +143,7 @@ impl Resolver {
             }
         }
         self.pod_memory_limits = limits;
-        self.nfs_volumes = mounts::pod_volumes(&self.settings.proc);
+        self.nfs_mounts = mounts::node_mounts(&self.settings.proc);
         for (id, c) in &mut self.cgroups {
             if !seen_cgroups.contains(id) {
                 c.gone_at.get_or_insert(now);
@@ -226,10 +226,10 @@ impl Resolver {
                 },
                 Key::NfsMount(_) => {
                     if !mounts_read {
-                        self.nfs_volumes = mounts::pod_volumes(&self.settings.proc);
+                        self.nfs_mounts = mounts::node_mounts(&self.settings.proc);
                         mounts_read = true;
                     }
-                    self.nfs_volumes.keys().any(|device| super::key_for_mount(device) == key)
+                    self.nfs_mounts.pod_volumes.keys().any(|device| super::key_for_mount(device) == key)
                 }
                 // Metadata arrives from its source on its own; the event path's hold bounds the wait.
                 Key::PodMeta(_) | Key::ContainerName(_) => true,
@@ -290,6 +290,7 @@ impl Resolver {
             kubelet_load: Arc::new(self.pods.kubelet_load()),
             named_pods: self.pods.names(),
             memory: NodeMemory { pod_limits_bytes: self.pod_memory_limits, node_bytes: self.node_memory },
+            nfs_mount_ports: self.nfs_mounts.option_ports.clone(),
             ..Index::default()
         };
         index.pod_meta =
@@ -329,7 +330,7 @@ impl Resolver {
                 }
             }
         }
-        for (device, uid) in &self.nfs_volumes {
+        for (device, uid) in &self.nfs_mounts.pod_volumes {
             if let Some(pod) = pods.get(uid.as_str()) {
                 index.by_nfs_mount.insert(device.clone(), attribution(pod, Via::Mount));
             }

@@ -100,6 +100,7 @@ pub async fn run(
             kubelet: &kubelet,
             conntrack: &conntrack,
             pod_ips: &index.by_pod_ip,
+            nfs_mount_ports: &index.nfs_mount_ports,
             pressure: &pressure,
         };
         let changes = engine.evaluate(now, &node);

@@ -131,6 +131,8 @@ pub struct NodeView<'a> {
     pub pressure: &'a pressure::Sample,
     /// Live pods by address: whose a forwarded packet was.
     pub pod_ips: &'a std::collections::HashMap<std::net::IpAddr, Arc<Attribution>>,
+    /// The ports the node's NFS mounts name in their options.
+    pub nfs_mount_ports: &'a std::collections::BTreeSet<u16>,
 }
 
 /// What a signature does with the event stream.

@@ -182,6 +182,7 @@ pub(crate) mod tests {
         pods: Vec::new(),
         pods_readable: true,
     };
+    pub static NO_MOUNT_PORTS: std::collections::BTreeSet<u16> = std::collections::BTreeSet::new();
     pub static NO_CONNTRACK: Tables = Tables { sample: 0, at_unix_ns: 0, max: None, tables: Vec::new() };
 
     /// The node as the signatures see it when evaluated.
@@ -193,6 +194,7 @@ pub(crate) mod tests {
             kubelet: &NOT_CHECKED,
             conntrack: &NO_CONNTRACK,
             pod_ips: &NO_POD_IPS,
+            nfs_mount_ports: &NO_MOUNT_PORTS,
             pressure: &NO_PRESSURE,
         }
     }

@@ -61,7 +61,7 @@ const PERSISTS: u64 = 2 * SECOND_NS;
 const RETRY_GAP: u64 = 15 * SECOND_NS;
 
 pub struct NfsSidecarRedirect {
-    nfs_ports: Vec<u16>,
+    ports: NfsPorts,
     min_resets: u32,
     window: u64,
     quiet: u64,
@@ -79,6 +79,9 @@ struct Namespace {
     last_reset: u64,
     server: Option<IpAddr>,
     nfs_port: u16,
+    /// Every NFS port whose connections were redirected: an NFSv3 mount's rpcbind and mountd
+    /// come before NFS itself.
+    nfs_ports: BTreeSet<u16>,
     redirect_ports: BTreeSet<u16>,
     retransmits: u64,
     timeouts: u64,
@@ -91,7 +94,7 @@ struct Namespace {
 impl NfsSidecarRedirect {
     pub fn new(settings: &Settings) -> Self {
         Self {
-            nfs_ports: settings.nfs_ports.clone(),
+            ports: NfsPorts::new(&settings.nfs_ports),
             min_resets: settings.redirect_min_resets.max(Settings::MIN_REDIRECT_RESETS),
             window: ns(settings.redirect_window),
             quiet: ns(settings.quiet_window),
@@ -103,9 +106,73 @@ impl NfsSidecarRedirect {
 /// The NFS port a SYN was sent to when NAT sent it to another local port and it was answered with
 /// RST (the sidecar-redirect signature's evidence, also what other signatures leave to it).
 pub fn redirected_nfs_port(reset: &TcpReset, nfs_ports: &[u16]) -> Option<u16> {
+    redirected_port(reset).filter(|p| nfs_ports.contains(p))
+}
+
+/// The port a SYN was sent to when NAT sent it to another local port and it was answered with RST.
+fn redirected_port(reset: &TcpReset) -> Option<u16> {
     let original = reset.original_dst_port?;
-    (reset.direction == Direction::Sent && nfs_ports.contains(&original) && reset.local_port != original)
-        .then_some(original)
+    (reset.direction == Direction::Sent && reset.local_port != original).then_some(original)
+}
+
+/// The ports NFS is reached on: the setting's (2049, and an NFSv3 mount's rpcbind 111 and mountd
+/// 20048), the ones the node's NFS mounts show in their options (`port=`, `mountport=`), and the
+/// servers' ports the kernel's RPC clients connect to (a mount made in a pod's own mount namespace
+/// is not in the node's table, but its RPCs are seen).
+struct NfsPorts {
+    configured: Vec<u16>,
+    mounted: BTreeSet<u16>,
+    kernel: BTreeSet<u16>,
+}
+
+/// Ports learned from the kernel's RPC clients kept at most: a node talks to few.
+const MAX_KERNEL_PORTS: usize = 64;
+
+impl NfsPorts {
+    fn new(configured: &[u16]) -> Self {
+        NfsPorts { configured: configured.to_vec(), mounted: BTreeSet::new(), kernel: BTreeSet::new() }
+    }
+
+    fn is_nfs(&self, port: u16) -> bool {
+        self.configured.contains(&port) || self.mounted.contains(&port) || self.kernel.contains(&port)
+    }
+
+    fn used_by_the_kernel(&mut self, port: u16) {
+        if self.kernel.len() < MAX_KERNEL_PORTS && port != 0 {
+            self.kernel.insert(port);
+        }
+    }
+
+    /// What a connection to `port` is for: an NFSv3 mount asks rpcbind, then mountd, before it
+    /// connects to NFS itself.
+    fn service(port: u16) -> Service {
+        match port {
+            RPCBIND_PORT => Service::Rpcbind,
+            MOUNTD_PORT => Service::Mountd,
+            _ => Service::Nfs,
+        }
+    }
+
+    /// The ports a way out must let through, once `seen` were redirected: those alone when they
+    /// are NFS's own; every NFS port known when an NFSv3 mount's rpcbind or mountd was among them
+    /// (the mount is at its start, and will need each in turn).
+    fn to_let_through(&self, seen: &BTreeSet<u16>) -> Vec<u16> {
+        if seen.iter().all(|&p| Self::service(p) == Service::Nfs) {
+            return seen.iter().copied().collect();
+        }
+        let all = self.configured.iter().chain(&self.mounted).chain(seen);
+        all.copied().collect::<BTreeSet<u16>>().into_iter().collect()
+    }
+}
+
+const RPCBIND_PORT: u16 = 111;
+const MOUNTD_PORT: u16 = 20048;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Service {
+    Rpcbind,
+    Mountd,
+    Nfs,
 }
 
 impl Signature for NfsSidecarRedirect {
@@ -119,14 +186,14 @@ impl Signature for NfsSidecarRedirect {
         let netns = event.header.netns;
         match &event.payload {
             Payload::TcpReset(reset) => {
-                let Some(port) = redirected_nfs_port(reset, &self.nfs_ports) else { return };
+                let Some(port) = redirected_port(reset).filter(|&p| self.ports.is_nfs(p)) else { return };
                 let ns = self.namespace(netns, attributed, t);
                 ns.add_resets(t, 1, port, Some(reset.local_port));
                 ns.server = reset.original_dst_addr.or(ns.server);
             }
             // The resets of the series not sent in full (the sent ones are counted above).
             Payload::TcpResetCount(count) if count.suppressed > 0 => {
-                let Some(port) = count.redirected_port().filter(|p| self.nfs_ports.contains(p)) else {
+                let Some(port) = count.redirected_port().filter(|&p| self.ports.is_nfs(p)) else {
                     return;
                 };
                 let local = match count.port {
@@ -136,6 +203,9 @@ impl Signature for NfsSidecarRedirect {
                 self.namespace(netns, attributed, t).add_resets(t, count.suppressed, port, local);
             }
             Payload::Nfs(nfs) => {
+                if let Some(port) = nfs.server_port {
+                    self.ports.used_by_the_kernel(port);
+                }
                 // Only namespaces already seen redirecting: NFS errors alone are another signature's.
                 let Some(ns) = self.by_netns.get_mut(&netns) else { return };
                 match nfs.what {
@@ -155,7 +225,9 @@ impl Signature for NfsSidecarRedirect {
     }
 
     fn evaluate(&mut self, now: u64, node: &NodeView) -> Vec<Finding> {
+        self.ports.mounted.clone_from(node.nfs_mount_ports);
         let (window, quiet, min) = (self.window, self.quiet, self.min_resets);
+        let ports = &self.ports;
         let stuck = node.stuck;
         let mut findings = Vec::new();
         self.by_netns.retain(|_, ns| {
@@ -181,7 +253,7 @@ impl Signature for NfsSidecarRedirect {
                 }
             }
             if ns.firing_since.is_some() {
-                findings.push(ns.finding(&tasks));
+                findings.push(ns.finding(&tasks, ports));
             }
             // Forget a namespace once it neither fires nor has resets in the window.
             ns.firing_since.is_some() || !ns.resets.is_empty()
@@ -240,7 +312,13 @@ impl Namespace {
         }
         self.last_reset = self.last_reset.max(t);
         self.nfs_port = nfs_port;
+        self.nfs_ports.insert(nfs_port);
         self.redirect_ports.extend(local);
+    }
+
+    /// Only an NFSv3 mount's rpcbind or mountd was reached: the mount has not got to NFS.
+    fn mount_stage(&self) -> bool {
+        self.nfs_ports.iter().all(|&p| NfsPorts::service(p) != Service::Nfs)
     }
 
     fn in_window(&self) -> u64 {
@@ -257,6 +335,7 @@ impl Namespace {
             last_reset: 0,
             server: None,
             nfs_port: 0,
+            nfs_ports: BTreeSet::new(),
             redirect_ports: BTreeSet::new(),
             retransmits: 0,
             timeouts: 0,
@@ -267,20 +346,28 @@ impl Namespace {
         }
     }
 
-    fn finding(&self, tasks: &[StuckTask]) -> Finding {
+    fn finding(&self, tasks: &[StuckTask], ports: &NfsPorts) -> Finding {
         let proxy = Proxy::of(self.who.mesh.as_ref(), &self.redirect_ports);
         let server = self.server.map(|s| s.to_string()).unwrap_or_else(|| "the NFS server".into());
-        let ports: Vec<String> = self.redirect_ports.iter().map(u16::to_string).collect();
+        let redirect_ports: Vec<String> = self.redirect_ports.iter().map(u16::to_string).collect();
+        let reached: Vec<String> = self.nfs_ports.iter().map(|&p| format!("{server}:{p}")).collect();
         let mut summary = format!(
-            "Connections from {} to NFS server {server}:{} are redirected to local port {} where nothing \
-             listens, and reset ({} resets in the window, {} in all). A hard-mounted NFS client retries \
-             them forever.",
+            "Connections from {} to NFS server {} are redirected to local port {} where nothing \
+             listens, and reset ({} resets in the window, {} in all).",
             pod_name(&self.who),
-            self.nfs_port,
-            ports.join(", "),
+            reached.join(", "),
+            redirect_ports.join(", "),
             self.in_window(),
             self.total,
         );
+        if self.mount_stage() {
+            summary.push_str(
+                " They are an NFSv3 mount's first steps (rpcbind on 111, then mountd): the mount hangs \
+                 before it reaches NFS, retrying until it gives up.",
+            );
+        } else {
+            summary.push_str(" A hard-mounted NFS client retries them forever.");
+        }
         summary.push_str(&proxy.said());
         if self.timeouts > 0 {
             summary.push_str(&format!(" {} RPC timeouts to the server from this namespace.", self.timeouts));
@@ -306,6 +393,8 @@ impl Namespace {
                 netns: self.netns,
                 server: self.server,
                 nfs_port: self.nfs_port,
+                nfs_ports: &self.nfs_ports,
+                nfs_stage: if self.mount_stage() { "mount" } else { "nfs" },
                 redirect_ports: &self.redirect_ports,
                 resets_in_window: self.in_window(),
                 resets_total: self.total,
@@ -318,7 +407,7 @@ impl Namespace {
             }),
             remediation: way_out::remediation(&Case {
                 proxy: &proxy,
-                nfs_port: self.nfs_port,
+                nfs_ports: &ports.to_let_through(&self.nfs_ports),
                 server: self.server,
                 pod_uid: self.who.pod_uid.as_deref(),
                 stuck: tasks.first(),
@@ -331,7 +420,11 @@ impl Namespace {
 struct Evidence<'a> {
     netns: u32,
     server: Option<IpAddr>,
+    /// The latest reset's NFS port, and all of them.
     nfs_port: u16,
+    nfs_ports: &'a BTreeSet<u16>,
+    /// `mount` when only an NFSv3 mount's rpcbind or mountd was reached, else `nfs`.
+    nfs_stage: &'static str,
     redirect_ports: &'a BTreeSet<u16>,
     resets_in_window: u64,
     resets_total: u64,
@@ -429,6 +522,74 @@ mod tests {
             "{}",
             f.summary
         );
+    }
+
+    /// An NFSv3 mount through a redirect: rpcbind first, then (had it been let through) mountd.
+    /// The incident says the mount is at its start, and its way out lets every NFS port through.
+    #[test]
+    fn an_nfsv3_mount_redirected_at_rpcbind_is_named_and_every_nfs_port_let_through() {
+        let linkerd = PodMesh { meshes: vec![Mesh::Linkerd], native_sidecar: true };
+        let who = Arc::new(Attribution { mesh: Some(linkerd), ..(*pod(UID, "web-1")).clone() });
+        let mut s = signature();
+        let stuck = StuckSet::default();
+        for t in [101, 102, 104] {
+            let mut e = redirected_reset(t * SEC, 111, &who);
+            if let Payload::TcpReset(r) = &mut e.event.payload {
+                (r.local_port, r.redirect_port) = (4140, Some(4140));
+            }
+            s.observe(&e);
+        }
+        let f = s.evaluate(105 * SEC, &node(&stuck));
+        assert_eq!(f.len(), 1);
+        let f = &f[0];
+        assert_eq!((&f.evidence["nfs_ports"], &f.evidence["nfs_stage"]), (&json!([111]), &json!("mount")));
+        assert!(
+            f.summary.contains("10.55.0.1:111") && f.summary.contains("NFSv3 mount's first steps"),
+            "{}",
+            f.summary
+        );
+        assert!(
+            f.remediation.permanent[0].contains("skip-outbound-ports: \"111,2049,20048\""),
+            "{:?}",
+            f.remediation
+        );
+        let edit = f.remediation.break_glass[4].command.as_deref().unwrap_or_default();
+        assert!(
+            edit.ends_with("iptables -t nat -I PROXY_INIT_OUTPUT 1 -p tcp -d 10.55.0.1 -m multiport --dports 111,2049,20048 -j RETURN"),
+            "{edit}"
+        );
+    }
+
+    /// A server on another port: named by a mount's options on the node, or by the kernel's own
+    /// RPC client connecting to it (a mount in the pod's own mount namespace).
+    #[test]
+    fn ports_from_the_mounts_options_and_the_kernels_rpc_clients_are_nfs_ports() {
+        let who = pod(UID, "web-1");
+        let stuck = StuckSet::default();
+        let (mounted, kernel) = (3049, 4049);
+        let resets = |s: &mut NfsSidecarRedirect, port: u16, from: u64| {
+            for t in [from, from + 3] {
+                s.observe(&redirected_reset(t * SEC, port, &who));
+            }
+            s.evaluate((from + 4) * SEC, &node(&stuck))
+        };
+        let mut s = signature();
+        assert!(resets(&mut s, mounted, 100).is_empty(), "not an NFS port yet");
+        let ports = BTreeSet::from([mounted]);
+        assert!(s.evaluate(110 * SEC, &NodeView { nfs_mount_ports: &ports, ..node(&stuck) }).is_empty());
+        let f = resets(&mut s, mounted, 120);
+        assert_eq!((f.len(), &f[0].evidence["nfs_ports"]), (1, &json!([mounted])));
+        let edit = f[0].remediation.break_glass[4].command.as_deref().unwrap_or_default();
+        assert!(edit.ends_with("-d 10.55.0.1 --dport 3049 -j RETURN"), "{edit}");
+
+        let mut s = signature();
+        let mut rpc = nfs(99 * SEC, What::SocketConnect, &who);
+        if let Payload::Nfs(n) = &mut rpc.event.payload {
+            n.server_port = Some(kernel);
+        }
+        s.observe(&rpc);
+        let f = resets(&mut s, kernel, 100);
+        assert_eq!((f.len(), &f[0].evidence["nfs_stage"]), (1, &json!("nfs")));
     }
 
     #[test]

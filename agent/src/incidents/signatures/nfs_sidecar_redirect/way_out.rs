@@ -153,14 +153,16 @@ fn termination_order(mesh: Mesh, native_sidecar: Option<bool>) -> &'static str {
 /// What the remediation needs of the incident.
 pub struct Case<'a> {
     pub proxy: &'a Proxy,
-    pub nfs_port: u16,
+    /// The NFS ports to let through (an NFSv3 mount's rpcbind and mountd too, when it was at them).
+    pub nfs_ports: &'a [u16],
     pub server: Option<IpAddr>,
     pub pod_uid: Option<&'a str>,
     pub stuck: Option<&'a StuckTask>,
 }
 
 pub fn remediation(case: &Case) -> Remediation {
-    let Case { proxy, nfs_port: port, .. } = *case;
+    let Case { proxy, nfs_ports, .. } = *case;
+    let port = nfs_ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
     let csi =
         "Or mount the volume with a CSI driver (e.g. the EFS CSI driver): the mount is made by the node, \
                outside the pod's network namespace and its NAT rules."
@@ -208,7 +210,7 @@ pub fn remediation(case: &Case) -> Remediation {
         ],
         Proxy::Unknown { why } => vec![
             format!(
-                "kstall cannot tell which proxy redirects the pod's NFS ({why}). Exempt port {port} in that \
+                "kstall cannot tell which proxy redirects the pod's NFS ({why}). Exempt {port} in that \
                  mesh's own setting — Istio sidecar: traffic.sidecar.istio.io/excludeOutboundPorts; Linkerd: \
                  config.linkerd.io/skip-outbound-ports; Istio ambient has none (label the pod \
                  istio.io/dataplane-mode: none)."
@@ -237,11 +239,18 @@ fn break_glass(case: &Case) -> Vec<Step> {
     };
     let cgroup = task_ns.replace("/ns/net", "/cgroup");
     let inside = |command: &str| format!("nsenter --net={task_ns} {command}");
-    let port = case.nfs_port;
     let to_server = case.server.map(|s| format!(" -d {s}")).unwrap_or_default();
-    let let_nfs_through = |chain: &str| {
-        inside(&format!("iptables -t nat -I {chain} 1 -p tcp{to_server} --dport {port} -j RETURN"))
+    let to_ports = match case.nfs_ports {
+        [port] => format!("--dport {port}"),
+        ports => {
+            format!(
+                "-m multiport --dports {}",
+                ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
+            )
+        }
     };
+    let let_nfs_through =
+        |chain: &str| inside(&format!("iptables -t nat -I {chain} 1 -p tcp{to_server} {to_ports} -j RETURN"));
     let only_then = "Only if all three checks passed: let the NFS server's port through before the redirect (the \
                      rule the mesh's own port exclusion writes). The NFS client reconnects directly within \
                      seconds, the flush completes, the task exits and the pod terminates.";
@@ -364,7 +373,7 @@ mod tests {
         );
         let case = Case {
             proxy: &proxy,
-            nfs_port: 2049,
+            nfs_ports: &[2049],
             server: "10.55.0.1".parse().ok(),
             pod_uid: None,
             stuck: None,
@@ -384,7 +393,7 @@ mod tests {
             let proxy = Proxy::Named { mesh, native_sidecar: Some(false) };
             let case = Case {
                 proxy: &proxy,
-                nfs_port: 2049,
+                nfs_ports: &[2049],
                 server: "10.55.0.1".parse().ok(),
                 pod_uid: Some("u-1"),
                 stuck: None,
@@ -429,7 +438,7 @@ mod tests {
     #[test]
     fn a_native_sidecar_is_told_why_its_proxy_was_gone_and_which_order_applied() {
         let native = Proxy::Named { mesh: Mesh::IstioSidecar, native_sidecar: Some(true) };
-        let case = Case { proxy: &native, nfs_port: 2049, server: None, pod_uid: None, stuck: None };
+        let case = Case { proxy: &native, nfs_ports: &[2049], server: None, pod_uid: None, stuck: None };
         assert!(remediation(&case).permanent[2].starts_with("The proxy already runs as a native sidecar"));
         let order = native.evidence().termination_order.unwrap();
         assert!(
