@@ -9,6 +9,10 @@
 //!   second) every 40 s. Its clients: an HTTP-like one on keep-alive connections retrying refused
 //!   connects at once, and an NFS-like one on one long connection, reconnecting as the kernel's
 //!   client does (at once, then after 3 s, doubling).
+//! - **ledger-ambient** and **ledger-linkerd**, in the other meshes, with their own rules
+//!   (tests/data: istio-cni's in-pod rules for Istio ambient, Linkerd's proxy-init) and a live
+//!   proxy each on their ports (ambient's ztunnel on 15001, its connections marked 0x539; Linkerd's
+//!   on 4140 as uid 2102), restarted as the sidecar is; each with the same two clients.
 //! - **scanner**: a port scan of the service, 2,000 closed ports a minute, and a client that a
 //!   live server refuses (accepts and resets).
 //! - **batch**: memory churn under its limit, writeback bursts with fsync, and, once, its worker
@@ -37,6 +41,7 @@ use crate::{
     agent::{Agent, pod_json, write_pods_file},
     cgroup::{Cgroup, MemoryLimit, PodProcess},
     host::{cpu_ticks, memory_kib, wait_for},
+    meshes::MeshRules,
     netns::NetNs,
     oom::{OOM_LIMIT, oom_kill},
     sidecar::SidecarProcess,
@@ -157,10 +162,13 @@ pub fn soak(proxy: &Path, length: Duration) -> Report {
     let mesh = Pod::new(1, "web-mesh", &service);
     let scanner = Pod::new(2, "scanner", &service);
     let batch = Pod::new(3, "batch", &service);
-    write_pods_file(&pods_file, &[mesh.json.clone(), scanner.json.clone(), batch.json.clone()]);
+    let ambient = Pod::meshed(4, "ledger-ambient", &service, MeshRules::IstioAmbient);
+    let linkerd = Pod::meshed(5, "ledger-linkerd", &service, MeshRules::Linkerd);
+    let pods = [&mesh, &scanner, &batch, &ambient, &linkerd];
+    write_pods_file(&pods_file, &pods.iter().map(|p| p.json.clone()).collect::<Vec<_>>());
     let agent = Agent::start(&["--pods-file", pods_file.to_str().unwrap()]);
     let attributed = wait_for(Duration::from_secs(30), || {
-        (agent.status()["attribution"]["pod_namespaces"].as_u64() >= Some(3)).then_some(())
+        (agent.status()["attribution"]["pod_namespaces"].as_u64() >= Some(pods.len() as u64)).then_some(())
     });
     assert!(attributed.is_some(), "the agent did not learn the pods: {}", agent.status());
     let events = agent.subscribe();
@@ -174,20 +182,31 @@ pub fn soak(proxy: &Path, length: Duration) -> Report {
     threads.push(service.spawn_inside(server(REFUSING_PORT, stop.clone(), |stream| reset(&stream))));
     // The mesh pod: its rules, its proxy, its app, its clients; and a caller of its app.
     mesh.netns.exec_stdin("iptables-restore", &[], ISTIO_NAT);
-    let mut sidecar = Sidecar::start(proxy, &mesh);
+    let mut sidecars = [
+        Sidecar::start(proxy, &mesh, Proxy::ISTIO_SIDECAR),
+        Sidecar::start(proxy, &ambient, Proxy::ZTUNNEL),
+        Sidecar::start(proxy, &linkerd, Proxy::LINKERD),
+    ];
     threads.push(mesh.netns.spawn_inside(server(APP_PORT, stop.clone(), respond_http)));
-    threads.push(mesh.netns.spawn_inside(http_client(
-        mesh.service,
-        stop.clone(),
-        work.counter("http_requests"),
-        work.counter("rejected_by_proxy"),
-    )));
-    threads.push(mesh.netns.spawn_inside(rpc_client(
-        mesh.service,
-        stop.clone(),
-        work.counter("rpcs"),
-        work.counter("rpc_reconnects"),
-    )));
+    let meshed = [
+        (&mesh, "http_requests", "rpcs"),
+        (&ambient, "http_requests_ambient", "rpcs_ambient"),
+        (&linkerd, "http_requests_linkerd", "rpcs_linkerd"),
+    ];
+    for (pod, requests, rpcs) in meshed {
+        threads.push(pod.netns.spawn_inside(http_client(
+            pod.service,
+            stop.clone(),
+            work.counter(requests),
+            work.counter("rejected_by_proxy"),
+        )));
+        threads.push(pod.netns.spawn_inside(rpc_client(
+            pod.service,
+            stop.clone(),
+            work.counter(rpcs),
+            work.counter("rpc_reconnects"),
+        )));
+    }
     threads.push(service.spawn_inside(app_caller(
         mesh.address,
         stop.clone(),
@@ -226,8 +245,10 @@ pub fn soak(proxy: &Path, length: Duration) -> Report {
     let mut oom_done = false;
     while started.elapsed() < length {
         if started.elapsed() >= next_restart {
-            sidecar.restart(proxy, &mesh);
-            work.add("proxy_restarts", 1);
+            for (sidecar, pod) in sidecars.iter_mut().zip([&mesh, &ambient, &linkerd]) {
+                sidecar.restart(proxy, pod);
+                work.add("proxy_restarts", 1);
+            }
             next_restart += RESTART_EVERY;
         }
         if !oom_done && started.elapsed() >= length / 3 {
@@ -253,7 +274,7 @@ pub fn soak(proxy: &Path, length: Duration) -> Report {
     writeback.stop();
     work.add("memory_cycles", churn.lines());
     work.add("fsyncs", writeback.lines());
-    drop(sidecar);
+    drop(sidecars);
     // The last interval's counts (1 s) and the evaluation after them (1 s) are in only then:
     // waiting can only find more.
     thread::sleep(Duration::from_secs(3));
@@ -334,6 +355,15 @@ struct Pod {
 }
 
 impl Pod {
+    /// A pod in `mesh`: its rules in its namespace, its marks (a native sidecar for Linkerd, as
+    /// its default is now).
+    fn meshed(n: u8, name: &str, service: &NetNs, mesh: MeshRules) -> Self {
+        let mut pod = Self::new(n, name, service);
+        mesh.install(&pod.netns);
+        crate::meshes::mark(&mut pod.json, mesh, mesh == MeshRules::Linkerd);
+        pod
+    }
+
     fn new(n: u8, name: &str, service: &NetNs) -> Self {
         let uid = format!("4ea17e11-0000-4000-8000-{n:012}");
         let container = format!("{:064x}", 0x4ea1_0000 + u64::from(n));
@@ -348,28 +378,55 @@ impl Pod {
     }
 }
 
-/// The mesh pod's proxy process, in its network namespace and app container's cgroup, as uid
-/// 1337. Killed with its connections on drop.
+/// A mesh's proxy as `mesh_proxy` plays it: its user, its outbound and inbound ports (0: none),
+/// the mark on its own connections (0: none).
+#[derive(Clone, Copy)]
+struct Proxy {
+    uid: u32,
+    outbound: u16,
+    inbound: u16,
+    mark: u32,
+}
+
+impl Proxy {
+    const ISTIO_SIDECAR: Proxy = Proxy { uid: 1337, outbound: 15001, inbound: 15006, mark: 0 };
+    /// ztunnel's in-pod outbound listener; its connections carry the mark istio-cni's rules
+    /// return (setting it takes CAP_NET_ADMIN, as ztunnel has).
+    const ZTUNNEL: Proxy = Proxy { uid: 0, outbound: 15001, inbound: 0, mark: 0x539 };
+    const LINKERD: Proxy = Proxy { uid: 2102, outbound: 4140, inbound: 0, mark: 0 };
+}
+
+/// A mesh pod's proxy process, in its network namespace and app container's cgroup. Killed with
+/// its connections on drop.
 struct Sidecar {
+    proxy: Proxy,
     process: Option<SidecarProcess>,
 }
 
 impl Sidecar {
-    fn start(proxy: &Path, pod: &Pod) -> Self {
-        Sidecar { process: Some(Self::process(proxy, pod)) }
+    fn start(program: &Path, pod: &Pod, proxy: Proxy) -> Self {
+        Sidecar { proxy, process: Some(Self::process(program, pod, proxy)) }
     }
 
-    fn process(proxy: &Path, pod: &Pod) -> SidecarProcess {
-        let idle = IDLE_TIMEOUT.as_millis().to_string();
-        let proxy = proxy.to_str().expect("a UTF-8 path");
-        SidecarProcess::start(&pod.netns, &pod.cgroup.procs(), 1337, proxy, &[&idle], &[15001, 15006])
+    fn process(program: &Path, pod: &Pod, proxy: Proxy) -> SidecarProcess {
+        let Proxy { uid, outbound, inbound, mark } = proxy;
+        let args = [
+            IDLE_TIMEOUT.as_millis().to_string(),
+            outbound.to_string(),
+            inbound.to_string(),
+            mark.to_string(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let ports: Vec<u16> = [outbound, inbound].into_iter().filter(|&p| p != 0).collect();
+        let program = program.to_str().expect("a UTF-8 path");
+        SidecarProcess::start(&pod.netns, &pod.cgroup.procs(), uid, program, &args, &ports)
     }
 
     /// Killed, and back after [`RESTART_GAP`], as a sidecar container restarted.
-    fn restart(&mut self, proxy: &Path, pod: &Pod) {
+    fn restart(&mut self, program: &Path, pod: &Pod) {
         self.process = None;
         thread::sleep(RESTART_GAP);
-        self.process = Some(Self::process(proxy, pod));
+        self.process = Some(Self::process(program, pod, self.proxy));
     }
 }
 

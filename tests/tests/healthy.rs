@@ -1,6 +1,7 @@
 //! The healthy node, short (`cargo xtask soak --healthy` runs it long): traffic of every kind
-//! kstall watches from pods that are well — a mesh pod with Istio's rules and a live proxy that
-//! idles connections out, resets what it rejects and restarts, a port scan, a server that refuses,
+//! kstall watches from pods that are well — mesh pods with Istio's sidecar rules, Istio ambient's
+//! and Linkerd's, each with a live proxy that idles connections out, resets what it rejects and
+//! restarts, a port scan, a server that refuses,
 //! memory churn, writeback with fsync, one OOM kill — and no incident may fire
 //! (`tests/src/healthy.rs`).
 
@@ -27,6 +28,10 @@ fn a_healthy_node_fires_nothing() {
     for work in [
         "http_requests",
         "rpcs",
+        "http_requests_ambient",
+        "rpcs_ambient",
+        "http_requests_linkerd",
+        "rpcs_linkerd",
         "inbound_requests",
         "scanned_closed_ports",
         "refused_by_server",

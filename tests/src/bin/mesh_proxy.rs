@@ -6,7 +6,11 @@
 //! is refused there and closed with the rest of its request unread, so the kernel resets it (the
 //! proxy's own reset, from an accepted socket). Run as uid 1337 in the pod's network namespace.
 //!
-//! `mesh-proxy <idle timeout ms>`
+//! The other meshes' proxies take other ports and are exempted otherwise: Linkerd's listens on
+//! 4140 as uid 2102; ambient's ztunnel on 15001 in the pod's namespace, its own connections marked
+//! 0x539 (istio-cni's rules return that mark), which takes root's CAP_NET_ADMIN.
+//!
+//! `mesh-proxy <idle timeout ms> [<outbound port> <inbound port, 0 for none> <mark, 0 for none>]`
 
 use std::{
     io::{Read, Write},
@@ -20,32 +24,45 @@ use std::{
     time::{Duration, Instant},
 };
 
-const OUTBOUND: u16 = 15001;
-const INBOUND: u16 = 15006;
 /// Envoy's source for inbound passthrough: the rules return it untouched.
 const INBOUND_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 6);
 
+const USAGE: &str = "usage: mesh-proxy <idle timeout ms> [<outbound port> <inbound port> <mark>]";
+
 fn main() {
-    let idle = std::env::args()
-        .nth(1)
-        .and_then(|ms| ms.parse().ok())
-        .map(Duration::from_millis)
-        .expect("usage: mesh-proxy <idle timeout ms>");
-    let outbound = TcpListener::bind((Ipv4Addr::UNSPECIFIED, OUTBOUND)).expect("listen on 15001");
-    let inbound = TcpListener::bind((Ipv4Addr::UNSPECIFIED, INBOUND)).expect("listen on 15006");
-    thread::spawn(move || serve(inbound, idle, true));
-    serve(outbound, idle, false);
+    let args: Vec<u32> = std::env::args().skip(1).map(|a| a.parse().expect(USAGE)).collect();
+    let (idle, outbound, inbound, mark) = match args[..] {
+        [idle] => (idle, 15001, 15006, 0),
+        [idle, outbound, inbound, mark] => (idle, outbound, inbound, mark),
+        _ => panic!("{USAGE}"),
+    };
+    let idle = Duration::from_millis(idle.into());
+    let port = |p: u32| u16::try_from(p).expect(USAGE);
+    let outbound = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port(outbound))).expect("listen outbound");
+    if inbound != 0 {
+        let inbound = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port(inbound))).expect("listen inbound");
+        thread::spawn(move || serve(inbound, idle, Upstream::Inbound));
+    }
+    serve(outbound, idle, Upstream::Outbound { mark });
 }
 
-fn serve(listener: TcpListener, idle: Duration, inbound: bool) {
+/// How the proxy connects on: inbound to the app from Envoy's passthrough address, outbound to
+/// the original destination (marked, for ambient's rules).
+#[derive(Clone, Copy)]
+enum Upstream {
+    Inbound,
+    Outbound { mark: u32 },
+}
+
+fn serve(listener: TcpListener, idle: Duration, upstream: Upstream) {
     for downstream in listener.incoming().flatten() {
         thread::spawn(move || {
-            let _ = relay(downstream, idle, inbound);
+            let _ = relay(downstream, idle, upstream);
         });
     }
 }
 
-fn relay(mut downstream: TcpStream, idle: Duration, inbound: bool) -> std::io::Result<()> {
+fn relay(mut downstream: TcpStream, idle: Duration, upstream: Upstream) -> std::io::Result<()> {
     let destination = original_destination(&downstream)?;
     let mut first = [0u8; 6];
     let n = downstream.peek(&mut first)?;
@@ -54,8 +71,11 @@ fn relay(mut downstream: TcpStream, idle: Duration, inbound: bool) -> std::io::R
         downstream.read_exact(&mut first)?;
         return Ok(());
     }
-    let upstream =
-        if inbound { connect_from(INBOUND_SOURCE, destination)? } else { TcpStream::connect(destination)? };
+    let upstream = match upstream {
+        Upstream::Inbound => connect(Some(INBOUND_SOURCE), 0, destination)?,
+        Upstream::Outbound { mark: 0 } => TcpStream::connect(destination)?,
+        Upstream::Outbound { mark } => connect(None, mark, destination)?,
+    };
     let last = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let pipe = move |mut from: TcpStream, mut to: TcpStream, last: Arc<AtomicU64>| {
@@ -115,8 +135,9 @@ fn original_destination(stream: &TcpStream) -> std::io::Result<SocketAddr> {
     Ok(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(addr.sin_port))))
 }
 
-/// A connection to `to` from address `from` (any port).
-fn connect_from(from: Ipv4Addr, to: SocketAddr) -> std::io::Result<TcpStream> {
+/// A connection to `to`, from address `from` (any port) when given, its packets marked `mark`
+/// when not 0.
+fn connect(from: Option<Ipv4Addr>, mark: u32, to: SocketAddr) -> std::io::Result<TcpStream> {
     let SocketAddr::V4(to) = to else { return Err(std::io::Error::other("IPv4 only")) };
     let sockaddr = |ip: Ipv4Addr, port: u16| libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
@@ -133,9 +154,18 @@ fn connect_from(from: Ipv4Addr, to: SocketAddr) -> std::io::Result<TcpStream> {
             return Err(std::io::Error::last_os_error());
         }
         let stream = TcpStream::from_raw_fd(fd);
-        let local = sockaddr(from, 0);
-        if libc::bind(fd, (&local as *const libc::sockaddr_in).cast(), len) != 0 {
-            return Err(std::io::Error::last_os_error());
+        if let Some(from) = from {
+            let local = sockaddr(from, 0);
+            if libc::bind(fd, (&local as *const libc::sockaddr_in).cast(), len) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        if mark != 0 {
+            let size = size_of::<u32>() as libc::socklen_t;
+            if libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_MARK, (&mark as *const u32).cast(), size) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
         }
         let remote = sockaddr(*to.ip(), to.port());
         if libc::connect(fd, (&remote as *const libc::sockaddr_in).cast(), len) != 0 {
