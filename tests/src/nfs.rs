@@ -19,12 +19,15 @@ use crate::{
     agent::pod_json,
     cgroup::{Cgroup, PodProcess},
     host::{run, wait_for},
+    meshes::MeshRules,
     netns::NetNs,
     sidecar::SidecarProcess,
 };
 
 pub const SERVER: &str = "10.55.0.1";
 const WORK: &str = "/tmp/kstall-nfs";
+/// The export's path on the server, as an NFSv3 mount names it (v4 mounts its root, `/`).
+pub const EXPORT_V3: &str = "/tmp/kstall-nfs/export";
 
 /// Starts the NFS server for the first pod that needs it and leaves it running: the VM it runs
 /// in is thrown away after the scenarios.
@@ -58,16 +61,17 @@ fn set_up_server() {
         format!("{} *(rw,fsid=0,no_root_squash,insecure,sync,no_subtree_check)\n", export.display()),
     )
     .expect("/etc/exports");
-    // Both go to the background once ready.
+    // Both go to the background once ready. mountd on the port RHEL and Debian give it (20048),
+    // for NFSv3 mounts (which ask rpcbind for it first).
     run("rpcbind", &["-w"]);
-    run("rpc.mountd", &["-N", "2", "-N", "3", "-u"]);
+    run("rpc.mountd", &["-N", "2", "-u", "-p", "20048"]);
     run("exportfs", &["-ra"]);
     run("rpc.nfsd", &NFSD);
 }
 
-/// v4 only, with a 10 s lease and grace period: a client cut off for longer loses its lease,
+/// v3 and v4, with a 10 s lease and grace period: a client cut off for longer loses its lease,
 /// and recovery and the first OPEN are quick.
-const NFSD: [&str; 9] = ["-N", "3", "-V", "4", "-L", "10", "-G", "10", "4"];
+const NFSD: [&str; 9] = ["-V", "3", "-V", "4", "-L", "10", "-G", "10", "4"];
 
 /// The server restarts, as in a failover: nfsd forgets every client's state and comes back in its
 /// grace period, so a client must establish a new client ID and session and reclaim what it held.
@@ -184,8 +188,9 @@ pub struct NfsPod {
     // Dropped in this order: the mount goes (in `drop`) before the sidecar it may go through, and
     // both before the namespace they are in.
     mounted: bool,
-    /// Its namespace holds the classic Istio sidecar's rules: the pod carries the sidecar's marks.
-    istio_sidecar: std::sync::atomic::AtomicBool,
+    /// The mesh whose rules its namespace holds (and whether its proxy is a native sidecar): the
+    /// pod carries that mesh's marks.
+    mesh: std::sync::Mutex<Option<(MeshRules, bool)>>,
     sidecar: Option<Sidecar>,
     _sandbox: PodProcess,
     pub container: Cgroup,
@@ -219,7 +224,7 @@ impl NfsPod {
             container_id,
             mountpoint,
             mounted: false,
-            istio_sidecar: false.into(),
+            mesh: None.into(),
             sidecar: None,
             _sandbox: sandbox,
             container,
@@ -247,8 +252,8 @@ impl NfsPod {
         let mut json = pod_json(&self.uid, &self.name, &self.container_id);
         json["status"]["podIP"] = self.ip.clone().into();
         json["status"]["podIPs"] = serde_json::json!([{"ip": self.ip}]);
-        if self.istio_sidecar.load(std::sync::atomic::Ordering::Relaxed) {
-            crate::meshes::mark(&mut json, crate::meshes::MeshRules::IstioSidecar, false);
+        if let Some((rules, native)) = *self.mesh.lock().unwrap() {
+            crate::meshes::mark(&mut json, rules, native);
         }
         json
     }
@@ -324,7 +329,7 @@ impl NfsPod {
     /// jumps to ISTIO_OUTPUT, which returns the proxy's own (uid 65534 here, 1337 in Istio) and
     /// sends the rest through ISTIO_REDIRECT to the proxy's port 15001.
     pub fn add_sidecar_redirect(&self) {
-        self.istio_sidecar.store(true, std::sync::atomic::Ordering::Relaxed);
+        *self.mesh.lock().unwrap() = Some((MeshRules::IstioSidecar, false));
         let nat = |args: &[&str]| self.netns.exec("iptables", &[&["-t", "nat"][..], args].concat());
         nat(&["-N", "ISTIO_REDIRECT"]);
         nat(&["-A", "ISTIO_REDIRECT", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15001"]);
@@ -337,6 +342,42 @@ impl NfsPod {
 }
 
 impl NfsPod {
+    /// `rules`, as the mesh writes them (tests/data), in the pod's namespace; the pod marked as the
+    /// mesh marks it, its proxy a `native` sidecar or not. No proxy listens.
+    pub fn add_mesh_rules(&self, rules: MeshRules, native: bool) {
+        rules.install(&self.netns);
+        *self.mesh.lock().unwrap() = Some((rules, native));
+    }
+
+    /// A process of the pod (its sandbox), to enter its namespace through.
+    pub fn process(&self) -> u32 {
+        self._sandbox.pid()
+    }
+
+    /// Starts `mount -t <fstype> -o <options> <server>:<export> <mount point>` in the pod's
+    /// namespace as [`NfsPod::mount_with`] does, without waiting for it: mount.nfs retries a
+    /// refused server for two minutes (its `retry=` default).
+    pub fn start_mount(&mut self, fstype: &str, options: &str, export: &str) -> Mounting {
+        let child = Command::new("nsenter")
+            .arg(format!("--net={}", self.netns.path().display()))
+            .args([
+                "unshare",
+                "--uts",
+                "sh",
+                "-c",
+                "hostname \"$0\" && exec mount -t \"$1\" -o \"$2\" \"$3\" \"$4\"",
+            ])
+            .args([&self.name, fstype, options, &format!("{SERVER}:{export}")])
+            .arg(&self.mountpoint)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the mount");
+        // Unmounted on drop whether it finished or not (a failed umount2 changes nothing).
+        self.mounted = true;
+        Mounting { child }
+    }
+
     /// Starts the pod's sidecar: it relays the redirected NFS connections until
     /// [`NfsPod::stop_sidecar`], or until the pod's mount is gone.
     pub fn start_sidecar(&mut self) {
@@ -361,6 +402,39 @@ impl Drop for NfsPod {
             // SAFETY: a NUL-terminated path that outlives the call.
             unsafe { libc::umount2(path.as_ptr(), libc::MNT_FORCE | libc::MNT_DETACH) };
         }
+    }
+}
+
+/// A mount in progress ([`NfsPod::start_mount`]); killed on drop if still running.
+pub struct Mounting {
+    child: Child,
+}
+
+impl Mounting {
+    /// Waits up to `timeout` for the mount to end; `Ok` once it succeeded, else what it said.
+    pub fn finished(&mut self, timeout: Duration) -> Result<(), String> {
+        match wait_for(timeout, || self.child.try_wait().ok().flatten()) {
+            Some(status) if status.success() => Ok(()),
+            Some(status) => {
+                let mut said = String::new();
+                if let Some(mut err) = self.child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut err, &mut said);
+                }
+                Err(format!("mount failed ({status}): {said}"))
+            }
+            None => Err(format!("still mounting after {timeout:?}")),
+        }
+    }
+
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Mounting {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -23,8 +23,9 @@ use kstall_tests::{
     dashboards::{self, Key, Panels, Selection},
     host::{Sysctl, cpu_ticks, wait_for},
     kernel_tests_can_run,
+    meshes::MeshRules,
     netns::timed_out_connects,
-    nfs::{self, InitContainer, NfsPod, StateRecoveryTrace, Writer, block_server},
+    nfs::{self, InitContainer, Mounting, NfsPod, StateRecoveryTrace, Writer, block_server},
 };
 use serde_json::{Value, json};
 
@@ -1551,4 +1552,136 @@ fn mem_total_bytes() -> u64 {
         .find_map(|l| l.strip_prefix("MemTotal:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
     kib.expect("MemTotal") * 1024
+}
+
+/// One pod of [`nfs_mounts_through_each_meshs_redirect_are_named_and_their_way_out_frees_them`]:
+/// its mesh's rules, and what kstall must say of its redirect.
+struct MeshedMount {
+    pod: NfsPod,
+    mesh: &'static str,
+    proxy: &'static str,
+    proxy_port: u16,
+    /// The NFS ports its connections were redirected from, and the stage the mount was at.
+    nfs_ports: Value,
+    stage: &'static str,
+    /// What the way out must let through (the edit's ports).
+    let_through: &'static str,
+}
+
+/// Incident 1 in the meshes users run now (issue 56), on every kernel: three pods mount the
+/// server from their own namespace through a redirect where nothing listens — one under Istio
+/// ambient's in-pod rules with no ztunnel, one under Linkerd's with no proxy (a native sidecar),
+/// one NFSv3 mount under ambient's rules, which asks rpcbind (111) before anything else. Each mount
+/// hangs, retrying; kstall names each pod's mesh, proxy and ports, and each way out, run as
+/// printed, lets its mount finish; then the incidents resolve.
+#[test]
+#[ignore = "runs inside the kernel-matrix VMs: cargo xtask vm-test"]
+fn nfs_mounts_through_each_meshs_redirect_are_named_and_their_way_out_frees_them() {
+    in_vm("nfs_mounts_through_each_meshs_redirect_are_named_and_their_way_out_frees_them");
+    let meshed = |n, name: &str, rules, native| {
+        let pod = NfsPod::new(n, name);
+        pod.add_mesh_rules(rules, native);
+        pod
+    };
+    let mut cases = [
+        MeshedMount {
+            pod: meshed(21, "ledger-ambient-6b7d9c8f5-x2k4p", MeshRules::IstioAmbient, false),
+            mesh: "istio-ambient",
+            proxy: "ztunnel",
+            proxy_port: 15001,
+            nfs_ports: json!([2049]),
+            stage: "nfs",
+            let_through: "--dport 2049",
+        },
+        MeshedMount {
+            pod: meshed(22, "ledger-linkerd-5f6c7d8b9-q7w3e", MeshRules::Linkerd, true),
+            mesh: "linkerd",
+            proxy: "linkerd-proxy",
+            proxy_port: 4140,
+            nfs_ports: json!([2049]),
+            stage: "nfs",
+            let_through: "--dport 2049",
+        },
+        MeshedMount {
+            pod: meshed(23, "ledger-v3-7c8d9e6f4-m5n6b", MeshRules::IstioAmbient, false),
+            mesh: "istio-ambient",
+            proxy: "ztunnel",
+            proxy_port: 15001,
+            nfs_ports: json!([111]),
+            stage: "mount",
+            let_through: "-m multiport --dports 111,2049,20048",
+        },
+    ];
+    let pods: Vec<&NfsPod> = cases.iter().map(|c| &c.pod).collect();
+    let (agent, _dir) = agent_with(&pods, &["--quiet-window", "5s"]);
+    // As an app's start script mounts them, with mount.nfs's defaults beyond these.
+    let [ambient, linkerd, v3] = &mut cases;
+    let mounts = [
+        ambient.pod.start_mount("nfs4", KUBELET_DEFAULTS, "/"),
+        linkerd.pod.start_mount("nfs4", KUBELET_DEFAULTS, "/"),
+        v3.pod.start_mount("nfs", "vers=3,hard,proto=tcp,mountproto=tcp,nolock", nfs::EXPORT_V3),
+    ];
+    // Each pod on its own, as each is freed by its own operator's hands.
+    std::thread::scope(|scope| {
+        let agent = &agent;
+        let freeing: Vec<_> = cases
+            .iter()
+            .zip(mounts)
+            .map(|(case, mount)| scope.spawn(move || named_and_freed(agent, case, mount)))
+            .collect();
+        for f in freeing {
+            if let Err(panic) = f.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+    println!(
+        "vm-scenario meshes: NFS mounts from pods under Istio ambient's rules (no ztunnel), Linkerd's (no proxy) \
+         and an NFSv3 mount under ambient's (rpcbind first) each named with its mesh, proxy port and NFS ports; \
+         each way out, run as printed, let the mount finish; every incident resolved"
+    );
+}
+
+/// `case`'s incident, checked; its break-glass steps run as printed — through the mount's stuck
+/// task when kstall names one, else through any task of the pod; its mount finishing; the
+/// incident resolving.
+fn named_and_freed(agent: &Agent, case: &MeshedMount, mut mount: Mounting) {
+    let pod = &case.pod;
+    let named = |i: &Value| firing("nfs-sidecar-redirect")(i) && i["pod"] == pod.name.as_str();
+    let incident = agent.wait_incident(named, Duration::from_secs(90)).unwrap_or_else(|| {
+        panic!("{}", no_incident(&format!("no nfs-sidecar-redirect for {}", pod.name), agent))
+    });
+    report_time_to_name(&incident);
+    assert!(mount.running(), "{}'s mount hangs until the way out", pod.name);
+    let evidence = &incident["evidence"];
+    assert_eq!(
+        (&evidence["mesh"], &evidence["proxy"]),
+        (&json!(case.mesh), &json!(case.proxy)),
+        "{incident:#}"
+    );
+    assert_eq!(evidence["redirect_ports"], json!([case.proxy_port]), "{incident:#}");
+    assert_eq!(evidence["proxy_port"], case.proxy_port, "{incident:#}");
+    assert_eq!((&evidence["nfs_ports"], &evidence["nfs_stage"]), (&case.nfs_ports, &json!(case.stage)));
+    assert_eq!((&evidence["server"], &evidence["netns"]), (&json!(nfs::SERVER), &json!(pod.netns.inode())));
+
+    let task = format!("/proc/{0}/task/{0}/", pod.process());
+    let commands: Vec<String> =
+        break_glass_commands(&incident).iter().map(|c| c.replace("/proc/<pid>/task/<tid>/", &task)).collect();
+    let sh = run_as_printed;
+    let [belongs, netns, one_redirect, edit, _confirm] = commands.as_slice() else {
+        panic!("five break-glass commands: {commands:#?}")
+    };
+    assert!(sh(belongs).parse::<u32>().is_ok_and(|n| n >= 1), "check 1: {belongs}");
+    let namespaces: Vec<String> = sh(netns).lines().map(String::from).collect();
+    assert!(namespaces.len() == 2 && namespaces[0] != namespaces[1], "check 2: {netns}: {namespaces:?}");
+    assert_eq!(sh(one_redirect), "1", "check 3: {one_redirect}");
+    assert!(edit.contains(&format!("-d {} {} -j RETURN", nfs::SERVER, case.let_through)), "{edit}");
+    sh(edit);
+    if let Err(e) = mount.finished(Duration::from_secs(60)) {
+        panic!("{}'s mount after the way out ({edit}): {e}\n{}", pod.name, kernel_log());
+    }
+    let id = incident["id"].clone();
+    let resolved =
+        agent.wait_incident(|i| i["id"] == id && i["state"] == "resolved", Duration::from_secs(60));
+    assert!(resolved.is_some(), "{}", no_incident(&format!("{id} not resolved"), agent));
 }

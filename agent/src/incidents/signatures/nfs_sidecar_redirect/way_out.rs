@@ -81,6 +81,7 @@ impl Proxy {
             Proxy::Named { mesh, native_sidecar } => ProxyEvidence {
                 mesh: mesh.name(),
                 proxy: Some(mesh.proxy()),
+                proxy_port: Some(mesh.proxy_port()),
                 native_sidecar: *native_sidecar,
                 termination_order: Some(termination_order(*mesh, *native_sidecar)),
                 unknown_because: None,
@@ -88,6 +89,7 @@ impl Proxy {
             Proxy::Unknown { why } => ProxyEvidence {
                 mesh: "unknown",
                 proxy: None,
+                proxy_port: None,
                 native_sidecar: None,
                 termination_order: None,
                 unknown_because: Some(why.clone()),
@@ -123,6 +125,9 @@ pub struct ProxyEvidence {
     /// What should listen on the redirect port: the pod's proxy container, or `ztunnel`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy: Option<&'static str>,
+    /// The port it should listen on (the resets' local port: `redirect_ports`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy_port: Option<u16>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub native_sidecar: Option<bool>,
     /// Which container order the pod's termination follows.
