@@ -190,10 +190,11 @@ pub fn prepare(arches: &[Arch]) -> anyhow::Result<()> {
 }
 
 /// The scenarios `cargo xtask test` runs on arm64 (its CI budget has room for these beside the
-/// amd64 matrix): incident 1's sidecar redirect and both OOM kinds. `cargo xtask vm-test --arch
-/// arm64` runs them all.
+/// amd64 matrix): incident 1's sidecar redirect, its other meshes' and NFSv3's, and both OOM
+/// kinds. `cargo xtask vm-test --arch arm64` runs them all.
 pub const ARM64_CI_SCENARIOS: &[&str] = &[
     "nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it",
+    "nfs_mounts_through_each_meshs_redirect_are_named_and_their_way_out_frees_them",
     "the_global_oom_killer_taking_a_node_daemon_is_a_critical_system_oom",
     "a_pod_squeezed_under_its_memory_limit_is_named_before_it_is_oom_killed",
 ];
