@@ -1,24 +1,37 @@
 //! deploy/'s kustomize packages as a cluster gets them: rendered by the real `kubectl kustomize`
-//! and parsed into JSON objects.
+//! and parsed into JSON objects; and the offline validator of rendered objects
+//! (tests/deploy/validate.py in target/deploy-venv), which tests/tests/deploy.rs and helm.rs share.
 
 use std::{
+    ffi::OsStr,
+    io::Write as _,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
+    sync::OnceLock,
 };
 
 use serde::Deserialize as _;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// The repository's deploy/ directory.
 pub fn deploy_dir() -> PathBuf {
     crate::workspace().join("deploy")
 }
 
-/// The objects `kubectl kustomize dir` renders, in its order. Panics with kubectl's own error
-/// when it cannot render them, or cannot run.
+/// The objects `kubectl kustomize dir` renders, in its order, with the machine's kubectl. Panics
+/// with kubectl's own error when it cannot render them, or cannot run.
 pub fn render(dir: &Path) -> Vec<Value> {
-    let out = Command::new("kubectl").arg("kustomize").arg(dir).output().unwrap_or_else(|e| {
-        panic!("kubectl kustomize {}: cannot run kubectl (1.27+, with kustomize 5): {e}", dir.display())
+    render_with(Path::new("kubectl"), dir)
+}
+
+/// As [`render`], with this `kubectl` (the pinned one of target/tools: [`crate::helm::kubectl`]).
+pub fn render_with(kubectl: &Path, dir: &Path) -> Vec<Value> {
+    let out = Command::new(kubectl).arg("kustomize").arg(dir).output().unwrap_or_else(|e| {
+        panic!(
+            "kubectl kustomize {}: cannot run {} (1.27+, with kustomize 5): {e}",
+            dir.display(),
+            kubectl.display()
+        )
     });
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "kubectl kustomize {}: {}", dir.display(), stderr.trim());
@@ -79,6 +92,106 @@ pub fn relative(from: &Path, to: &Path) -> PathBuf {
     let mut path: PathBuf = from.components().skip(common).map(|_| "..").collect();
     path.extend(to.components().skip(common));
     path
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// As `cargo xtask test` decides for the kernel tests: root and CI must run everything, and a
+/// missing tool fails the test instead of skipping it.
+pub fn required() -> bool {
+    std::env::var("KSTALL_KERNEL_TESTS").as_deref() == Ok("require")
+        || std::env::var_os("CI").is_some()
+        || is_root()
+}
+
+/// The venv's python, with tests/deploy/requirements.txt installed into target/deploy-venv: kept
+/// while the requirements are those it was made with (a copy in it says). Installing needs PyPI;
+/// validating does not.
+pub fn validator_python() -> Result<PathBuf, String> {
+    static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let requirements = here.join("deploy/requirements.txt");
+            let venv = here.join("../target/deploy-venv");
+            let (python, stamp) = (venv.join("bin/python"), venv.join("kstall-requirements.txt"));
+            let wanted = std::fs::read_to_string(&requirements)
+                .map_err(|e| format!("{}: {e}", requirements.display()))?;
+            if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
+                return Ok(python);
+            }
+            println!("installing the manifest validator into {}", venv.display());
+            let _ = std::fs::remove_dir_all(&venv);
+            install(Command::new("python3").args(["-m", "venv"]).arg(&venv), "python3 -m venv")?;
+            install(
+                Command::new(&python)
+                    .args([
+                        "-m",
+                        "pip",
+                        "install",
+                        "--quiet",
+                        "--disable-pip-version-check",
+                        "--only-binary=:all:",
+                    ])
+                    .arg("-r")
+                    .arg(&requirements),
+                "pip install -r tests/deploy/requirements.txt (no network to PyPI?)",
+            )?;
+            std::fs::write(&stamp, wanted).map_err(|e| format!("{}: {e}", stamp.display()))?;
+            Ok(python)
+        })
+        .clone()
+}
+
+fn install(cmd: &mut Command, what: &str) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("{what}: cannot run: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    Err(format!("{what} failed: {}", stderr.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("").trim()))
+}
+
+/// tests/deploy/validate.py on `objects` (where each came from, the object): whether all are
+/// valid, and its lines, one per object. As root it runs in a network namespace of its own with no
+/// network at all: the validation must need none. Panics when the validator is not installed
+/// ([`validator_python`] says why).
+pub fn validate(objects: &[(String, Value)]) -> (bool, String) {
+    let python = validator_python().unwrap_or_else(|why| panic!("the validator: {why}"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/validate.py");
+    offline(&python, &[script.as_os_str()], objects)
+}
+
+/// `program` with `args` on `objects` (where each came from, the object) as a JSON list on stdin:
+/// whether all are valid, and its lines, one per object. As root it runs in a network namespace of
+/// its own with no network at all: the validation must need none.
+pub fn offline(program: &Path, args: &[&OsStr], objects: &[(String, Value)]) -> (bool, String) {
+    let mut cmd = if is_root() { Command::new("unshare") } else { Command::new(program) };
+    if is_root() {
+        cmd.args(["--net", "--"]).arg(program);
+    }
+    let mut child = cmd
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
+    let input: Vec<Value> =
+        objects.iter().map(|(source, object)| json!({"source": source, "object": object})).collect();
+    // It reads all its input before it writes: no deadlock on full pipes.
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(Value::Array(input).to_string().as_bytes())
+        .expect("to the validator");
+    let out = child.wait_with_output().expect("the validator");
+    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), report)
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ pub mod container;
 pub mod dashboards;
 pub mod deploy;
 pub mod healthy;
+pub mod helm;
 pub mod host;
 pub mod json_lines;
 pub mod kubelet;

@@ -11,31 +11,22 @@ use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener},
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     sync::OnceLock,
     time::{Duration, Instant},
 };
 
 use kstall_tests::{
     alerting,
-    deploy::{deploy_dir, relative, render, rendered_daemonset, yaml_documents},
+    deploy::{
+        deploy_dir, offline, relative, render, rendered_daemonset, required, validate, validator_python,
+        yaml_documents,
+    },
 };
 use serde_json::{Value, json};
 
 const OVERLAYS: [&str; 2] = ["plain-prometheus", "prometheus-operator"];
 const IMAGE: &str = "localhost/kstall:0.1.0";
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// As `cargo xtask test` decides for the kernel tests: root and CI must run everything.
-fn required() -> bool {
-    std::env::var("KSTALL_KERNEL_TESTS").as_deref() == Ok("require")
-        || std::env::var_os("CI").is_some()
-        || is_root()
-}
 
 /// Whether kubectl (with kustomize 5) and promtool are here, and with `validator` the
 /// validator's venv (installed on first use). When not: prints why and returns false, or panics
@@ -77,63 +68,6 @@ fn tools() -> Result<(), String> {
         .clone()
 }
 
-/// The venv's python, with tests/deploy/requirements.txt installed into target/deploy-venv: kept
-/// while the requirements are those it was made with (a copy in it says). Installing needs PyPI;
-/// validating does not.
-fn validator_python() -> Result<PathBuf, String> {
-    static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let requirements = here.join("deploy/requirements.txt");
-            let venv = here.join("../target/deploy-venv");
-            let (python, stamp) = (venv.join("bin/python"), venv.join("kstall-requirements.txt"));
-            let wanted = std::fs::read_to_string(&requirements)
-                .map_err(|e| format!("{}: {e}", requirements.display()))?;
-            if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
-                return Ok(python);
-            }
-            println!("installing the manifest validator into {}", venv.display());
-            let _ = std::fs::remove_dir_all(&venv);
-            install(Command::new("python3").args(["-m", "venv"]).arg(&venv), "python3 -m venv")?;
-            install(
-                Command::new(&python)
-                    .args([
-                        "-m",
-                        "pip",
-                        "install",
-                        "--quiet",
-                        "--disable-pip-version-check",
-                        "--only-binary=:all:",
-                    ])
-                    .arg("-r")
-                    .arg(&requirements),
-                "pip install -r tests/deploy/requirements.txt (no network to PyPI?)",
-            )?;
-            std::fs::write(&stamp, wanted).map_err(|e| format!("{}: {e}", stamp.display()))?;
-            Ok(python)
-        })
-        .clone()
-}
-
-fn install(cmd: &mut Command, what: &str) -> Result<(), String> {
-    let out = cmd.output().map_err(|e| format!("{what}: cannot run: {e}"))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    Err(format!("{what} failed: {}", stderr.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("").trim()))
-}
-
-/// tests/deploy/validate.py on `objects` (where each came from, the object): whether all are
-/// valid, and its lines, one per object. As root it runs in a network namespace of its own with no
-/// network at all: the validation must need none.
-fn validate(objects: &[(String, Value)]) -> (bool, String) {
-    let python = validator_python().expect("installed by can_run");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/validate.py");
-    offline(&python, &[script.as_os_str()], objects)
-}
-
 /// tests/deploy/remediation-models (built on first use) on other projects' objects, as
 /// [`validate`] runs validate.py.
 fn validate_remediation(objects: &[(String, Value)]) -> (bool, String) {
@@ -149,35 +83,6 @@ fn validate_remediation(objects: &[(String, Value)]) -> (bool, String) {
         .expect("cargo build");
     assert!(built.success(), "building tests/deploy/remediation-models failed: {built}");
     offline(&target.join("debug/kstall-remediation-models"), &[], objects)
-}
-
-/// `program` with `args` on `objects` (where each came from, the object) as a JSON list on stdin:
-/// whether all are valid, and its lines, one per object. As root it runs in a network namespace of
-/// its own with no network at all: the validation must need none.
-fn offline(program: &Path, args: &[&std::ffi::OsStr], objects: &[(String, Value)]) -> (bool, String) {
-    let mut cmd = if is_root() { Command::new("unshare") } else { Command::new(program) };
-    if is_root() {
-        cmd.args(["--net", "--"]).arg(program);
-    }
-    let mut child = cmd
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
-    let input: Vec<Value> =
-        objects.iter().map(|(source, object)| json!({"source": source, "object": object})).collect();
-    // It reads all its input before it writes: no deadlock on full pipes.
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(Value::Array(input).to_string().as_bytes())
-        .expect("to the validator");
-    let out = child.wait_with_output().expect("the validator");
-    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), report)
 }
 
 /// The base and every overlay, as (name, directory).

@@ -1,5 +1,6 @@
 //! Installs what building and testing kstall needs, and only what is missing. Each step prints
-//! what it installs; an impossible step fails with one line saying why.
+//! what it installs; an impossible step fails with one line saying why. helm and kubectl for the
+//! chart's tests: tools.rs.
 
 use std::{
     path::Path,
@@ -49,6 +50,7 @@ pub fn run() -> anyhow::Result<BuildEnv> {
     apt_packages()?;
     let ebpf_toolchain = nightly()?;
     bpf_linker()?;
+    crate::tools::install()?;
     println!("bootstrap: ready (eBPF toolchain {ebpf_toolchain}, bpf-linker {BPF_LINKER_VERSION})");
     Ok(BuildEnv { ebpf_toolchain })
 }

@@ -13,6 +13,7 @@ mod dashboards;
 mod deploy;
 mod fuzz;
 mod generated;
+mod helm;
 mod image;
 mod imports;
 mod libtest;
@@ -22,6 +23,7 @@ mod run;
 mod soak;
 mod support;
 mod test;
+mod tools;
 mod vm;
 
 use std::process::ExitCode;
@@ -37,7 +39,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install what is missing: apt packages, the nightly's rust-src, bpf-linker (idempotent).
+    /// Install what is missing: apt packages, the nightly's rust-src, bpf-linker, and helm and
+    /// kubectl for the chart's tests into target/tools (idempotent).
     Bootstrap,
     /// Bootstrap, then build the release binary (target/release/kstall).
     Build,
@@ -64,9 +67,16 @@ enum Command {
         #[arg(long, value_enum, default_value = "all")]
         arch: arch::Arches,
     },
-    /// Regenerate deploy/'s generated files: the PrometheusRule (from the alerting rules) and the
-    /// Grafana dashboards' kustomization (from deploy/grafana/*.json).
+    /// Regenerate deploy/'s generated files: the PrometheusRule (from the alerting rules), the
+    /// Grafana dashboards' kustomization (from deploy/grafana/*.json), and the Helm chart's copies
+    /// of both and its version.
     Deploy,
+    /// The Helm chart (deploy/helm/kstall) with the pinned helm (target/tools): `package` writes
+    /// target/helm/kstall-<version>.tgz.
+    Helm {
+        #[arg(value_enum)]
+        action: HelmAction,
+    },
     /// The agent's module graph from its source: its layers, or the import circles and why.
     Imports,
     /// Bootstrap, build, then the benchmarks (root): the idle agent and the storms through a real
@@ -132,6 +142,11 @@ enum Command {
     },
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum HelmAction {
+    Package,
+}
+
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Bootstrap => bootstrap::run().map(|_| ()),
@@ -140,6 +155,7 @@ fn main() -> ExitCode {
         Command::Test { repeat, no_matrix } => test::run(repeat, !no_matrix),
         Command::Image { arch } => image::run(arch),
         Command::Deploy => deploy::run(),
+        Command::Helm { action: HelmAction::Package } => helm::package(),
         Command::Imports => imports::run(),
         Command::Bench { storms } => bench::run(&storms),
         Command::Dashboards => dashboards::run(),
