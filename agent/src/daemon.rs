@@ -135,6 +135,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         kubelet: kubelet_health.clone(),
         conntrack: conntrack_tables.clone(),
         pressure: pressure_sample.clone(),
+        nfs_ports: config.incidents.nfs_ports.clone(),
     });
 
     let web = match &config.web_config_file {

@@ -20,6 +20,7 @@ pub mod kernel_btf;
 pub mod kubelet;
 mod memory;
 mod named_file;
+pub mod nat_rules;
 pub mod pipeline;
 pub mod pressure;
 pub mod probes;

@@ -37,6 +37,8 @@ pub struct AgentState {
     pub kubelet: watch::Receiver<crate::kubelet::Health>,
     pub conntrack: watch::Receiver<Arc<crate::conntrack::Tables>>,
     pub pressure: watch::Receiver<Arc<crate::pressure::Sample>>,
+    /// The ports NFS uses (`--nfs-ports`): what `explain pod` checks a meshed pod's rules for.
+    pub nfs_ports: Vec<u16>,
 }
 
 /// A lock that survives a panic elsewhere while it was held: a bug in one signature must not take

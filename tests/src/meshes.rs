@@ -24,16 +24,8 @@ impl MeshRules {
                 .iter()
                 .map(|rule| [vec!["-t".into(), "nat".into()], words(rule)].concat())
                 .collect(),
-            MeshRules::IstioAmbient | MeshRules::Linkerd => {
-                let file = if self == MeshRules::IstioAmbient {
-                    "istio-iptables/ambient-default.golden"
-                } else {
-                    "linkerd-proxy-init/outbound.rules"
-                };
-                let text = std::fs::read_to_string(data(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
-                let commands = text.lines().filter_map(|l| l.strip_prefix("iptables ")).map(words);
-                commands.collect()
-            }
+            MeshRules::IstioAmbient => file_commands("istio-iptables/ambient-default.golden"),
+            MeshRules::Linkerd => file_commands("linkerd-proxy-init/outbound.rules"),
         }
     }
 
@@ -44,6 +36,23 @@ impl MeshRules {
             netns.exec("iptables", &args);
         }
     }
+}
+
+/// Linkerd's rules for a pod annotated `config.linkerd.io/skip-outbound-ports: "2049,111,20048"`
+/// (`tests/data/linkerd-proxy-init/skip-outbound-ports.rules`: its proxy-init's RETURN for those
+/// ports before the redirect), run in `netns` with this machine's `iptables`.
+pub fn install_linkerd_skipping_nfs(netns: &NetNs) {
+    for command in file_commands("linkerd-proxy-init/skip-outbound-ports.rules") {
+        let args: Vec<&str> = command.iter().map(String::as_str).collect();
+        netns.exec("iptables", &args);
+    }
+}
+
+/// A data file's `iptables …` command lines, each as `iptables` arguments.
+fn file_commands(file: &str) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(data(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let commands = text.lines().filter_map(|l| l.strip_prefix("iptables "));
+    commands.map(|line| line.split_whitespace().map(str::to_string).collect()).collect()
 }
 
 /// Marks `pod` (as `pod_json` makes it) as `mesh`'s injector marks a pod whose rules are `mesh`'s:

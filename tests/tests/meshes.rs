@@ -7,16 +7,17 @@
 //! connects reach the server, after which the incident resolves.
 
 use std::{
-    net::{Ipv4Addr, SocketAddr, TcpListener},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    process::Command,
     time::Duration,
 };
 
 use kstall_tests::{
-    agent::{Agent, break_glass_commands, pod_json, run_as_printed, write_pods_file},
+    agent::{Agent, agent_binary, break_glass_commands, pod_json, run_as_printed, write_pods_file},
     cgroup::{Cgroup, PodProcess},
     host::wait_for,
     kernel_tests_can_run,
-    meshes::{MeshRules, mark},
+    meshes::{MeshRules, install_linkerd_skipping_nfs, mark},
     netns::{NetNs, NfsReconnects},
 };
 use serde_json::{Value, json};
@@ -110,6 +111,121 @@ fn a_pod_with_two_meshes_proxies_gets_no_meshs_advice_and_the_neutral_steps_free
     for one_mesh in ["ISTIO_REDIRECT", "PROXY_INIT_OUTPUT", "excludeOutboundPorts: \\\"2049\\\""] {
         assert!(!way_out.contains(one_mesh), "no one mesh's way out ({one_mesh}): {way_out}");
     }
+}
+
+/// Before anything fails: `kstall explain pod` reads each meshed pod's own NAT rules (entering its
+/// network namespace) and says whether its NFS connections are redirected — an Istio ambient pod's
+/// are (to ztunnel's 15001), a Linkerd pod annotated `config.linkerd.io/skip-outbound-ports:
+/// "2049,111,20048"` has its proxy-init's RETURN for them. What it says must be what the kernel
+/// does: a connect from each pod to an NFS server's port 2049 is reset, or accepted.
+#[test]
+fn explain_pod_says_from_the_pods_own_rules_whether_its_nfs_is_redirected() {
+    if !kernel_tests_can_run("explain_pod_says_from_the_pods_own_rules_whether_its_nfs_is_redirected") {
+        return;
+    }
+    const AMBIENT: (&str, &str, &str) = (
+        "2b1c0d9e-8f7a-4b6c-9d5e-3f2a1b0c9d8e",
+        "ledger-6c8d7f5b9-q7w2e",
+        "5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d",
+    );
+    const LINKERD: (&str, &str, &str) = (
+        "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d",
+        "reports-84f7c9d6b-m3n5p",
+        "1f2e3d4c5b6a7f8e9d0c1b2a3f4e5d6c7b8a9f0e1d2c3b4a5f6e7d8c9b0a1f2e",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let pods_file = dir.path().join("pods.json");
+    let mut ambient = pod_json(AMBIENT.0, AMBIENT.1, AMBIENT.2);
+    mark(&mut ambient, MeshRules::IstioAmbient, false);
+    let mut linkerd = pod_json(LINKERD.0, LINKERD.1, LINKERD.2);
+    mark(&mut linkerd, MeshRules::Linkerd, true);
+    write_pods_file(&pods_file, &[ambient, linkerd]);
+    let agent = Agent::start(&["--pods-file", pods_file.to_str().unwrap()]);
+
+    // An NFS server's namespace with a veth to each pod's.
+    let server_ns = NetNs::new("xsrv");
+    let ambient_ns = NetNs::new("xamb");
+    let linkerd_ns = NetNs::new("xlnk");
+    let tag = std::process::id() % 100_000;
+    server_ns.veth_to(&ambient_ns, (&format!("kxa{tag}"), "10.81.0.1/24"), ("kxa0", "10.81.0.2/24"));
+    server_ns.veth_to(&linkerd_ns, (&format!("kxl{tag}"), "10.82.0.1/24"), ("kxl0", "10.82.0.2/24"));
+    let server =
+        server_ns.run_inside(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, 2049)).expect("the server's port"));
+    let mut pods = Vec::new();
+    for (ns, (uid, _, container)) in [(&ambient_ns, AMBIENT), (&linkerd_ns, LINKERD)] {
+        let cgroup = Cgroup::kubepods_container("burstable", uid, container);
+        let process = PodProcess::start(ns, &cgroup.procs());
+        pods.push((cgroup, process));
+    }
+    MeshRules::IstioAmbient.install(&ambient_ns);
+    install_linkerd_skipping_nfs(&linkerd_ns);
+
+    let explain = |pod: &str, output: &str| {
+        let out = Command::new(agent_binary())
+            .args(["explain", "pod", pod, "-n", "shop", "--output", output])
+            .arg("--api-socket")
+            .arg(&agent.socket)
+            .output()
+            .expect("kstall explain");
+        assert!(out.status.success(), "explain {pod}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // The agent learns each pod's namespace from its process (its next walk): then it reads.
+    let read = |pod: &str, netns: &NetNs| {
+        let explained = wait_for(Duration::from_secs(20), || {
+            let x: Value = serde_json::from_str(&explain(pod, "json")).expect("JSON");
+            (x["netns"] == json!([netns.inode()])).then_some(x)
+        });
+        let x = explained.unwrap_or_else(|| panic!("{pod}'s namespace never known: {}", agent.log()));
+        x["nfs_through_mesh"].clone()
+    };
+    // This machine's `iptables` wrote the rules: its backend is the one that holds them.
+    let version = Command::new("iptables").arg("-V").output().expect("iptables -V");
+    let backend = if String::from_utf8_lossy(&version.stdout).contains("nf_tables") {
+        "iptables-nft"
+    } else {
+        "iptables-legacy"
+    };
+
+    let x = read(AMBIENT.1, &ambient_ns);
+    assert_eq!((&x["mesh"], &x["redirected"]), (&json!(["istio-ambient"]), &json!(true)), "{x:#}");
+    assert_eq!(x["rules_from"], json!([backend]), "{x:#}");
+    let summary = x["summary"].as_str().unwrap_or_default();
+    let expected = format!(
+        "redirected — TCP to any server on 2049, 111, 20048 goes to port 15001 ({backend} nat OUTPUT rule 1 → \
+         ISTIO_OUTPUT rule 5); ambient has no port exclusion (istio#49829)"
+    );
+    assert!(summary.starts_with(&expected), "{x:#}");
+    let text = explain(AMBIENT.1, "text");
+    assert!(text.contains(&format!("MESH  istio-ambient\n  NFS through the mesh: {expected}")), "{text}");
+
+    let x = read(LINKERD.1, &linkerd_ns);
+    assert_eq!((&x["mesh"], &x["redirected"]), (&json!(["linkerd"]), &json!(false)), "{x:#}");
+    assert_eq!(
+        x["summary"],
+        format!(
+            "not redirected — 2049, 111, 20048 excluded by -A PROXY_INIT_OUTPUT -p tcp -m multiport --dports \
+             2049,111,20048 -m comment --comment \"proxy-init/ignore-port-2049,111,20048\" -j RETURN ({backend} nat \
+             PROXY_INIT_OUTPUT rule 3)"
+        ),
+        "{x:#}"
+    );
+    assert!(explain(LINKERD.1, "text").contains("MESH  linkerd\n  NFS through the mesh: not redirected — "));
+
+    // The kernel agrees: ambient's connect goes to 15001 (nothing there: refused), Linkerd's
+    // reaches the server.
+    let connect = |ns: &NetNs, to: Ipv4Addr| {
+        ns.run_inside(move || {
+            TcpStream::connect_timeout(&SocketAddr::from((to, 2049)), Duration::from_secs(5))
+        })
+    };
+    let refused = connect(&ambient_ns, Ipv4Addr::new(10, 81, 0, 1)).map(|_| ()).unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused, "{refused}");
+    let _through =
+        connect(&linkerd_ns, Ipv4Addr::new(10, 82, 0, 1)).expect("Linkerd's pod reaches the server");
+    let (_, peer) = server.accept().expect("the server accepts");
+    assert_eq!(peer.ip(), Ipv4Addr::new(10, 82, 0, 2), "straight from the pod");
+    drop(pods);
 }
 
 /// The pod, its mesh's rules and a server; the incident kstall fires, checked against

@@ -1,12 +1,14 @@
 //! `kstall explain pod`: everything the agent knows about one pod now, gathered from what it
 //! already keeps — the attribution index (cgroups, containers, network namespaces), the stuck
 //! tasks, the pod's metric series (resets, RPC errors, OOM kills), the incidents — plus the next
-//! step. Nothing is read from the kernel or /proc to answer.
+//! step. One thing is read when asked, for a pod a mesh marks: whether its own network
+//! namespace's NAT rules send its NFS connections to the mesh's proxy ([`nfs_mesh`]).
 
 use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+use super::nfs_mesh::{self, NfsThroughMesh};
 use crate::{
     attribution::{Attribution, Index},
     incidents::{Incident, State},
@@ -35,6 +37,10 @@ pub struct PodExplanation {
     pub activity: Vec<String>,
     pub incidents: Vec<Incident>,
     pub next_step: String,
+    /// For a pod a mesh marks: does its network namespace redirect NFS (read from its NAT rules
+    /// when asked)? `mesh: []` for a pod no mesh marks; absent from an older agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nfs_through_mesh: Option<NfsThroughMesh>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,8 +63,22 @@ pub struct StuckTaskNow {
 }
 
 /// What the agent knows of pod `query` (name or UID, in `namespace` when given), or the error
-/// naming close matches.
-pub fn pod(state: &AgentState, query: &str, namespace: Option<&str>) -> Result<PodExplanation, String> {
+/// naming close matches; for a pod a mesh marks, with its NAT rules read and judged.
+pub async fn pod(state: &AgentState, query: &str, namespace: Option<&str>) -> Result<PodExplanation, String> {
+    let (mut explanation, check) = known(state, query, namespace)?;
+    explanation.nfs_through_mesh = Some(match check {
+        Some(check) => nfs_mesh::run(check).await,
+        None => NfsThroughMesh::no_mesh(),
+    });
+    Ok(explanation)
+}
+
+/// What the agent holds of the pod, and what the mesh check needs of it (`None`: no mesh).
+fn known(
+    state: &AgentState,
+    query: &str,
+    namespace: Option<&str>,
+) -> Result<(PodExplanation, Option<nfs_mesh::Check>), String> {
     let index = state.attribution.borrow().clone();
     let pod = find(&index, query, namespace)?;
     let incidents: Vec<_> = lock(&state.incidents)
@@ -74,7 +94,44 @@ pub fn pod(state: &AgentState, query: &str, namespace: Option<&str>) -> Result<P
         Some(uid) => lock(&state.stuck).of_pod(uid, kernel::unix_now_ns()),
         None => Vec::new(),
     };
-    Ok(explain(&index, pod, stuck, activity, incidents))
+    let stuck_pids: Vec<u32> = stuck.iter().map(|t| t.pid).collect();
+    let explanation = explain(&index, pod, stuck, activity, incidents);
+    let check = mesh_check(&index, pod, &explanation.netns, stuck_pids, &state.nfs_ports);
+    Ok((explanation, check))
+}
+
+/// What [`nfs_mesh::check`] needs of a pod a mesh marks, from the index.
+pub fn mesh_check(
+    index: &Index,
+    pod: &Attribution,
+    netns: &[u32],
+    stuck_pids: Vec<u32>,
+    nfs_ports: &[u16],
+) -> Option<nfs_mesh::Check> {
+    let mesh = pod.mesh.clone()?;
+    let uid = pod.pod_uid.as_deref()?;
+    let live: Vec<u32> = netns.iter().copied().filter(|n| index.by_netns.contains_key(n)).collect();
+    let mut processes: Vec<u32> = live.iter().filter_map(|n| index.netns_witness.get(n).copied()).collect();
+    processes.extend(stuck_pids);
+    let meta = index.pod_meta.get(uid).map(|(meta, _)| meta);
+    Some(nfs_mesh::Check {
+        mesh: Some(mesh),
+        netns: live,
+        processes,
+        pod_cgroup: index
+            .pod_cgroups
+            .iter()
+            .find(|(_, a)| a.pod_uid.as_deref() == Some(uid))
+            .map(|(dir, _)| dir.clone()),
+        ports: nfs_ports.to_vec(),
+        pod_ips: meta.map(|m| m.ips.clone()).unwrap_or_default(),
+        kubelet_devices: index
+            .by_nfs_mount
+            .iter()
+            .filter(|(_, a)| a.pod_uid.as_deref() == Some(uid))
+            .map(|(device, _)| device.clone())
+            .collect(),
+    })
 }
 
 /// The pod `query` (name or UID, in `namespace` when given), or the error naming close matches.
@@ -190,6 +247,7 @@ pub fn explain(
         activity,
         incidents,
         next_step,
+        nfs_through_mesh: None,
     }
 }
 

@@ -6,6 +6,7 @@
 pub mod explain;
 pub mod filter;
 pub mod http;
+pub mod nfs_mesh;
 pub mod server;
 
 use serde::{Deserialize, Serialize};

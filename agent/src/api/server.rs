@@ -130,7 +130,7 @@ async fn handle(stream: UnixStream, state: Arc<AgentState>, shutdown: Cancellati
         Ok(Request::Trace { filter }) => stream_events(&mut write, &state, &filter, &shutdown).await,
         Ok(Request::Incidents) => write_json(&mut write, &incidents(&state)).await,
         Ok(Request::ExplainPod { pod, namespace }) => {
-            match explain::pod(&state, &pod, namespace.as_deref()) {
+            match explain::pod(&state, &pod, namespace.as_deref()).await {
                 Ok(explanation) => write_json(&mut write, &explanation).await,
                 Err(error) => write_json(&mut write, &ErrorReply { error }).await,
             }

@@ -5,7 +5,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use super::{EXIT_RUNTIME, status::request};
 use crate::{
-    api::{Request, explain::PodExplanation},
+    api::{Request, explain::PodExplanation, nfs_mesh::NfsThroughMesh},
     config::DEFAULT_API_SOCKET,
     incidents::signatures::human_secs,
 };
@@ -19,7 +19,8 @@ pub struct ExplainArgs {
 #[derive(Debug, clap::Subcommand)]
 pub enum What {
     /// Its cgroups and network namespaces, stuck tasks and their stacks, resets, NFS servers,
-    /// OOM kills, incidents, and what to do next.
+    /// OOM kills, incidents, whether its mesh's NAT rules redirect its NFS connections (read from
+    /// the pod's network namespace), and what to do next.
     Pod {
         /// The pod's name or UID.
         pod: String,
@@ -96,7 +97,32 @@ pub fn render(x: &PodExplanation) -> String {
         let state = if i.state == crate::incidents::State::Firing { "FIRING" } else { "resolved" };
         out.push_str(&format!("  {state}  {}  {}  {}\n", i.severity.as_str(), i.signature, i.id));
     }
+    if let Some(mesh) = x.nfs_through_mesh.as_ref().filter(|m| !m.mesh.is_empty()) {
+        out.push_str(&render_mesh(mesh));
+    }
     out.push_str(&format!("NEXT  {}\n", x.next_step));
+    out
+}
+
+/// What the pod's rules do to its NFS connections; the notes only when it matters that
+/// something was not looked at (nothing is redirected, or kstall cannot tell).
+fn render_mesh(m: &NfsThroughMesh) -> String {
+    let mut out = format!("MESH  {}\n  NFS through the mesh: {}\n", m.mesh.join(" + "), m.summary);
+    let mut read = Vec::new();
+    if !m.rules_from.is_empty() {
+        read.push(format!("nat rules from {}", m.rules_from.join(", ")));
+    }
+    if !m.servers.is_empty() {
+        read.push(format!("NFS servers {} (the pod's mounts)", m.servers.join(", ")));
+    }
+    if !read.is_empty() {
+        out.push_str(&format!("  {}\n", read.join("; ")));
+    }
+    if m.redirected != Some(true) {
+        for note in &m.notes {
+            out.push_str(&format!("  note: {note}\n"));
+        }
+    }
     out
 }
 
@@ -131,6 +157,7 @@ mod tests {
             activity: vec![r#"kstall_tcp_resets_total{direction="sent",original_port="2049",port="15001",reason="NO_SOCKET"} 12"#.into()],
             incidents: vec![],
             next_step: "Task java (pid 4242 tid 4243) is stuck in nfs: read its stack below; it cannot be killed, only unblocked.".into(),
+            nfs_through_mesh: Some(NfsThroughMesh::no_mesh()),
         };
         let expected = "\
 POD shop/web-1  uid 0c2a5b1e-7f3d-4c1a-9e8b-1234567890ab  Deployment/web  burstable  terminating
@@ -146,5 +173,32 @@ INCIDENTS  none
 NEXT  Task java (pid 4242 tid 4243) is stuck in nfs: read its stack below; it cannot be killed, only unblocked.
 ";
         assert_eq!(render(&x), expected);
+    }
+
+    /// A meshed pod's line says what its rules do to NFS; the notes only when nothing is said to
+    /// be redirected (then what was not looked at matters).
+    #[test]
+    fn a_meshed_pod_gets_its_nfs_line() {
+        let mut mesh = NfsThroughMesh {
+            mesh: vec!["linkerd".into()],
+            redirected: Some(false),
+            summary: "not redirected — 2049 excluded by -A PROXY_INIT_OUTPUT … -j RETURN".into(),
+            rules_from: vec!["iptables-nft".into()],
+            servers: vec!["10.55.0.1".into()],
+            notes: vec!["nft is not installed where the agent runs".into()],
+            ..Default::default()
+        };
+        assert_eq!(
+            render_mesh(&mesh),
+            "MESH  linkerd\n  NFS through the mesh: not redirected — 2049 excluded by -A PROXY_INIT_OUTPUT … -j \
+             RETURN\n  nat rules from iptables-nft; NFS servers 10.55.0.1 (the pod's mounts)\n  note: nft is not \
+             installed where the agent runs\n"
+        );
+        mesh.redirected = Some(true);
+        assert!(!render_mesh(&mesh).contains("note:"));
+        let x = PodExplanation { nfs_through_mesh: Some(mesh), ..Default::default() };
+        assert!(render(&x).contains("INCIDENTS  none\nMESH  linkerd\n"), "{}", render(&x));
+        let x = PodExplanation { nfs_through_mesh: Some(NfsThroughMesh::no_mesh()), ..Default::default() };
+        assert!(!render(&x).contains("MESH"));
     }
 }

@@ -46,6 +46,17 @@ impl Mesh {
         }
     }
 
+    /// The pod annotation that exempts outbound ports from its redirect, as a comma-separated list
+    /// (istio-iptables' `-o`, proxy-init's `--outbound-ports-to-ignore`); Istio ambient has none
+    /// (istio#49829).
+    pub fn port_exclusion(self) -> Option<&'static str> {
+        match self {
+            Mesh::IstioSidecar => Some("traffic.sidecar.istio.io/excludeOutboundPorts"),
+            Mesh::IstioAmbient => None,
+            Mesh::Linkerd => Some("config.linkerd.io/skip-outbound-ports"),
+        }
+    }
+
     /// The mesh that alone redirects to `port`, if one does (15001 is Istio's sidecar's and
     /// ambient's, and Kuma's and Consul's too).
     pub fn alone_on(port: u16) -> Option<Mesh> {
