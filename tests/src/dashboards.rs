@@ -186,7 +186,7 @@ pub struct Panels {
 
 impl Panels {
     /// Scrapes `agent` every second as job `kstall`, its series labelled `node` as the deployment's
-    /// scrape does from the pod's node name (README, "Dashboards").
+    /// scrape does from the pod's node name (`docs/dashboards.md`).
     pub fn scrape(agent: SocketAddr, node: &str) -> Self {
         let started = SystemTime::now();
         let prometheus = alerting::prometheus_with_config(format!(

@@ -7,7 +7,7 @@
 //! comparison, with the comparison as the panel's threshold, for the agent's health alerts), so a
 //! panel and its alert cannot drift apart. Every query is filtered by the dashboards' variables
 //! where its metric has the label: `node` on every series — the scrape's target label, which the
-//! deployment sets from the pod's node name (README, "Dashboards") — and `namespace` and `pod` on
+//! deployment sets from the pod's node name (`docs/dashboards.md`) — and `namespace` and `pod` on
 //! the event metrics and the incidents.
 
 use std::{collections::BTreeMap, path::Path};

@@ -1,13 +1,22 @@
-//! The README's kernel support table, made from what the agent reported on each kernel of the
-//! matrix (`kstall status --output json` in the guest): the hooks each probe used and the fields
-//! it said the kernel cannot give. A full, green `vm-test` compares it with the README's and, where
-//! they differ, rewrites the README and fails — so the table is always what was last tested.
+//! The kernel support table of `docs/kernel-support.md`, made from what the agent reported on each
+//! kernel of the matrix (`kstall status --output json` in the guest): the hooks each probe used and
+//! the fields it said the kernel cannot give. A full, green `vm-test` compares it with the
+//! document's and, where they differ, rewrites the document and fails — so the table is always
+//! what was last tested.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use crate::{arch::Arch, generated};
+use crate::{arch::Arch, build, generated};
 
-/// One tested kernel: how the README names it, its architecture and the agent's status there.
+/// The document that carries the table, from the workspace's root.
+pub const DOC: &str = "docs/kernel-support.md";
+
+/// [`DOC`]'s path.
+pub fn doc() -> PathBuf {
+    build::workspace_root().join(DOC)
+}
+
+/// One tested kernel: how the table names it, its architecture and the agent's status there.
 pub struct Tested<'a> {
     pub label: &'a str,
     pub arch: Arch,
@@ -57,9 +66,9 @@ fn cell(text: &str) -> String {
     text.replace('|', "\\|")
 }
 
-/// Writes `table` into the README; whether the README said something else before.
-pub fn update_readme(readme: &Path, table: &str) -> anyhow::Result<bool> {
-    generated::write(readme, "kernel-support", table)
+/// Writes `table` into `doc`'s kernel-support section; whether it said something else before.
+pub fn update_doc(doc: &Path, table: &str) -> anyhow::Result<bool> {
+    generated::write(doc, "kernel-support", table)
 }
 
 #[cfg(test)]
@@ -87,5 +96,27 @@ mod tests {
             "| amd64 | 5.10.0-46-amd64 (Debian 11) | tcp-reset | tp_btf/a + fentry/{b,c} | `reason`: none before 6.10 |"
         );
         assert_eq!(rows[3], "|  |  | nfs | **down**: x \\| y | — |");
+    }
+
+    /// `vm-test` writes the table where the committed document carries it: a document moved or a
+    /// section lost fails here, not at the end of a full matrix.
+    #[test]
+    fn the_document_carries_the_tables_section() {
+        let text = std::fs::read_to_string(doc()).unwrap();
+        let table = text
+            .split("<!-- kernel-support:begin")
+            .nth(1)
+            .and_then(|rest| rest.split("<!-- kernel-support:end -->").next())
+            .unwrap_or_else(|| panic!("{DOC} has no kernel-support section"));
+        assert!(
+            table.contains("| arch | kernel | probe | hooks | unavailable on this kernel |"),
+            "{DOC}'s kernel-support section holds no table"
+        );
+        assert!(
+            !std::fs::read_to_string(build::workspace_root().join("README.md"))
+                .unwrap()
+                .contains("kernel-support:begin"),
+            "README.md carries a kernel-support section too: the table lives in {DOC}"
+        );
     }
 }

@@ -13,9 +13,9 @@
 //! scenario and its assertion. `--repeat N` runs it N times back to
 //! back and ends with each run's wall time and the pass rate of every test that failed;
 //! `--scenario FILTER` runs only the scenarios whose name contains FILTER. (The
-//! host's 6.18 is the ordinary kernel tests'.) A full run that passes checks the README's kernel
-//! support table against what the agents reported (`support.rs`) and writes the times to name
-//! into `bench/results.md`.
+//! host's 6.18 is the ordinary kernel tests'.) A full run that passes checks the kernel support
+//! table (`docs/kernel-support.md`) against what the agents reported (`support.rs`) and writes
+//! the times to name into `bench/results.md`.
 //!
 //! Installs what it needs first, idempotently: the bookworm-backports suite (a qemu matching the
 //! preinstalled qemu-utils, the 6.12 kernel), the bullseye-security and trixie-backports suites
@@ -51,7 +51,7 @@ struct MatrixKernel {
     /// Version prefix (`--kernel` matches it).
     prefix: &'static str,
     arch: Arch,
-    /// Where it comes from, for the README's table.
+    /// Where it comes from, for the kernel support table.
     label: &'static str,
     /// What installs it when no such kernel is installed (amd64: on this machine; arm64: in the
     /// guests' root file system, where a metapackage stands for the kernel it depends on).
@@ -64,7 +64,7 @@ struct MatrixKernel {
 
 /// 5.10 is Debian 11's (bullseye-security), 7.3 the newest Debian ships (trixie-backports, whose
 /// split packages put `vmlinuz` in `/usr/lib/modules/<version>/`); both named exactly, so a run
-/// boots what the README's support table says was tested.
+/// boots what the kernel support table (`docs/kernel-support.md`) says was tested.
 const KERNELS: &[MatrixKernel] = &[
     MatrixKernel {
         prefix: "5.10.",
@@ -331,14 +331,14 @@ pub fn matrix(
                 .iter()
                 .map(|(label, arch, status)| support::Tested { label, arch: *arch, status })
                 .collect();
-            let readme = build::workspace_root().join("README.md");
-            if support::update_readme(&readme, &support::table(&tested))? {
+            if support::update_doc(&support::doc(), &support::table(&tested))? {
                 bail!(
-                    "README.md's kernel support table differed from what this run's agents reported: \
-                     rewritten from this run, review and commit it"
+                    "{}'s kernel support table differed from what this run's agents reported: \
+                     rewritten from this run, review and commit it",
+                    support::DOC
                 );
             }
-            println!("vm-test: README.md's kernel support table is what this run saw");
+            println!("vm-test: {}'s kernel support table is what this run saw", support::DOC);
         }
     }
     if repeat > 1 {
@@ -562,7 +562,7 @@ fn boot_all(
     runs.into_inner().unwrap().into_iter().map(|run| run.expect("every boot ran")).collect()
 }
 
-/// A kernel to boot: its version, its image and how the README names it.
+/// A kernel to boot: its version, its image and how the kernel support table names it.
 struct Kernel {
     version: String,
     arch: Arch,

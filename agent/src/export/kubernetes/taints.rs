@@ -309,10 +309,10 @@ mod tests {
 
     #[test]
     fn every_taint_key_is_documented_and_in_the_descheduler_example() {
-        let readme = include_str!("../../../../README.md");
+        let readme = include_str!("../../../../docs/kubernetes.md");
         let policy = include_str!("../../../../deploy/remediation/descheduler-policy.yaml");
         for c in Condition::ALL {
-            assert!(readme.contains(&format!("`{}`", key(c))), "README: {}", key(c));
+            assert!(readme.contains(&format!("`{}`", key(c))), "docs/kubernetes.md: {}", key(c));
             assert!(policy.contains(&format!("- {}\n", key(c))), "descheduler-policy.yaml: {}", key(c));
         }
     }
