@@ -39,6 +39,7 @@ pub mod healthy;
 pub mod helm;
 pub mod host;
 pub mod json_lines;
+pub mod krew;
 pub mod kubelet;
 pub mod meshes;
 pub mod netns;

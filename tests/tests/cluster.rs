@@ -19,6 +19,10 @@ use kstall_tests::{
 };
 use serde_json::{Value, json};
 
+// The kubectl plugin from krew's layout on this cluster (tests/tests/cluster/).
+#[path = "cluster/krew_plugin.rs"]
+mod krew_plugin;
+
 /// The overlay every test installs: the base and the node conditions.
 const OVERLAY: &str = "node-conditions";
 /// An incident's signal to it firing: nfs-sidecar-redirect needs a few resets in its window;

@@ -16,6 +16,7 @@ mod generated;
 mod helm;
 mod image;
 mod imports;
+mod krew;
 mod libtest;
 mod lockup_module;
 mod repeat;
@@ -77,6 +78,9 @@ enum Command {
         #[arg(value_enum)]
         action: HelmAction,
     },
+    /// The kubectl plugin for krew: its archives (target/krew/kstall-linux-<arch>.tar.gz, the
+    /// script and a LICENSE) and the plugin manifest with their sha256 (deploy/krew/kstall.yaml).
+    Krew,
     /// The agent's module graph from its source: its layers, or the import circles and why.
     Imports,
     /// Bootstrap, build, then the benchmarks (root): the idle agent and the storms through a real
@@ -156,6 +160,7 @@ fn main() -> ExitCode {
         Command::Image { arch } => image::run(arch),
         Command::Deploy => deploy::run(),
         Command::Helm { action: HelmAction::Package } => helm::package(),
+        Command::Krew => krew::run(),
         Command::Imports => imports::run(),
         Command::Bench { storms } => bench::run(&storms),
         Command::Dashboards => dashboards::run(),

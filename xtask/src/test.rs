@@ -17,7 +17,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use crate::{
-    arch::Arch, background::Background, bootstrap, build, cluster, fuzz, image, libtest::Results,
+    arch::Arch, background::Background, bootstrap, build, cluster, fuzz, image, krew, libtest::Results,
     repeat::Tally, vm,
 };
 
@@ -82,6 +82,10 @@ pub fn run(repeat: u32, with_matrix: bool) -> anyhow::Result<()> {
     } else {
         None
     };
+    // The kubectl plugin's krew archives: tests/tests/krew.rs and the cluster's tests install them
+    // as krew does.
+    println!("==> the kubectl plugin's krew archives (cargo xtask krew)");
+    krew::archives()?;
     let mut tally = Tally::default();
     for run in 1..=repeat {
         if repeat > 1 {

@@ -139,7 +139,7 @@ fn wheel_in(dir: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// The file's sha256, as sha256sum prints it.
-fn sha256(path: &Path) -> anyhow::Result<String> {
+pub fn sha256(path: &Path) -> anyhow::Result<String> {
     let out = Command::new("sha256sum").arg(path).output().context("bootstrap: cannot run sha256sum")?;
     if !out.status.success() {
         bail!("bootstrap: sha256sum {}: {}", path.display(), String::from_utf8_lossy(&out.stderr).trim());
