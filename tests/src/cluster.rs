@@ -65,6 +65,11 @@ impl Cluster {
         cmd
     }
 
+    /// Where the cluster keeps its state (the kubelet's root is `run/kubelet/` in it).
+    pub fn state_dir(&self) -> &Path {
+        &self.state
+    }
+
     /// The admin's kubeconfig, for a program that runs kubectl itself (the kubectl plugin).
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig

@@ -591,21 +591,26 @@ const KSTALLS_TAINT: &str = "kstall.io/kubelet-degraded";
 
 /// The agent pod once it runs with arguments `args_are` accepts and is Ready.
 fn ready_agent(cluster: &Cluster, args_are: impl Fn(&[Value]) -> bool) -> Value {
+    ready_agent_where(cluster, |p| {
+        args_are(&p["spec"]["containers"][0]["args"].as_array().cloned().unwrap_or_default())
+    })
+}
+
+/// The agent pod once one that `wanted` accepts is Ready (and not on its way out).
+fn ready_agent_where(cluster: &Cluster, wanted: impl Fn(&Value) -> bool) -> Value {
     let pod = wait_for(POD_READY_WITHIN, || {
         let pods = cluster.json(&["-n", "kstall", "get", "pods", "-l", "app.kubernetes.io/name=kstall"]);
         pods["items"]
             .as_array()?
             .iter()
-            .find(|p| {
-                let args = p["spec"]["containers"][0]["args"].as_array().cloned().unwrap_or_default();
-                is_ready(p) && p["metadata"]["deletionTimestamp"].is_null() && args_are(&args)
-            })
+            .find(|p| is_ready(p) && p["metadata"]["deletionTimestamp"].is_null() && wanted(p))
             .cloned()
     });
     let pod = pod.unwrap_or_else(|| {
         panic!(
-            "no Ready agent pod with those arguments:\n{}",
-            cluster.kubectl(&["-n", "kstall", "get", "pods", "-o", "wide"])
+            "no Ready agent pod as wanted:\n{}\n{}",
+            cluster.kubectl(&["-n", "kstall", "get", "pods", "-o", "wide"]),
+            cluster.kubectl(&["-n", "kstall", "describe", "pods"])
         )
     });
     wait_for(Duration::from_secs(30), || agent_request(r#"{"request":"status"}"#).ok())
@@ -989,4 +994,128 @@ impl Drop for Overlay<'_> {
         self.0.apply_overlay(self.1);
         self.0.ready_pod("kstall", "app.kubernetes.io/name=kstall");
     }
+}
+
+/// The least privilege that works (issue 55), measured on this cluster's containerd: the agent
+/// under the runtime's default seccomp profile (containerd's grants `bpf` and `perf_event_open` to
+/// a container holding CAP_BPF and CAP_PERFMON), then under deploy/seccomp/kstall.json placed where
+/// the kubelet reads Localhost profiles (`<kubelet root>/seccomp/`), as a node's bootstrap would:
+/// each time a filter holds the agent (`Seccomp: 2` in its status) and every probe is up. And the
+/// filter is what decides: the same profile without `bpf` keeps every probe down.
+#[test]
+fn the_agent_runs_every_probe_under_the_runtime_default_and_its_own_seccomp_profile() {
+    let Some(cluster) =
+        Cluster::running("the_agent_runs_every_probe_under_the_runtime_default_and_its_own_seccomp_profile")
+    else {
+        return;
+    };
+    // A replaced profile object first (a `kubectl apply` would keep a Localhost profile's path
+    // beside the overlay's type), then the overlay.
+    if cluster.try_kubectl(&["-n", "kstall", "get", "daemonset", "kstall"]).status.success() {
+        patch_seccomp(&cluster, &json!({"type": "RuntimeDefault"}));
+    }
+    deployed(&cluster);
+    let _restore = Overlay(&cluster, OVERLAY);
+    let _profile_back = SeccompBack(&cluster);
+    let profiles = cluster.state_dir().join("run/kubelet/seccomp");
+    std::fs::create_dir_all(&profiles).unwrap();
+    let shipped =
+        std::fs::read_to_string(kstall_tests::deploy::deploy_dir().join("seccomp/kstall.json")).unwrap();
+    std::fs::write(profiles.join("kstall.json"), &shipped).unwrap();
+    let mut without_bpf: Value = serde_json::from_str(&shipped).unwrap();
+    let names = without_bpf["syscalls"][0]["names"].as_array_mut().unwrap();
+    names.retain(|n| n != "bpf");
+    std::fs::write(profiles.join("kstall-without-bpf.json"), without_bpf.to_string()).unwrap();
+    let _profiles = RemovedOnDrop(profiles);
+
+    for profile in
+        [json!({"type": "RuntimeDefault"}), json!({"type": "Localhost", "localhostProfile": "kstall.json"})]
+    {
+        let pod = with_seccomp(&cluster, &profile);
+        let status = agent_request(r#"{"request":"status"}"#).unwrap();
+        let down: Vec<&Value> = status["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["up"] != true && p["name"] != "nfs")
+            .collect();
+        assert!(down.is_empty(), "{profile}: probes down: {down:?}\n{}", cluster.agent_logs());
+        let pid = agent_pid(&pod);
+        let mode = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let mode = mode.lines().find_map(|l| l.strip_prefix("Seccomp:")).map(str::trim);
+        assert_eq!(
+            mode,
+            Some("2"),
+            "{profile}: the agent (pid {pid}, pod {}) runs under a filter",
+            pod["metadata"]["name"]
+        );
+        let logs = cluster.agent_logs();
+        let refused: Vec<&str> = logs.lines().filter(|l| l.contains("not permitted")).collect();
+        assert!(refused.is_empty(), "{profile}: the agent was refused something: {refused:#?}");
+        println!("seccomp {profile}: every probe up, nothing refused, the agent under a filter");
+    }
+    // Without bpf() the agent loads no program: it runs and says why every probe is down.
+    let refused = json!({"type": "Localhost", "localhostProfile": "kstall-without-bpf.json"});
+    with_seccomp(&cluster, &refused);
+    let status = agent_request(r#"{"request":"status"}"#).unwrap();
+    let probes = status["probes"].as_array().unwrap();
+    assert!(probes.iter().all(|p| p["up"] == false), "without bpf() allowed, probes up: {probes:#?}");
+    assert!(
+        status.to_string().contains("a seccomp profile or LSM refused bpf()"),
+        "the agent names the refusal: {status:#}"
+    );
+}
+
+/// The DaemonSet's agent container under seccomp `profile`; its pod once Ready.
+fn with_seccomp(cluster: &Cluster, profile: &Value) -> Value {
+    patch_seccomp(cluster, profile);
+    ready_agent_where(cluster, |p| {
+        &p["spec"]["containers"][0]["securityContext"]["seccompProfile"] == profile
+    })
+}
+
+fn patch_seccomp(cluster: &Cluster, profile: &Value) {
+    let patch = json!([{"op": "replace", "path": "/spec/template/spec/containers/0/securityContext/seccompProfile", "value": profile}]);
+    cluster.kubectl(&[
+        "-n",
+        "kstall",
+        "patch",
+        "daemonset",
+        "kstall",
+        "--type=json",
+        "-p",
+        &patch.to_string(),
+    ]);
+}
+
+/// The agent container's profile object replaced by the overlay's when dropped, before the
+/// overlay is applied again.
+struct SeccompBack<'a>(&'a Cluster);
+
+impl Drop for SeccompBack<'_> {
+    fn drop(&mut self) {
+        patch_seccomp(self.0, &json!({"type": "RuntimeDefault"}));
+    }
+}
+
+/// A directory this test made, removed when dropped.
+struct RemovedOnDrop(std::path::PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The agent process of `pod`: the `kstall` whose cgroup path names the pod's UID.
+fn agent_pid(pod: &Value) -> u32 {
+    let uid = pod["metadata"]["uid"].as_str().expect("a pod UID");
+    let found = std::fs::read_dir("/proc").unwrap().flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
+        let cgroup = std::fs::read_to_string(entry.path().join("cgroup")).ok()?;
+        (comm.trim() == "kstall" && (cgroup.contains(uid) || cgroup.contains(&uid.replace('-', "_"))))
+            .then_some(pid)
+    });
+    found.unwrap_or_else(|| panic!("no kstall process in pod {uid}'s cgroup"))
 }

@@ -174,11 +174,18 @@ fn each_overlay_is_the_chart_with_its_values_object_by_object() {
     }
     for (name, values, dir) in overlays() {
         let mut kustomized = by_identity(helm::kustomize(&dir));
-        // `helm install --create-namespace` makes the namespace: the chart has no Namespace.
+        // `helm install --create-namespace` makes the namespace: the chart has no Namespace. Its
+        // Pod Security level is the one thing it carries, labelled by hand with Helm.
         let namespace = kustomized.remove(&format!("v1 Namespace /{NAMESPACE}"));
+        let privileged: serde_json::Map<String, Value> = ["enforce", "warn", "audit"]
+            .iter()
+            .map(|mode| (format!("pod-security.kubernetes.io/{mode}"), json!("privileged")))
+            .collect();
         assert_eq!(
             namespace,
-            Some(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})),
+            Some(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": privileged}})
+            ),
             "{name}: the Namespace is the one difference, and has nothing more to lose"
         );
         let mut args = vec!["--skip-tests"];

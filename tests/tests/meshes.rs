@@ -275,6 +275,8 @@ fn redirect_is_named_and_freed(test: &str, rules: MeshRules, marks: Marks, expec
     assert_eq!(evidence["proxy"], json!(expected.proxy), "{incident:#}");
     assert_eq!(evidence["native_sidecar"], json!(expected.native_sidecar), "{incident:#}");
     assert_eq!(evidence["redirect_ports"], json!([expected.proxy_port]), "{incident:#}");
+    let named_port = (expected.mesh != "unknown").then_some(expected.proxy_port);
+    assert_eq!(evidence["proxy_port"], json!(named_port), "{incident:#}");
     assert_eq!(evidence["server"], SERVER.to_string(), "{incident:#}");
     assert_eq!(client.connected(), 0, "every connect was reset");
 

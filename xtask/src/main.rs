@@ -21,6 +21,7 @@ mod libtest;
 mod lockup_module;
 mod repeat;
 mod run;
+mod seccomp;
 mod soak;
 mod support;
 mod test;
@@ -117,6 +118,13 @@ enum Command {
         #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
         secs: u64,
     },
+    /// The agent's seccomp profile (deploy/seccomp/kstall.json) from the system calls it makes:
+    /// `record` (root) runs the kernel test suite with them recorded and merges them into
+    /// deploy/seccomp/syscalls.txt; `profile` writes the profile from that list.
+    Seccomp {
+        #[arg(value_enum)]
+        action: SeccompAction,
+    },
     /// A real Kubernetes 1.20 here (root), built once from Debian's packages and run in a network
     /// namespace with no route out: etcd, API server, controller manager, scheduler, containerd,
     /// kubelet; the agent's image imported. The cluster tests (tests/tests/cluster.rs) run on it.
@@ -147,6 +155,12 @@ enum Command {
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
+enum SeccompAction {
+    Record,
+    Profile,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
 enum HelmAction {
     Package,
 }
@@ -167,6 +181,8 @@ fn main() -> ExitCode {
         Command::Fuzz { secs, targets } => fuzz::run(secs, &targets),
         Command::Soak { healthy: false, pods, secs } => soak::run(pods, secs),
         Command::Soak { healthy: true, secs, .. } => soak::healthy(secs),
+        Command::Seccomp { action: SeccompAction::Record } => seccomp::record(),
+        Command::Seccomp { action: SeccompAction::Profile } => seccomp::profile(),
         Command::Cluster { action } => cluster::run(action),
         Command::VmTest { prepare_only: true, arch, .. } => vm::prepare(&arch.list()),
         Command::VmTest { kernels, arch, repeat, scenario, prepare_only: false } => {

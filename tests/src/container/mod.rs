@@ -329,6 +329,21 @@ fn podman_run_args(spec: &Value, api: &ApiServer, run_dir: &Path, overrides: &Ov
                         "seccompProfile" if value["type"] == "Unconfined" => {
                             flag(&mut args, "--security-opt", "seccomp=unconfined".into())
                         }
+                        // Podman 4.3's default profile refuses bpf() without SYS_ADMIN, where
+                        // containerd's allows it with BPF: under podman the agent runs under
+                        // kstall's own profile, as deploy/README.md tells podman and CRI-O users —
+                        // which covers runc only where it loads the filter last (no new
+                        // privileges); the non-root variant runs unconfined.
+                        "seccompProfile" if value["type"] == "RuntimeDefault" => {
+                            let profile = crate::deploy::deploy_dir().join("seccomp/kstall.json");
+                            let profile = if container["securityContext"]["allowPrivilegeEscalation"] == false
+                            {
+                                format!("seccomp={}", profile.display())
+                            } else {
+                                "seccomp=unconfined".into()
+                            };
+                            flag(&mut args, "--security-opt", profile)
+                        }
                         _ => panic!("podman translation: securityContext {key}: {value} not translated"),
                     }
                 }

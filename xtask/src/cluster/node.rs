@@ -215,6 +215,9 @@ fn start_node(built: &Built) -> anyhow::Result<()> {
         .arg(format!("--hostname-override={NODE}"))
         .arg(format!("--node-ip={NODE_IP}"))
         .arg(format!("--root-dir={}", r.join("kubelet").display()))
+        // Localhost seccomp profiles: under the root dir (1.20's default is /var/lib/kubelet/seccomp
+        // whatever the root), as a node's bootstrap would place kstall's.
+        .arg(format!("--seccomp-profile-root={}", r.join("kubelet/seccomp").display()))
         .arg(format!("--cert-dir={}", r.join("kubelet/pki").display()))
         .arg("--v=2");
     start("kubelet", &mut kubelet)?;
