@@ -218,6 +218,13 @@ pub fn is_ready(pod: &Value) -> bool {
 }
 
 /// One request to the DaemonSet agent's API socket (the node's /run/kstall).
+/// The probes an agent's status reports down, but `nfs`: it waits for sunrpc, which this host's
+/// kernel lacks.
+pub fn probes_down(status: &Value) -> Vec<&Value> {
+    let probes = status["probes"].as_array().map(Vec::as_slice).unwrap_or_default();
+    probes.iter().filter(|p| p["up"] != true && p["name"] != "nfs").collect()
+}
+
 pub fn agent_request(line: &str) -> std::io::Result<Value> {
     crate::agent::request(Path::new(AGENT_SOCKET), line)
 }

@@ -107,6 +107,19 @@ pub fn required() -> bool {
         || is_root()
 }
 
+/// Whether `test` can run, `missing` saying what it lacks: when something is missing, prints why
+/// and returns false — or panics with that one line where the test is [`required`].
+pub fn runs_without(test: &str, missing: Option<String>) -> bool {
+    match missing {
+        None => true,
+        Some(why) if required() => panic!("{test}: required here, but {why}"),
+        Some(why) => {
+            println!("skipping {test}: {why}");
+            false
+        }
+    }
+}
+
 /// The venv's python, with tests/deploy/requirements.txt installed into target/deploy-venv: kept
 /// while the requirements are those it was made with (a copy in it says). Installing needs PyPI;
 /// validating does not.

@@ -13,7 +13,9 @@ use std::{
 
 use kstall_tests::{
     agent::{sample_with, samples_with},
-    cluster::{AGENT_SOCKET, Cluster, NODE, POD_READY_WITHIN, agent_incidents, agent_request, is_ready},
+    cluster::{
+        AGENT_SOCKET, Cluster, NODE, POD_READY_WITHIN, agent_incidents, agent_request, is_ready, probes_down,
+    },
     host::wait_for,
     meshes::istio_nat_rules,
 };
@@ -84,12 +86,7 @@ fn the_daemonset_pod_becomes_ready_with_only_the_rbac_deploy_gives_it() {
     let pod = deployed(&cluster);
     assert_eq!(pod["spec"]["nodeName"], NODE);
     let status = agent_request(r#"{"request":"status"}"#).unwrap();
-    let down: Vec<&Value> = status["probes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["up"] != true && p["name"] != "nfs")
-        .collect();
+    let down = probes_down(&status);
     assert!(down.is_empty(), "probes down (nfs waits for sunrpc, which this host lacks): {down:?}");
     let source = status["attribution"]["source"].as_str().unwrap_or_default();
     assert_eq!(source, format!("api (node {NODE})"), "{status}");
@@ -1033,12 +1030,7 @@ fn the_agent_runs_every_probe_under_the_runtime_default_and_its_own_seccomp_prof
     {
         let pod = with_seccomp(&cluster, &profile);
         let status = agent_request(r#"{"request":"status"}"#).unwrap();
-        let down: Vec<&Value> = status["probes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|p| p["up"] != true && p["name"] != "nfs")
-            .collect();
+        let down = probes_down(&status);
         assert!(down.is_empty(), "{profile}: probes down: {down:?}\n{}", cluster.agent_logs());
         let pid = agent_pid(&pod);
         let mode = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

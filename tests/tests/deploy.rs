@@ -19,7 +19,7 @@ use std::{
 use kstall_tests::{
     alerting,
     deploy::{
-        deploy_dir, offline, relative, render, rendered_daemonset, required, validate, validator_python,
+        deploy_dir, offline, relative, render, rendered_daemonset, runs_without, validate, validator_python,
         yaml_documents,
     },
 };
@@ -32,15 +32,7 @@ const IMAGE: &str = "localhost/kstall:0.1.0";
 /// validator's venv (installed on first use). When not: prints why and returns false, or panics
 /// with that one line where the test is required.
 fn can_run(test: &str, validator: bool) -> bool {
-    let missing = tools().err().or_else(|| if validator { validator_python().err() } else { None });
-    match missing {
-        None => true,
-        Some(why) if required() => panic!("{test}: required here, but {why}"),
-        Some(why) => {
-            println!("skipping {test}: {why}");
-            false
-        }
-    }
+    runs_without(test, tools().err().or_else(|| if validator { validator_python().err() } else { None }))
 }
 
 fn tools() -> Result<(), String> {

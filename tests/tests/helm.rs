@@ -22,7 +22,7 @@ use std::{
 
 use kstall_tests::{
     agent::agent_binary,
-    deploy::{deploy_dir, required, validate, validator_python, yaml_documents},
+    deploy::{deploy_dir, required, runs_without, validate, validator_python, yaml_documents},
     helm::{self, NAMESPACE},
 };
 use serde_json::{Value, json};
@@ -30,15 +30,10 @@ use serde_json::{Value, json};
 /// Whether the pinned tools (and with `validator` the validator's venv) are here. When not: prints
 /// why and returns false, or panics with that one line where the test is required.
 fn can_run(test: &str, validator: bool) -> bool {
-    let missing = helm::tools_missing().or_else(|| if validator { validator_python().err() } else { None });
-    match missing {
-        None => true,
-        Some(why) if required() => panic!("{test}: required here, but {why}"),
-        Some(why) => {
-            println!("skipping {test}: {why}");
-            false
-        }
-    }
+    runs_without(
+        test,
+        helm::tools_missing().or_else(|| if validator { validator_python().err() } else { None }),
+    )
 }
 
 /// The agent binary, or why not (it is built by `cargo xtask test`); a panic where required.
