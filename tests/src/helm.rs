@@ -66,17 +66,20 @@ pub fn overlay_values_dir() -> PathBuf {
 
 /// helm with `args`, its homes in target/helm/home, offline as root.
 pub fn run(args: &[&str]) -> Output {
-    let home = crate::workspace().join("target/helm/home");
     let mut cmd = if is_root() { Command::new("unshare") } else { Command::new(helm()) };
     if is_root() {
         cmd.args(["--net", "--"]).arg(helm());
     }
-    cmd.args(args)
-        .env("HELM_CACHE_HOME", home.join("cache"))
+    with_homes(&mut cmd).args(args).output().unwrap_or_else(|e| panic!("run {}: {e}", helm().display()))
+}
+
+/// `cmd` (helm, or what runs it: nsenter into a cluster's namespace) with helm's caches and
+/// configuration in target/helm/home, not the user's home.
+pub fn with_homes(cmd: &mut Command) -> &mut Command {
+    let home = crate::workspace().join("target/helm/home");
+    cmd.env("HELM_CACHE_HOME", home.join("cache"))
         .env("HELM_CONFIG_HOME", home.join("config"))
         .env("HELM_DATA_HOME", home.join("data"))
-        .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", helm().display()))
 }
 
 /// `helm template` of the chart as release kstall in namespace kstall, with `args` (`-f FILE`,

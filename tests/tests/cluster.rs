@@ -21,7 +21,10 @@ use kstall_tests::{
 };
 use serde_json::{Value, json};
 
-// The kubectl plugin from krew's layout on this cluster (tests/tests/cluster/).
+// The Helm chart's install, upgrade, test and uninstall, and the kubectl plugin from krew's
+// layout, on this cluster (tests/tests/cluster/).
+#[path = "cluster/helm_chart.rs"]
+mod helm_chart;
 #[path = "cluster/krew_plugin.rs"]
 mod krew_plugin;
 
