@@ -105,6 +105,7 @@ pub fn istio_nat_rules() -> Vec<String> {
         .collect()
 }
 
+/// `tests/data/<file>` of the checkout, wherever a guest sees it (`KSTALL_WORKSPACE`).
 fn data(file: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data").join(file)
+    crate::workspace().join("tests/data").join(file)
 }
