@@ -2,7 +2,7 @@
 //! its provenance): Istio's classic sidecar (istio-iptables), Istio ambient (istio-cni's in-pod
 //! rules) and Linkerd (proxy-init). Run in a pod's network namespace as the mesh runs them.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
