@@ -88,14 +88,7 @@ impl Cluster {
 
     /// kubectl's output; panics with its error.
     pub fn kubectl(&self, args: &[&str]) -> String {
-        let out = self.try_kubectl(args);
-        assert!(
-            out.status.success(),
-            "kubectl {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        kubectl_succeeded(self.try_kubectl(args), args)
     }
 
     pub fn json(&self, args: &[&str]) -> Value {
@@ -207,6 +200,17 @@ impl Cluster {
             std::fs::read_to_string(self.state.join("run/kubelet.pid")).expect("the kubelet's pid file");
         pid.trim().parse().expect("a pid")
     }
+}
+
+/// The stdout of a kubectl run with `args` (whichever kubectl); panics with its error.
+pub fn kubectl_succeeded(out: Output, args: &[&str]) -> String {
+    assert!(
+        out.status.success(),
+        "kubectl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 pub fn is_ready(pod: &Value) -> bool {

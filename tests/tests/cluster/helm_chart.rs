@@ -11,7 +11,10 @@ use std::{
 };
 
 use kstall_tests::{
-    cluster::{Cluster, NODE, POD_READY_WITHIN, agent_incidents, agent_request, is_ready, probes_down},
+    cluster::{
+        Cluster, NODE, POD_READY_WITHIN, agent_incidents, agent_request, is_ready, kubectl_succeeded,
+        probes_down,
+    },
     deploy::deploy_dir,
     helm,
 };
@@ -49,14 +52,7 @@ fn kubectl(cluster: &Cluster, args: &[&str]) -> Output {
 }
 
 fn kubectl_ok(cluster: &Cluster, args: &[&str]) -> String {
-    let out = kubectl(cluster, args);
-    assert!(
-        out.status.success(),
-        "kubectl {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    kubectl_succeeded(kubectl(cluster, args), args)
 }
 
 fn chart() -> String {
