@@ -30,6 +30,9 @@ use crate::{
 /// How long the rule dumps may take, all of them: each is killed past it.
 pub const READ_DEADLINE: Duration = Duration::from_secs(2);
 
+/// What grants the read in Kubernetes: the DaemonSet holds neither capability unless asked.
+pub const OPT_IN: &str = "deploy/components/pod-rules (Helm: --set podRules=true)";
+
 /// What the read needs of the pod, taken from the agent's index.
 #[derive(Debug, Clone, Default)]
 pub struct Check {
@@ -172,9 +175,11 @@ pub fn check(check: &Check, proc: &Path, deadline: Duration) -> NfsThroughMesh {
     if !installed {
         return NfsThroughMesh::cannot_tell(
             mesh,
-            "iptables-save is not installed where the agent runs (neither iptables-legacy-save nor \
-             iptables-nft-save on PATH, /usr/sbin or /sbin)"
-                .into(),
+            format!(
+                "iptables-save is not installed where the agent runs (neither iptables-legacy-save nor \
+                 iptables-nft-save on PATH, /usr/sbin or /sbin): kstall's image carries both, and \
+                 {OPT_IN} grants the read"
+            ),
         );
     }
     if let Some(error) = errors.first().filter(|_| dumps.is_empty()).cloned() {
@@ -390,11 +395,7 @@ fn run_in(netns: &File, program: &Path, args: &[&str], until: Instant) -> Result
         });
     }
     let mut child = command.spawn().map_err(|e| match e.raw_os_error() {
-        Some(libc::EPERM) => {
-            "entering the pod's network namespace was refused: the agent needs CAP_SYS_ADMIN \
-                              for that (and CAP_NET_ADMIN to read its rules)"
-                .to_string()
-        }
+        Some(libc::EPERM) => refused(),
         _ => format!("{name}: {e}"),
     })?;
     let reader = |pipe: Option<Box<dyn std::io::Read + Send>>, limit: u64| {
@@ -426,9 +427,25 @@ fn run_in(netns: &File, program: &Path, args: &[&str], until: Instant) -> Result
     let status = status?;
     if !status.success() {
         let why = err.lines().find(|l| !l.trim().is_empty()).unwrap_or("no message").trim().to_string();
+        // iptables-nft-save without CAP_NET_ADMIN: "Could not fetch rule set generation id:
+        // Permission denied (you must be root)".
+        if why.contains("Permission denied") || why.contains("Operation not permitted") {
+            return Err(format!(
+                "{name} was refused the pod's rules ({why}): reading them needs CAP_NET_ADMIN, which {OPT_IN} \
+                 grants"
+            ));
+        }
         return Err(format!("{name} failed ({status}): {why}"));
     }
     Ok(out)
+}
+
+/// setns(CLONE_NEWNET) refused: the agent lacks CAP_SYS_ADMIN.
+fn refused() -> String {
+    format!(
+        "entering the pod's network namespace was refused: the agent needs CAP_SYS_ADMIN for that and \
+         CAP_NET_ADMIN to read its rules, which {OPT_IN} grants"
+    )
 }
 
 /// nftables tables of the namespace that are not iptables-nft's own (Istio's `nativeNftables`
@@ -792,12 +809,22 @@ mod tests {
         if unsafe { libc::geteuid() } != 0 {
             assert_eq!(
                 said.unwrap_err(),
-                "entering the pod's network namespace was refused: the agent needs CAP_SYS_ADMIN for that (and \
-                 CAP_NET_ADMIN to read its rules)"
+                "entering the pod's network namespace was refused: the agent needs CAP_SYS_ADMIN for that and \
+                 CAP_NET_ADMIN to read its rules, which deploy/components/pod-rules (Helm: --set \
+                 podRules=true) grants"
             );
             return;
         }
         assert_eq!(said.unwrap(), "in\n");
+        // A dump refused for want of CAP_NET_ADMIN (iptables-nft-save's own words) names the opt-in.
+        let denied = "echo 'iptables-nft-save v1.8.9 (nf_tables): Could not fetch rule set generation id: \
+                      Permission denied (you must be root)' >&2; exit 4";
+        assert_eq!(
+            run_in(&own, &sh, &["-c", denied], soon()).unwrap_err(),
+            "sh was refused the pod's rules (iptables-nft-save v1.8.9 (nf_tables): Could not fetch rule set \
+             generation id: Permission denied (you must be root)): reading them needs CAP_NET_ADMIN, which \
+             deploy/components/pod-rules (Helm: --set podRules=true) grants"
+        );
         let started = Instant::now();
         let hung = run_in(&own, &sh, &["-c", "sleep 30"], soon()).unwrap_err();
         assert_eq!(hung, "sh did not finish within 2 s: killed");
