@@ -18,6 +18,7 @@ use crate::{
     bootstrap, build,
 };
 
+mod iptables;
 mod oci;
 
 /// What building and running the image needs: podman (its pause image needs catatonit), runc
@@ -76,7 +77,8 @@ pub fn build_image(arches: &[Arch]) -> anyhow::Result<Image> {
     for &arch in arches {
         let context = out.join(format!("context-{}", arch.name()));
         let binary = build::release_binary_for(arch);
-        stage(&binary, &context, arch)?;
+        let iptables = iptables::extracted(arch)?;
+        let programs = stage(&binary, &iptables, &context, arch)?;
         let arch_tag = format!("{tag}-{}", arch.name());
         println!("==> podman build {arch_tag} (revision {revision})");
         let mut build = podman();
@@ -100,7 +102,7 @@ pub fn build_image(arches: &[Arch]) -> anyhow::Result<Image> {
             podman().args(["save", "--format", "oci-dir", "--output"]).arg(&layout).arg(&arch_tag),
             "podman save",
         )?;
-        layouts.push((arch, layout, context.join("rootfs/usr/bin/kstall")));
+        layouts.push((arch, layout, context.join("rootfs"), programs));
     }
     let local = if arches.iter().any(|a| a.is_host()) {
         let size = podman().args(["image", "inspect", "--format", "{{.Size}}", &tag]).output()?;
@@ -111,12 +113,16 @@ pub fn build_image(arches: &[Arch]) -> anyhow::Result<Image> {
         None
     };
     let archive = out.join(format!("kstall-{VERSION}.oci.tar"));
-    oci::write_index(&layouts.iter().map(|(a, l, _)| (*a, l.as_path())).collect::<Vec<_>>(), &tag, &archive)?;
-    for (arch, _, staged) in &layouts {
+    oci::write_index(
+        &layouts.iter().map(|(a, l, _, _)| (*a, l.as_path())).collect::<Vec<_>>(),
+        &tag,
+        &archive,
+    )?;
+    for (arch, _, rootfs, programs) in &layouts {
         let held = oci::binary_of(&archive, *arch, "usr/bin/kstall", &out.join("check"))?;
         let machine = elf_machine(&held)?;
-        let same =
-            std::fs::read(&held).context("the image's binary")? == std::fs::read(staged).context("staged")?;
+        let same = std::fs::read(&held).context("the image's binary")?
+            == std::fs::read(rootfs.join("usr/bin/kstall")).context("staged")?;
         if machine != arch.elf_machine() || !same {
             bail!(
                 "the image's linux/{} manifest holds a {machine} kstall that is not {} stripped",
@@ -129,6 +135,25 @@ pub fn build_image(arches: &[Arch]) -> anyhow::Result<Image> {
             arch.name(),
             build::release_binary_for(*arch).display()
         );
+        // iptables too: this architecture's programs, as staged from its Debian package.
+        for program in programs {
+            let held = oci::binary_of(&archive, *arch, program, &out.join("check"))?;
+            let machine = elf_machine(&held)?;
+            let same = std::fs::read(&held).with_context(|| format!("the image's /{program}"))?
+                == std::fs::read(rootfs.join(program)).context("staged")?;
+            if machine != arch.elf_machine() || !same {
+                bail!(
+                    "the image's linux/{} manifest holds a {machine} /{program} that is not Debian's {} one",
+                    arch.name(),
+                    arch.name()
+                );
+            }
+            println!(
+                "image: linux/{} holds /{program} ({machine}): Debian's iptables for {}",
+                arch.name(),
+                arch.name()
+            );
+        }
     }
     let archive_bytes = std::fs::metadata(&archive).context("the saved archive")?.len();
     Ok(Image { local, archive, archive_bytes })
@@ -136,8 +161,9 @@ pub fn build_image(arches: &[Arch]) -> anyhow::Result<Image> {
 
 /// The context's `rootfs/` becomes the image's `/`: the binary at /usr/bin/kstall (so
 /// `kubectl exec ... kstall status` finds it on PATH), its dynamic loader and each library it
-/// needs, at their paths.
-fn stage(binary: &Path, context: &Path, arch: Arch) -> anyhow::Result<()> {
+/// needs, at their paths; then Debian's iptables from `iptables` (the extracted package), for
+/// explain pod's read of a pod's NAT rules. Returns iptables' programs' paths in the image.
+fn stage(binary: &Path, iptables: &Path, context: &Path, arch: Arch) -> anyhow::Result<Vec<String>> {
     if context.exists() {
         std::fs::remove_dir_all(context).with_context(|| format!("clean {}", context.display()))?;
     }
@@ -159,7 +185,17 @@ fn stage(binary: &Path, context: &Path, arch: Arch) -> anyhow::Result<()> {
         // The file itself, not a symlink into the builder's /lib.
         std::fs::copy(&here, &target).with_context(|| format!("copy {}", here.display()))?;
     }
-    Ok(())
+    let programs = iptables::stage(iptables, &rootfs, arch)?;
+    // iptables' programs run by the agent's loader: the same path, staged above.
+    for program in &programs {
+        let headers = readelf(&rootfs.join(program), "--program-headers")?;
+        let interpreter =
+            program_interpreter(&headers).with_context(|| format!("/{program}: no interpreter"))?;
+        if !rootfs.join(interpreter.trim_start_matches('/')).exists() {
+            bail!("/{program} asks for {interpreter}, which the image does not hold");
+        }
+    }
+    Ok(programs)
 }
 
 /// What the binary needs at run time, as `(file here, path in the image)`: its program
@@ -173,18 +209,32 @@ fn shared_libraries(binary: &Path, arch: Arch) -> anyhow::Result<Vec<(PathBuf, P
     })?;
     let loader = Path::new(&interpreter).file_name().expect("a file name").to_string_lossy().into_owned();
     let mut libraries = vec![(Path::new(dirs.here).join(&loader), PathBuf::from(&interpreter))];
-    let mut wanted = needed(&readelf(binary, "--dynamic")?);
-    let mut seen = vec![loader];
-    while let Some(name) = wanted.pop() {
-        if seen.contains(&name) {
+    for (here, name) in needed_libraries(&[binary.to_path_buf()], &[PathBuf::from(dirs.here)])? {
+        libraries.push((here, Path::new(dirs.in_image).join(name)));
+    }
+    Ok(libraries)
+}
+
+/// The libraries `elves` need, and those need, by their `DT_NEEDED` names, as `(file here,
+/// name)`: each looked for in `search`, in order. The dynamic loader (`ld-linux-*`, which some
+/// libraries name too) is left out: it is the program interpreter.
+fn needed_libraries(elves: &[PathBuf], search: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, String)>> {
+    let mut libraries = Vec::new();
+    let mut wanted: Vec<(String, PathBuf)> = Vec::new();
+    for elf in elves {
+        wanted.extend(needed(&readelf(elf, "--dynamic")?).into_iter().map(|n| (n, elf.clone())));
+    }
+    let mut seen: Vec<String> = Vec::new();
+    while let Some((name, by)) = wanted.pop() {
+        if seen.contains(&name) || name.starts_with("ld-linux") {
             continue;
         }
-        let here = Path::new(dirs.here).join(&name);
-        if !here.exists() {
-            bail!("{} needs {name}, which is not in {}", binary.display(), dirs.here);
-        }
-        wanted.extend(needed(&readelf(&here, "--dynamic")?));
-        libraries.push((here, Path::new(dirs.in_image).join(&name)));
+        let Some(here) = search.iter().map(|dir| dir.join(&name)).find(|p| p.exists()) else {
+            let dirs: Vec<String> = search.iter().map(|d| d.display().to_string()).collect();
+            bail!("{} needs {name}, which is not in {}", by.display(), dirs.join(" or "));
+        };
+        wanted.extend(needed(&readelf(&here, "--dynamic")?).into_iter().map(|n| (n, here.clone())));
+        libraries.push((here, name.clone()));
         seen.push(name);
     }
     Ok(libraries)

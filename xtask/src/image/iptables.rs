@@ -1,0 +1,160 @@
+//! iptables in the image, for `kstall explain pod`'s read of a meshed pod's own NAT rules
+//! (agent/src/api/nfs_mesh.rs runs `iptables-nft-save` and `iptables-legacy-save` entered into the
+//! pod's network namespace; deploy/components/pod-rules grants what that needs). Debian's
+//! `iptables` package of the image's architecture, fetched through apt alone (mmdebstrap's
+//! extract variant: the package and its dependencies unpacked, nothing run, no emulation) and
+//! kept in target/image/iptables-<arch> until its recipe changes. Staged from it: the two
+//! multi-call programs and their `*-save` names under /usr/sbin, the xtables extensions they
+//! dlopen to print a rule's matches and targets, the libraries these need, and the copyright
+//! file of each Debian package a staged file comes from (iptables is GPL-2: the image then
+//! distributes GPL programs, with their notices as Debian ships them).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::{arch::Arch, bootstrap, build};
+
+/// The suites the package comes from (the same as the arm64 guests' root).
+const SOURCES: &[&str] = &[
+    "deb http://deb.debian.org/debian bookworm main",
+    "deb http://deb.debian.org/debian bookworm-updates main",
+    "deb http://deb.debian.org/debian-security bookworm-security main",
+];
+
+/// The multi-call programs and the names nfs_mesh runs them by (a link each, as Debian's).
+pub const PROGRAMS: &[(&str, &[&str])] = &[
+    ("xtables-nft-multi", &["iptables-nft-save", "ip6tables-nft-save"]),
+    ("xtables-legacy-multi", &["iptables-legacy-save", "ip6tables-legacy-save"]),
+];
+
+/// Each library taken from the extracted packages, by its name's start, and the Debian package
+/// it comes from (whose copyright file goes with it). A library not listed stops the build: its
+/// notice would be missing.
+const LIBRARY_PACKAGES: &[(&str, &str)] = &[
+    ("libxtables.so", "libxtables12"),
+    ("libip4tc.so", "libip4tc2"),
+    ("libip6tc.so", "libip6tc2"),
+    ("libmnl.so", "libmnl0"),
+    ("libnftnl.so", "libnftnl11"),
+    ("libnfnetlink.so", "libnfnetlink0"),
+    ("libnetfilter_conntrack.so", "libnetfilter-conntrack3"),
+];
+
+/// Debian's `iptables` for `arch`, unpacked (with its dependencies) under target/image: made if
+/// missing or made from another recipe.
+pub fn extracted(arch: Arch) -> anyhow::Result<PathBuf> {
+    let root = build::workspace_root().join(format!("target/image/iptables-{}", arch.name()));
+    let recipe = format!("iptables\n{}\n", SOURCES.join("\n"));
+    let stamp = root.join("kstall-recipe");
+    if std::fs::read_to_string(&stamp).is_ok_and(|made| made == recipe) {
+        return Ok(root);
+    }
+    println!("image: Debian's iptables for {} (mmdebstrap --variant=extract, through apt)", arch.name());
+    bootstrap::apt_install(&["mmdebstrap"])?;
+    let making = root.with_extension("new");
+    let _ = std::fs::remove_dir_all(&making);
+    let _ = std::fs::remove_dir_all(&root);
+    bootstrap::run_step(
+        Command::new("mmdebstrap")
+            .args(["--variant=extract", "--mode=root", "--quiet"])
+            .arg(format!("--architectures={}", arch.name()))
+            .arg("--include=iptables")
+            .arg("bookworm")
+            .arg(&making)
+            .args(SOURCES),
+        &format!("mmdebstrap --variant=extract --architectures={} --include=iptables", arch.name()),
+    )?;
+    std::fs::write(making.join("kstall-recipe"), &recipe).context("stamp the extracted iptables")?;
+    std::fs::rename(&making, &root).context("move the extracted iptables into place")?;
+    Ok(root)
+}
+
+/// Stages iptables from `extracted` into `rootfs` for `arch`, whose agent (with its loader and C
+/// library) is staged already. Returns the staged programs' paths in the image (without the
+/// leading `/`), for the image's architecture check.
+pub fn stage(extracted: &Path, rootfs: &Path, arch: Arch) -> anyhow::Result<Vec<String>> {
+    let dirs = arch.libraries();
+    let triple = Path::new(dirs.in_image).file_name().expect("a multiarch directory").to_owned();
+    let sbin = rootfs.join("usr/sbin");
+    std::fs::create_dir_all(&sbin).context("stage usr/sbin")?;
+    let mut elves = Vec::new();
+    let mut programs = Vec::new();
+    for (program, names) in PROGRAMS {
+        let here = extracted.join("usr/sbin").join(program);
+        std::fs::copy(&here, sbin.join(program)).with_context(|| format!("copy {}", here.display()))?;
+        for name in *names {
+            // Debian's own link: the name must lead to this program there too.
+            let link = extracted.join("usr/sbin").join(name);
+            let target =
+                std::fs::read_link(&link).with_context(|| format!("{} is no link", link.display()))?;
+            if target != Path::new(program) {
+                bail!("{} leads to {}, not {program}", link.display(), target.display());
+            }
+            std::os::unix::fs::symlink(program, sbin.join(name)).with_context(|| format!("link {name}"))?;
+        }
+        elves.push(here);
+        programs.push(format!("usr/sbin/{program}"));
+    }
+    // libxtables dlopens them from its compiled-in XTABLES_LIBDIR, /usr/lib/<triple>/xtables.
+    let modules = Path::new("usr/lib").join(&triple).join("xtables");
+    std::fs::create_dir_all(rootfs.join(&modules)).context("stage the xtables modules")?;
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(extracted.join(&modules))
+        .with_context(|| format!("{} in {}", modules.display(), extracted.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "so"))
+        .collect();
+    entries.sort();
+    if entries.is_empty() {
+        bail!("no xtables modules in {}", extracted.join(&modules).display());
+    }
+    for module in entries {
+        let name = module.file_name().expect("a file name");
+        std::fs::copy(&module, rootfs.join(&modules).join(name))
+            .with_context(|| format!("copy {}", module.display()))?;
+        elves.push(module);
+    }
+    // Their libraries, from the extracted packages (on amd64 too, where this machine may have
+    // others): glibc's are the agent's, staged already, and kept; any other needs its package's
+    // notice below.
+    let search = [
+        extracted.join("usr/lib").join(&triple),
+        extracted.join("lib").join(&triple),
+        PathBuf::from(dirs.here),
+    ];
+    let mut packages = vec!["iptables"];
+    for (here, name) in super::needed_libraries(&elves, &search)? {
+        let target = rootfs.join(dirs.in_image.trim_start_matches('/')).join(&name);
+        if target.exists() {
+            continue;
+        }
+        if here.starts_with(extracted) {
+            let package = LIBRARY_PACKAGES
+                .iter()
+                .find(|(prefix, _)| name.starts_with(prefix))
+                .map(|(_, package)| *package)
+                .with_context(|| {
+                    format!(
+                        "{name} (from {}) has no package in image/iptables.rs: its notice",
+                        here.display()
+                    )
+                })?;
+            if !packages.contains(&package) {
+                packages.push(package);
+            }
+        }
+        std::fs::copy(&here, &target).with_context(|| format!("copy {}", here.display()))?;
+    }
+    for package in packages {
+        let copyright = Path::new("usr/share/doc").join(package).join("copyright");
+        std::fs::create_dir_all(rootfs.join(copyright.parent().expect("a directory")))
+            .context("stage usr/share/doc")?;
+        std::fs::copy(extracted.join(&copyright), rootfs.join(&copyright))
+            .with_context(|| format!("copy {}", extracted.join(&copyright).display()))?;
+    }
+    Ok(programs)
+}
