@@ -283,6 +283,7 @@ fn the_daemonset_keeps_what_the_agent_needs() {
     let node_conditions = deploy_dir().join("components/node-conditions").canonicalize().unwrap();
     let node_taints = deploy_dir().join("components/node-taints").canonicalize().unwrap();
     let old_kernels_component = deploy_dir().join("components/kernels-before-5.11").canonicalize().unwrap();
+    let pod_rules_component = deploy_dir().join("components/pod-rules").canonicalize().unwrap();
     for (name, dir) in packages() {
         // deploy/components/non-root changes the user, the capabilities and the socket's volume
         // (tests/tests/container.rs proves it runs).
@@ -344,13 +345,23 @@ fn the_daemonset_keeps_what_the_agent_needs() {
         assert_eq!((&port["name"], &port["containerPort"]), (&json!("metrics"), &json!(9700)), "{name}");
         assert!(port["hostPort"].is_null() || port["hostPort"] == 9700, "{name}: {port}");
         assert_eq!(agent["readinessProbe"]["httpGet"]["path"], "/healthz", "{name}");
-        // No overlay or component but non-root and kernels-before-5.11 touches the capabilities:
-        // deploy/base/daemonset.yaml has them; the latter adds SYS_RESOURCE to them and nothing else.
+        // No overlay or component but non-root, kernels-before-5.11 and pod-rules touches the
+        // capabilities: deploy/base/daemonset.yaml has them; kernels-before-5.11 adds SYS_RESOURCE
+        // to them and nothing else, pod-rules SYS_ADMIN and NET_ADMIN (root only: neither is
+        // with non-root).
         let security = &agent["securityContext"];
         let old_kernels = components_of(&dir).contains(&old_kernels_component);
-        if old_kernels {
+        let pod_rules = components_of(&dir).contains(&pod_rules_component);
+        assert!(!(non_root && (old_kernels || pod_rules)), "{name}: a root-only component with non-root");
+        if old_kernels || pod_rules {
             let mut expected = base["spec"]["template"]["spec"]["containers"][0]["securityContext"].clone();
-            expected["capabilities"]["add"].as_array_mut().unwrap().push(json!("SYS_RESOURCE"));
+            let add = expected["capabilities"]["add"].as_array_mut().unwrap();
+            if old_kernels {
+                add.push(json!("SYS_RESOURCE"));
+            }
+            if pod_rules {
+                add.extend([json!("SYS_ADMIN"), json!("NET_ADMIN")]);
+            }
             assert_eq!(security, &expected, "{name}");
         } else if non_root {
             assert_eq!(

@@ -5,6 +5,9 @@ What the schema cannot say: combinations. Each a one-line failure naming the val
 {{- if and .Values.nonRoot .Values.kernelsBefore511 -}}
 {{- fail "nonRoot and kernelsBefore511: a file capability set cannot carry SYS_RESOURCE to a node whose bounding set may lack it; run as root (nonRoot: false) on kernels before 5.11" -}}
 {{- end -}}
+{{- if and .Values.nonRoot .Values.podRules -}}
+{{- fail "nonRoot and podRules: the binary's file capabilities carry neither SYS_ADMIN nor NET_ADMIN, and a non-root agent's iptables-save would lose them on exec; run as root (nonRoot: false) to read pods' NAT rules" -}}
+{{- end -}}
 {{- if and .Values.serviceMonitor.enabled .Values.podMonitor.enabled -}}
 {{- fail "serviceMonitor.enabled and podMonitor.enabled: both would scrape every agent, twice; enable one" -}}
 {{- end -}}
