@@ -42,10 +42,15 @@ impl MeshRules {
 /// (`tests/data/linkerd-proxy-init/skip-outbound-ports.rules`: its proxy-init's RETURN for those
 /// ports before the redirect), run in `netns` with this machine's `iptables`.
 pub fn install_linkerd_skipping_nfs(netns: &NetNs) {
-    for command in file_commands("linkerd-proxy-init/skip-outbound-ports.rules") {
+    for command in linkerd_skipping_nfs_commands() {
         let args: Vec<&str> = command.iter().map(String::as_str).collect();
         netns.exec("iptables", &args);
     }
+}
+
+/// The rules of [`install_linkerd_skipping_nfs`], each as `iptables` arguments.
+pub fn linkerd_skipping_nfs_commands() -> Vec<Vec<String>> {
+    file_commands("linkerd-proxy-init/skip-outbound-ports.rules")
 }
 
 /// A data file's `iptables …` command lines, each as `iptables` arguments.

@@ -21,12 +21,15 @@ use kstall_tests::{
 };
 use serde_json::{Value, json};
 
-// The Helm chart's install, upgrade, test and uninstall, and the kubectl plugin from krew's
-// layout, on this cluster (tests/tests/cluster/).
+// The Helm chart's install, upgrade, test and uninstall, the kubectl plugin from krew's layout,
+// and explain pod's opt-in read of pods' rules, on this cluster (tests/tests/cluster/).
 #[path = "cluster/helm_chart.rs"]
 mod helm_chart;
 #[path = "cluster/krew_plugin.rs"]
 mod krew_plugin;
+// explain pod's read of a meshed pod's NAT rules, with and without deploy/overlays/pod-rules.
+#[path = "cluster/pod_rules.rs"]
+mod pod_rules;
 
 /// The overlay every test installs: the base and the node conditions.
 const OVERLAY: &str = "node-conditions";
