@@ -22,9 +22,9 @@ mod iptables;
 mod oci;
 
 /// What building and running the image needs: podman (its pause image needs catatonit), runc
-/// (crun refuses this machine's hybrid cgroups), setcap; openssl for the container tests' API
-/// server certificate.
-pub const IMAGE_PACKAGES: &[&str] = &["podman", "runc", "catatonit", "libcap2-bin", "openssl"];
+/// (crun refuses this machine's hybrid cgroups), setcap, mmdebstrap (each architecture's Debian
+/// iptables, image/iptables.rs); openssl for the container tests' API server certificate.
+pub const IMAGE_PACKAGES: &[&str] = &["podman", "runc", "catatonit", "libcap2-bin", "mmdebstrap", "openssl"];
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The name the kustomize base deploys (`images:` in deploy/base/kustomization.yaml).
 pub const NAME: &str = "localhost/kstall";

@@ -54,7 +54,6 @@ pub fn extracted(arch: Arch) -> anyhow::Result<PathBuf> {
         return Ok(root);
     }
     println!("image: Debian's iptables for {} (mmdebstrap --variant=extract, through apt)", arch.name());
-    bootstrap::apt_install(&["mmdebstrap"])?;
     let making = root.with_extension("new");
     let _ = std::fs::remove_dir_all(&making);
     let _ = std::fs::remove_dir_all(&root);
