@@ -10,6 +10,7 @@ pub mod config;
 pub mod conntrack;
 mod daemon;
 pub mod decode;
+mod enter;
 pub mod events;
 pub mod export;
 #[cfg(test)]

@@ -9,11 +9,8 @@
 
 use std::{
     fs::File,
-    io::Read as _,
     net::IpAddr,
-    os::{fd::AsRawFd as _, unix::fs::MetadataExt as _, unix::process::CommandExt as _},
     path::{Path, PathBuf},
-    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -24,14 +21,9 @@ use crate::{
         mounts::nfs_mounts,
         pods::mesh::{Mesh, PodMesh},
     },
+    enter::{OPT_IN, READ_DEADLINE, find_program, legacy_has_nat, open_netns, run_in},
     nat_rules::{Connection, Dump, RuleRef, Verdict},
 };
-
-/// How long the rule dumps may take, all of them: each is killed past it.
-pub const READ_DEADLINE: Duration = Duration::from_secs(2);
-
-/// What grants the read in Kubernetes: the DaemonSet holds neither capability unless asked.
-pub const OPT_IN: &str = "deploy/components/pod-rules (Helm: --set podRules=true)";
 
 /// What the read needs of the pod, taken from the agent's index.
 #[derive(Debug, Clone, Default)]
@@ -135,7 +127,7 @@ pub fn check(check: &Check, proc: &Path, deadline: Duration) -> NfsThroughMesh {
         let families = if servers.is_empty() { of(&check.pod_ips) } else { of(&servers) };
         if families.is_empty() { vec![false] } else { families }
     };
-    let Some((netns, via)) = enter_by(check, proc) else {
+    let Some((netns, via)) = open_netns(&check.netns, &check.processes, proc) else {
         return NfsThroughMesh::cannot_tell(
             mesh,
             "the pod's network namespace is gone: no process of the pod is left to enter it by".into(),
@@ -320,29 +312,6 @@ fn dedup<T: PartialEq + Clone>(items: &mut Vec<T>) {
     });
 }
 
-/// An open `/proc/<pid>/ns/net` (a thread's when the leader's link is gone) of one of the pod's
-/// namespaces, and the pid it was found by. Its inode is checked: a pid reused by another
-/// process since the index was made does not lead elsewhere.
-fn enter_by(check: &Check, proc: &Path) -> Option<(File, u32)> {
-    for &pid in &check.processes {
-        let dir = proc.join(pid.to_string());
-        let threads = std::fs::read_dir(dir.join("task"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|t| t.path().join("ns/net"))
-            .take(64);
-        for link in std::iter::once(dir.join("ns/net")).chain(threads) {
-            let Ok(file) = File::open(&link) else { continue };
-            let inode = file.metadata().map(|m| m.ino()).unwrap_or(0);
-            if check.netns.iter().any(|&n| u64::from(n) == inode) {
-                return Some((file, pid));
-            }
-        }
-    }
-    None
-}
-
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Backend {
     Legacy,
@@ -358,94 +327,6 @@ impl Backend {
             (Backend::Nft, true) => "ip6tables-nft",
         }
     }
-}
-
-/// Whether the namespace has a legacy nat table: asking `iptables-legacy-save` for one it lacks
-/// would create it (and load `iptable_nat`), so it is only run when `ip_tables_names` lists one.
-fn legacy_has_nat(proc: &Path, pid: u32, v6: bool) -> bool {
-    let names = if v6 { "ip6_tables_names" } else { "ip_tables_names" };
-    std::fs::read_to_string(proc.join(pid.to_string()).join("net").join(names))
-        .is_ok_and(|text| text.lines().any(|l| l.trim() == "nat"))
-}
-
-/// The program's path: on PATH, or in the sbin directories Debian installs iptables and nft to.
-fn find_program(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin", "/usr/bin"].map(PathBuf::from))
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
-/// Runs `program` in the network namespace `netns` (the child enters it before exec), its output
-/// or one line saying why not; killed at `until`.
-fn run_in(netns: &File, program: &Path, args: &[&str], until: Instant) -> Result<String, String> {
-    let name = program.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let fd = netns.as_raw_fd();
-    let mut command = Command::new(program);
-    command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    // SAFETY: between fork and exec only setns and setpgid, system calls; `fd` stays open in the
-    // parent until the spawn returns. Its own process group: what it may start dies with it.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 || libc::setpgid(0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = command.spawn().map_err(|e| match e.raw_os_error() {
-        Some(libc::EPERM) => refused(),
-        _ => format!("{name}: {e}"),
-    })?;
-    let reader = |pipe: Option<Box<dyn std::io::Read + Send>>, limit: u64| {
-        std::thread::spawn(move || {
-            let mut text = Vec::new();
-            if let Some(pipe) = pipe {
-                let _ = pipe.take(limit).read_to_end(&mut text);
-            }
-            String::from_utf8_lossy(&text).into_owned()
-        })
-    };
-    let stdout = reader(child.stdout.take().map(|p| Box::new(p) as _), 16 << 20);
-    let stderr = reader(child.stderr.take().map(|p| Box::new(p) as _), 64 << 10);
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Ok(status),
-            Ok(None) if Instant::now() >= until => {
-                // The group is the child's (not reaped yet: its pid is still its own).
-                // SAFETY: a signal to a process group this function made.
-                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-                let _ = child.wait();
-                break Err(format!("{name} did not finish within {} s: killed", READ_DEADLINE.as_secs()));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => break Err(format!("{name}: {e}")),
-        }
-    };
-    let (out, err) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
-    let status = status?;
-    if !status.success() {
-        let why = err.lines().find(|l| !l.trim().is_empty()).unwrap_or("no message").trim().to_string();
-        // iptables-nft-save without CAP_NET_ADMIN: "Could not fetch rule set generation id:
-        // Permission denied (you must be root)".
-        if why.contains("Permission denied") || why.contains("Operation not permitted") {
-            return Err(format!(
-                "{name} was refused the pod's rules ({why}): reading them needs CAP_NET_ADMIN, which {OPT_IN} \
-                 grants"
-            ));
-        }
-        return Err(format!("{name} failed ({status}): {why}"));
-    }
-    Ok(out)
-}
-
-/// setns(CLONE_NEWNET) refused: the agent lacks CAP_SYS_ADMIN.
-fn refused() -> String {
-    format!(
-        "entering the pod's network namespace was refused: the agent needs CAP_SYS_ADMIN for that and \
-         CAP_NET_ADMIN to read its rules, which {OPT_IN} grants"
-    )
 }
 
 /// nftables tables of the namespace that are not iptables-nft's own (Istio's `nativeNftables`
@@ -796,51 +677,5 @@ mod tests {
             x.summary,
             "cannot tell — the pod's network namespace is gone: no process of the pod is left to enter it by"
         );
-    }
-
-    /// In this process's own namespace: root enters it and reads, and a command past its deadline
-    /// is killed; without CAP_SYS_ADMIN the one line says what is missing.
-    #[test]
-    fn a_command_runs_in_the_namespace_and_is_killed_at_its_deadline() {
-        let own = File::open("/proc/self/ns/net").unwrap();
-        let sh = find_program("sh").expect("sh");
-        let soon = || Instant::now() + Duration::from_millis(300);
-        let said = run_in(&own, &sh, &["-c", "echo in; echo out >&2"], soon());
-        if unsafe { libc::geteuid() } != 0 {
-            assert_eq!(
-                said.unwrap_err(),
-                "entering the pod's network namespace was refused: the agent needs CAP_SYS_ADMIN for that and \
-                 CAP_NET_ADMIN to read its rules, which deploy/components/pod-rules (Helm: --set \
-                 podRules=true) grants"
-            );
-            return;
-        }
-        assert_eq!(said.unwrap(), "in\n");
-        // A dump refused for want of CAP_NET_ADMIN (iptables-nft-save's own words) names the opt-in.
-        let denied = "echo 'iptables-nft-save v1.8.9 (nf_tables): Could not fetch rule set generation id: \
-                      Permission denied (you must be root)' >&2; exit 4";
-        assert_eq!(
-            run_in(&own, &sh, &["-c", denied], soon()).unwrap_err(),
-            "sh was refused the pod's rules (iptables-nft-save v1.8.9 (nf_tables): Could not fetch rule set \
-             generation id: Permission denied (you must be root)): reading them needs CAP_NET_ADMIN, which \
-             deploy/components/pod-rules (Helm: --set podRules=true) grants"
-        );
-        let started = Instant::now();
-        let hung = run_in(&own, &sh, &["-c", "sleep 30"], soon()).unwrap_err();
-        assert_eq!(hung, "sh did not finish within 2 s: killed");
-        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
-        let failed = run_in(&own, &sh, &["-c", "echo nope >&2; exit 3"], soon()).unwrap_err();
-        assert_eq!(failed, "sh failed (exit status: 3): nope");
-    }
-
-    #[test]
-    fn legacy_tables_are_read_only_when_the_namespace_has_a_nat_one() {
-        let proc = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(proc.path().join("5/net")).unwrap();
-        std::fs::write(proc.path().join("5/net/ip_tables_names"), "mangle\nnat\n").unwrap();
-        std::fs::write(proc.path().join("5/net/ip6_tables_names"), "filter\n").unwrap();
-        assert!(legacy_has_nat(proc.path(), 5, false));
-        assert!(!legacy_has_nat(proc.path(), 5, true));
-        assert!(!legacy_has_nat(proc.path(), 6, false));
     }
 }
