@@ -188,15 +188,22 @@ impl Resolver {
         }
     }
 
-    /// Marks namespaces whose witness process left them (or exited) as departed. Returns whether
-    /// anything changed.
+    /// Marks namespaces whose witness process left them (or exited) as departed — unless another
+    /// process of the pod is still in it, which becomes the witness: the first one a walk found
+    /// may be a container's that ends while the pod lives (a mesh's init container, a short-lived
+    /// child). Returns whether anything changed.
     pub fn verify(&mut self, now: Instant) -> bool {
+        let proc = &self.settings.proc;
         let mut changed = false;
         for (ino, n) in self.netns.iter_mut().filter(|(_, n)| n.gone_at.is_none()) {
-            if netns::of_process(&self.settings.proc, n.value.witness) != Some(*ino) {
-                n.gone_at = Some(now);
-                changed = true;
+            if netns::of_process(proc, n.value.witness) == Some(*ino) {
+                continue;
             }
+            match another_witness(proc, &self.pod_dirs, &self.processes, &n.value.owner, *ino) {
+                Some(witness) => n.value.witness = witness,
+                None => n.gone_at = Some(now),
+            }
+            changed = true;
         }
         changed
     }
@@ -366,6 +373,31 @@ fn attribution_of<'a>(
 
 fn has_kubepods(root: &std::path::Path) -> bool {
     ["kubepods", "kubepods.slice"].iter().any(|d| root.join(d).is_dir())
+}
+
+/// A process of `owner`'s pod still in namespace `ino`: from the pod's cgroup directory and its
+/// containers' (v2), or the processes a v1 walk placed in the pod.
+fn another_witness(
+    proc: &std::path::Path,
+    pod_dirs: &HashMap<String, std::path::PathBuf>,
+    processes: &HashMap<u32, Workload>,
+    owner: &NetnsOwner,
+    ino: u32,
+) -> Option<u32> {
+    let NetnsOwner::Pod(Workload::Pod { pod_uid, .. }) = owner else { return None };
+    let dirs = pod_dirs.get(pod_uid).into_iter().flat_map(|pod| {
+        let containers = std::fs::read_dir(pod).into_iter().flatten().flatten().map(|e| e.path());
+        std::iter::once(pod.clone()).chain(containers.filter(|p| p.is_dir()))
+    });
+    let v1 = processes.iter().filter_map(|(&tgid, w)| match w {
+        Workload::Container { pod_uid: uid, .. } | Workload::Pod { pod_uid: uid, .. } if uid == pod_uid => {
+            Some(tgid)
+        }
+        _ => None,
+    });
+    dirs.flat_map(|dir| cgroup::procs(&dir))
+        .chain(v1)
+        .find(|&tgid| netns::of_process(proc, tgid) == Some(ino))
 }
 
 /// What the processes of pod cgroups tell: each pod's network namespace, and (v1) which pod a
@@ -756,6 +788,29 @@ mod tests {
             index.resolve(&reset_in(POD_NETNS)),
             Resolution::Missing { key: Key::Netns(POD_NETNS), fallback: Some(_) }
         ));
+    }
+
+    #[test]
+    fn a_namespace_outlives_its_witness_while_another_process_of_the_pod_is_in_it() {
+        let node = Node::new();
+        let sandbox = "1111111111111111111111111111111111111111111111111111111111111111";
+        node.cgroup(&systemd_container(UID, CID), &[100]);
+        node.cgroup(&systemd_container(UID, sandbox), &[90]);
+        node.process(100, Some(POD_NETNS));
+        node.process(90, Some(POD_NETNS));
+        let mut r = node.resolver(false);
+        r.full_walk(Instant::now());
+        let first = r.index().netns_witness[&POD_NETNS];
+        std::fs::remove_dir_all(node.path(&format!("proc/{first}"))).unwrap();
+        assert!(r.verify(Instant::now()), "a new witness");
+        let index = r.index();
+        let other = if first == 100 { 90 } else { 100 };
+        assert_eq!(index.netns_witness.get(&POD_NETNS), Some(&other));
+        assert_eq!(found(&index, &reset_in(POD_NETNS)).pod_uid.as_deref(), Some(UID));
+        assert!(!r.verify(Instant::now()), "nothing changed");
+        std::fs::remove_dir_all(node.path(&format!("proc/{other}"))).unwrap();
+        assert!(r.verify(Instant::now()));
+        assert!(!r.index().by_netns.contains_key(&POD_NETNS), "departed once none is left");
     }
 
     #[test]

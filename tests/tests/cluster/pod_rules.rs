@@ -170,8 +170,8 @@ fn explain(cluster: &Cluster, agent: &Value, pod: &str, output: &str) -> String 
 
 /// The pod's `nfs_through_mesh`, once the agent knows the pod's namespace and a live process in
 /// it to enter it by: a new agent learns them from the pod's processes on its next walk (every
-/// 5 s), and one that took the mesh's init container as its witness learns another on the walk
-/// after that container exited.
+/// 5 s), and one that took the mesh's init container as its witness takes another of the pod's
+/// on its next check (every second) after that container exited.
 fn explained(cluster: &Cluster, agent: &Value, pod: &str) -> Value {
     let x = wait_for(Duration::from_secs(60), || {
         let x: Value = serde_json::from_str(&explain(cluster, agent, pod, "json")).expect("explain's JSON");
