@@ -128,7 +128,7 @@ fn sidecar_redirect_job(cluster: &Cluster, namespace: &str, name: &str) -> Value
     let server = format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: nfs-server, namespace: {namespace}, labels: {{app: nfs-server}}}}\n\
          spec:\n  containers:\n  - name: nfsd\n    image: kstall.test/busybox:1.35\n    imagePullPolicy: Never\n    \
-         command: [nc, -lk, -p, '2049', -e, cat]\n"
+         command: [nc, -ll, -p, '2049', -e, cat]\n"
     );
     cluster.apply(&server);
     let server = cluster
