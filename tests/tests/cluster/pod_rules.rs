@@ -5,19 +5,21 @@
 //! deploy/overlays/pod-rules it enters each pod's namespace, runs the image's iptables-nft-save
 //! there and says ambient's NFS ports go to 15001 by istio-cni's REDIRECT and Linkerd's are let
 //! through by proxy-init's RETURN — and the kernel agrees (a connect from each pod). Both under
-//! the shipped seccomp profile, RuntimeDefault. The default install comes back when the test
-//! ends, passed or not.
+//! the shipped seccomp default, RuntimeDefault, and the read again under the shipped Localhost
+//! profile, deploy/seccomp/kstall.json. The default install comes back when the test ends, passed
+//! or not.
 
 use std::time::Duration;
 
 use kstall_tests::{
     cluster::{Cluster, POD_READY_WITHIN, is_ready},
+    deploy::deploy_dir,
     host::wait_for,
     meshes::MeshRules,
 };
 use serde_json::{Value, json};
 
-use super::{Namespace, OVERLAY, deployed};
+use super::{Namespace, OVERLAY, RemovedOnDrop, SeccompBack, deployed, patch_seccomp};
 
 const SELECTOR: &str = "app.kubernetes.io/name=kstall";
 const NAMESPACE: &str = "tenant-pod-rules";
@@ -116,6 +118,27 @@ fn explain_pod_reads_a_meshed_pods_own_rules_only_with_the_pod_rules_opt_in() {
     );
     let text = explain(&cluster, &opted, &linkerd, "text");
     assert!(text.contains("MESH  linkerd\n  NFS through the mesh: not redirected — "), "{text}");
+
+    // The same read under the shipped Localhost profile (placed where the kubelet reads
+    // profiles, as a node's bootstrap would): the agent's setns and its iptables-nft-save child,
+    // and the CLI kubectl exec runs, are under that filter too.
+    let profiles = cluster.state_dir().join("run/kubelet/seccomp");
+    std::fs::create_dir_all(&profiles).unwrap();
+    let _profiles = RemovedOnDrop(profiles.clone());
+    std::fs::copy(deploy_dir().join("seccomp/kstall.json"), profiles.join("kstall.json")).unwrap();
+    let _profile_back = SeccompBack(&cluster);
+    let localhost = json!({"type": "Localhost", "localhostProfile": "kstall.json"});
+    patch_seccomp(&cluster, &localhost);
+    let confined = wait_for(POD_READY_WITHIN, || {
+        the_agent(&cluster, true)
+            .filter(|p| p["spec"]["containers"][0]["securityContext"]["seccompProfile"] == localhost)
+    })
+    .unwrap_or_else(|| panic!("no Ready agent under kstall.json:\n{}", cluster.agent_logs()));
+    let x = explained(&cluster, &confined, &ambient);
+    assert_eq!(x["redirected"], json!(true), "under kstall.json: {x:#}");
+    assert!(x["summary"].as_str().unwrap_or_default().starts_with(&expected), "under kstall.json: {x:#}");
+    let x = explained(&cluster, &confined, &linkerd);
+    assert_eq!(x["redirected"], json!(false), "under kstall.json: {x:#}");
 }
 
 /// The one agent pod, Ready, not being deleted, and holding SYS_ADMIN and NET_ADMIN or neither
@@ -161,11 +184,15 @@ fn seccomp_of(pod: &Value) -> &str {
 
 /// `kstall explain pod` run in the agent's pod by `kubectl exec`, as a user asks it.
 fn explain(cluster: &Cluster, agent: &Value, pod: &str, output: &str) -> String {
+    cluster.kubectl(&explain_args(agent, pod, output))
+}
+
+fn explain_args<'a>(agent: &'a Value, pod: &'a str, output: &'a str) -> [&'a str; 13] {
     let agent = agent["metadata"]["name"].as_str().unwrap();
-    cluster.kubectl(&[
+    [
         "-n", "kstall", "exec", agent, "--", "kstall", "explain", "pod", pod, "-n", NAMESPACE, "--output",
         output,
-    ])
+    ]
 }
 
 /// The pod's `nfs_through_mesh`, once the agent knows the pod's namespace and a live process in
@@ -174,7 +201,14 @@ fn explain(cluster: &Cluster, agent: &Value, pod: &str, output: &str) -> String 
 /// on its next check (every second) after that container exited.
 fn explained(cluster: &Cluster, agent: &Value, pod: &str) -> Value {
     let x = wait_for(Duration::from_secs(60), || {
-        let x: Value = serde_json::from_str(&explain(cluster, agent, pod, "json")).expect("explain's JSON");
+        let asked = cluster.try_kubectl(&explain_args(agent, pod, "json"));
+        if !asked.status.success() {
+            let said = String::from_utf8_lossy(&asked.stderr);
+            // The agent learns a new pod from the API server's watch, on its own time.
+            assert!(said.contains(&format!("kstall knows no pod \"{pod}\"")), "explain {pod}: {said}");
+            return None;
+        }
+        let x: Value = serde_json::from_slice(&asked.stdout).expect("explain's JSON");
         let known = x["netns"].as_array().is_some_and(|n| !n.is_empty());
         let summary = x["nfs_through_mesh"]["summary"].as_str().unwrap_or_default();
         (known && !summary.contains("the pod's network namespace is gone")).then_some(x)
