@@ -1,7 +1,8 @@
 //! Entering a pod's network namespace, for the reads that must be made from inside it: a program
-//! run there (the child calls `setns` before `exec`, and is killed at a deadline), the namespace
-//! opened through one of the pod's processes, and the refusal's one line naming the opt-in that
-//! grants it. Imports nothing of the agent.
+//! run there (the child calls `setns` before `exec`, and is killed at a deadline), a function run
+//! on a short-lived thread that entered it ([`in_netns`]: sockets made there stay in it), the
+//! namespace opened through one of the pod's processes, and the refusal's one line naming the
+//! opt-in that grants it. Imports nothing of the agent.
 
 use std::{
     fs::File,
@@ -39,6 +40,30 @@ pub fn open_netns(netns: &[u32], processes: &[u32], proc: &Path) -> Option<(File
         }
     }
     None
+}
+
+/// Runs `f` on a thread of its own that entered `netns` (setns is per thread), and ends it: the
+/// caller's thread never changes namespace, and no pool thread is left in another one. What `f`
+/// makes there (a socket) stays in that namespace. A panic in `f` goes on in the caller.
+pub fn in_netns<T: Send>(netns: &File, f: impl FnOnce() -> T + Send) -> Result<T, String> {
+    let fd = netns.as_raw_fd();
+    std::thread::scope(|scope| {
+        let thread = std::thread::Builder::new()
+            .name("kstall-netns".into())
+            .spawn_scoped(scope, move || {
+                // SAFETY: a namespace file the caller holds open; CLONE_NEWNET changes this thread only.
+                if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
+                    let e = std::io::Error::last_os_error();
+                    return Err(match e.raw_os_error() {
+                        Some(libc::EPERM) => refused(),
+                        _ => format!("entering the network namespace: {e}"),
+                    });
+                }
+                Ok(f())
+            })
+            .map_err(|e| format!("cannot start a thread to enter the network namespace: {e}"))?;
+        thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
 }
 
 /// Whether the namespace has a legacy nat table: asking `iptables-legacy-save` for one it lacks
@@ -166,6 +191,43 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
         let failed = run_in(&own, &sh, &["-c", "echo nope >&2; exit 3"], soon()).unwrap_err();
         assert_eq!(failed, "sh failed (exit status: 3): nope");
+    }
+
+    /// A thread in another namespace sees it; the caller's thread stays where it was.
+    #[test]
+    fn a_function_runs_in_the_namespace_on_its_own_thread() {
+        let inode = || std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
+        let before = inode();
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!(
+                "skipping a_function_runs_in_the_namespace_on_its_own_thread: needs root (unshare, setns)"
+            );
+            return;
+        }
+        // A namespace of its own, made by a thread that leaves; the open file keeps it.
+        let other = std::thread::spawn(|| {
+            assert_eq!(
+                unsafe { libc::unshare(libc::CLONE_NEWNET) },
+                0,
+                "{}",
+                std::io::Error::last_os_error()
+            );
+            File::open("/proc/thread-self/ns/net").unwrap()
+        })
+        .join()
+        .unwrap();
+        let other_inode = other.metadata().unwrap().ino();
+        assert_ne!(other_inode, before);
+        let (seen, name) =
+            in_netns(&other, || (inode(), std::thread::current().name().map(str::to_string))).unwrap();
+        assert_eq!((seen, name.as_deref()), (other_inode, Some("kstall-netns")));
+        assert_eq!(inode(), before, "the caller's thread changed namespace");
+        // A file that is no network namespace: one line.
+        let not = File::open("/proc/self/ns/uts").unwrap();
+        assert_eq!(
+            in_netns(&not, || ()).unwrap_err(),
+            "entering the network namespace: Invalid argument (os error 22)"
+        );
     }
 
     #[test]

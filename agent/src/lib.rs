@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod attribution;
+pub mod capture;
 pub mod cli;
 pub mod config;
 pub mod conntrack;

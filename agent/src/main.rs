@@ -25,6 +25,8 @@ enum Command {
     Incidents(cli::incidents::IncidentsArgs),
     /// Everything kstall knows about one pod now, and the next step.
     Explain(cli::explain::ExplainArgs),
+    /// Capture a pod's network namespace: packets as pcapng, headers only unless asked, bounded.
+    Capture(cli::capture::CaptureArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
         Command::Trace(args) => cli::trace::run(args),
         Command::Incidents(args) => cli::incidents::run(args),
         Command::Explain(args) => cli::explain::run(args),
+        Command::Capture(args) => cli::capture::run(args),
     }
 }
 

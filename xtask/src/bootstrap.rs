@@ -10,7 +10,8 @@ use std::{
 use anyhow::{Context as _, bail};
 
 /// Debian packages: LLVM 22 for bpf-linker; for the kernel tests iptables/iproute2 (resets),
-/// bindfs/e2fsprogs (a writer stuck in writeback), bpftool to inspect loaded programs.
+/// bindfs/e2fsprogs (a writer stuck in writeback), bpftool to inspect loaded programs, libpcap and
+/// tcpdump (kstall capture's filters, its pcapng read back).
 const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
@@ -24,6 +25,9 @@ const APT_PACKAGES: &[&str] = &[
     // promtool and a real Prometheus and Alertmanager, for the alerting tests.
     "prometheus",
     "prometheus-alertmanager",
+    // kstall capture's filters (libpcap, dlopened), and tcpdump reading its pcapng in the tests.
+    "libpcap0.8",
+    "tcpdump",
 ];
 /// The nightly the eBPF crate was checked with (rustc 1.97, LLVM 22.1).
 const PINNED_NIGHTLY: &str = "nightly-2026-05-19";

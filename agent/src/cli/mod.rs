@@ -1,5 +1,6 @@
 //! One file per subcommand.
 pub mod agent;
+pub mod capture;
 pub mod explain;
 pub mod incidents;
 pub mod status;

@@ -1,0 +1,266 @@
+//! `kstall capture start --standalone` against the real kernel: a pod's network namespace whose
+//! NAT rule redirects 2049 to 15001, where nothing listens, and a server namespace behind a veth.
+//! The pcapng shows what a packet socket in the pod's namespace sees (the design's §0.1): the
+//! SYN after the REDIRECT, to 127.0.0.1:15001 on `lo`, and the RST after conntrack undid it, from
+//! the server's 2049 — on one client port; neither on `eth0`.
+
+use std::{
+    collections::BTreeSet,
+    net::SocketAddr,
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use kstall_tests::{
+    agent::agent_binary,
+    host::wait_for,
+    kernel_tests_can_run,
+    netns::{NetNs, refused_connects},
+};
+use pcap_file::pcapng::{
+    Block, PcapNgReader,
+    blocks::{
+        interface_description::InterfaceDescriptionOption, interface_statistics::InterfaceStatisticsOption,
+    },
+};
+
+const CONNECTS: usize = 3;
+
+/// The capture process, killed on drop if the test fails before it ends.
+struct Capture(Child);
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// The namespace's packet sockets (`/proc/net/packet` read from inside it), header left out.
+fn packet_sockets(ns: &NetNs) -> usize {
+    ns.exec("cat", &["/proc/net/packet"]).lines().skip(1).filter(|l| !l.trim().is_empty()).count()
+}
+
+fn tcpdump(file: &Path) -> (String, String) {
+    let out = Command::new("tcpdump")
+        .args(["-nn", "-r"])
+        .arg(file)
+        .output()
+        .expect("tcpdump (cargo xtask bootstrap)");
+    assert!(out.status.success(), "tcpdump -r: {}", String::from_utf8_lossy(&out.stderr));
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The client port of each line that matches `before` PORT `after`.
+fn ports(lines: &str, before: &str, after: &str) -> Vec<u16> {
+    lines
+        .lines()
+        .filter_map(|l| l.split_once(before)?.1.split_once(after).map(|(p, _)| p.parse().expect(l)))
+        .collect()
+}
+
+/// The pod's namespace, redirecting 2049 to 15001, and the server's at 10.0.0.1 behind a veth:
+/// no route leaves the two. Both go, with their rules, when dropped.
+fn pod_and_server() -> (NetNs, NetNs) {
+    let pod = NetNs::new("cap-pod");
+    let server = NetNs::new("cap-srv");
+    pod.veth_to(&server, ("eth0", "10.0.0.2/24"), ("eth0", "10.0.0.1/24"));
+    pod.redirect_tcp("iptables", 2049, 15001);
+    (pod, server)
+}
+
+/// `kstall capture start --standalone` on `pod` with `args`, into `out`, once its two packet
+/// sockets (lo, eth0) are up in the namespace.
+fn capture(pod: &NetNs, args: &[&str], out: &Path) -> Capture {
+    let capture = Capture(
+        Command::new(agent_binary())
+            .args(["capture", "start", "--standalone", "--netns-file"])
+            .arg(pod.path())
+            .args(["--filter", "tcp and (host 10.0.0.1 or port 2049 or port 15001)"])
+            .args(args)
+            .arg("-o")
+            .arg(out)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kstall capture"),
+    );
+    wait_for(Duration::from_secs(3), || (packet_sockets(pod) == 2).then_some(()))
+        .unwrap_or_else(|| panic!("the capture's two packet sockets never showed in {}", pod.name));
+    capture
+}
+
+impl Capture {
+    /// Waits for the end (within `limit`); its stdout, after checking it succeeded.
+    fn ended(&mut self, limit: Duration) -> String {
+        let status = wait_for(limit, || self.0.try_wait().expect("wait"))
+            .unwrap_or_else(|| panic!("the capture did not end within {limit:?}"));
+        let (mut stdout, mut stderr) = (String::new(), String::new());
+        std::io::Read::read_to_string(&mut self.0.stdout.take().unwrap(), &mut stdout).unwrap();
+        std::io::Read::read_to_string(&mut self.0.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert!(status.success(), "kstall capture: {status}: {stderr}");
+        stdout
+    }
+}
+
+#[test]
+fn packets_show_the_syn_to_15001_and_the_rst_from_2049_and_no_socket_is_left() {
+    if !kernel_tests_can_run("packets_show_the_syn_to_15001_and_the_rst_from_2049_and_no_socket_is_left") {
+        return;
+    }
+    let (pod, _server) = pod_and_server();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("capture");
+    let started = Instant::now();
+    let mut capture = capture(&pod, &["--duration", "4s"], &out);
+    let nfs: SocketAddr = "10.0.0.1:2049".parse().unwrap();
+    pod.run_inside(move || refused_connects(nfs, CONNECTS));
+    assert!(started.elapsed() < Duration::from_secs(3), "the connects ran past the capture's duration");
+    let said = capture.ended(Duration::from_secs(10));
+    assert!(!said.contains("cut:"), "{said}");
+    assert_eq!(packet_sockets(&pod), 0, "a packet socket is left in the namespace");
+
+    let file = out.join("packets.pcapng");
+    let (lines, header) = tcpdump(&file);
+    assert!(header.contains("link-type EN10MB (Ethernet), snapshot length 256"), "{header}");
+    let syns = ports(&lines, "IP 10.0.0.2.", " > 127.0.0.1.15001: Flags [S],");
+    let rsts = ports(&lines, "IP 10.0.0.1.2049 > 10.0.0.2.", ": Flags [R.],");
+    assert_eq!(syns.len(), CONNECTS, "one SYN per connect, loopback's outgoing copy left out:\n{lines}");
+    assert_eq!(
+        syns.iter().collect::<BTreeSet<_>>(),
+        rsts.iter().collect::<BTreeSet<_>>(),
+        "each SYN's client port has its RST:\n{lines}"
+    );
+    assert_eq!(lines.lines().count(), 2 * CONNECTS, "nothing else matches the filter:\n{lines}");
+
+    // Read back independently: the interfaces by name, and headers only (Ethernet, IPv4, TCP
+    // with the SYN's options: at most 74 bytes).
+    let bytes = std::fs::read(&file).unwrap();
+    let mut reader = PcapNgReader::new(&bytes[..]).expect("pcapng");
+    let (mut names, mut caplens) = (BTreeSet::new(), Vec::new());
+    while let Some(block) = reader.next_block() {
+        match block.expect("block") {
+            Block::InterfaceDescription(idb) => {
+                assert_eq!(idb.snaplen, 256);
+                for option in idb.options {
+                    if let InterfaceDescriptionOption::IfName(name) = option {
+                        names.insert(name.into_owned());
+                    }
+                }
+            }
+            Block::EnhancedPacket(epb) => caplens.push((epb.data.len(), epb.original_len)),
+            _ => {}
+        }
+    }
+    assert_eq!(names, BTreeSet::from(["eth0".to_string(), "lo".to_string()]));
+    assert_eq!(caplens.len(), 2 * CONNECTS);
+    for (caplen, original) in &caplens {
+        assert!(*caplen <= 74 && *caplen as u32 <= *original, "{caplens:?}");
+    }
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+/// The packet cap ends the capture at once, long before its duration, and says so: on stdout
+/// and in the statistics blocks.
+#[test]
+fn the_packet_cap_ends_the_capture_and_says_so() {
+    if !kernel_tests_can_run("the_packet_cap_ends_the_capture_and_says_so") {
+        return;
+    }
+    let (pod, _server) = pod_and_server();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("capture");
+    let started = Instant::now();
+    let mut capture = capture(&pod, &["--duration", "60s", "--max-packets", "3"], &out);
+    let nfs: SocketAddr = "10.0.0.1:2049".parse().unwrap();
+    pod.run_inside(move || refused_connects(nfs, CONNECTS));
+    let said = capture.ended(Duration::from_secs(10));
+    assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
+    assert!(said.contains("\ncut: packet cap 3 reached after "), "{said}");
+    assert_eq!(packet_sockets(&pod), 0, "a packet socket is left in the namespace");
+    let (lines, _) = tcpdump(&out.join("packets.pcapng"));
+    assert_eq!(lines.lines().count(), 3, "{lines}");
+    let bytes = std::fs::read(out.join("packets.pcapng")).unwrap();
+    let mut reader = PcapNgReader::new(&bytes[..]).expect("pcapng");
+    let mut comments = Vec::new();
+    while let Some(block) = reader.next_block() {
+        if let Block::InterfaceStatistics(isb) = block.expect("block") {
+            for option in isb.options {
+                if let InterfaceStatisticsOption::Comment(c) = option {
+                    comments.push(c.into_owned());
+                }
+            }
+        }
+    }
+    assert_eq!(comments.len(), 2, "one statistics block per interface: {comments:?}");
+    assert!(comments.iter().all(|c| c.starts_with("cut: packet cap 3 reached after ")), "{comments:?}");
+}
+
+/// A bad filter, a name or a missing namespace: one line, exit 64, nothing written.
+#[test]
+fn bad_input_is_one_line_and_nothing_is_written() {
+    if !agent_binary().exists() {
+        assert_ne!(
+            std::env::var("KSTALL_KERNEL_TESTS").as_deref(),
+            Ok("require"),
+            "no {}",
+            agent_binary().display()
+        );
+        println!("skipping bad_input_is_one_line_and_nothing_is_written: no {}", agent_binary().display());
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("capture");
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["--netns-file", "/proc/self/ns/uts"],
+            "kstall: --netns-file /proc/self/ns/uts: not a network namespace",
+        ),
+        (
+            &["--netns-file", "/proc/self/ns/net", "--filter", "host nfs-server"],
+            "kstall: filter: \"nfs-server\" is a name, and the agent looks nothing up: give its address (host \
+             10.55.0.1) or the port number",
+        ),
+        (
+            &["--netns-file", "/proc/self/ns/net", "--snaplen", "10"],
+            "kstall: --snaplen \"10\": headers (the default: no payload), full, or a number of bytes from 64 to 262144",
+        ),
+        (
+            &["--netns-file", "/proc/self/ns/net", "--duration", "soon"],
+            "kstall: --duration: \"soon\" is not a duration like 500ms, 90s, 30m, 1h",
+        ),
+        (
+            &["--netns-file", "/run/netns/kstall-no-such-namespace"],
+            "kstall: --netns-file /run/netns/kstall-no-such-namespace: No such file or directory (os error 2)",
+        ),
+        (
+            &["--filter", "tcp"],
+            "kstall: the following required arguments were not provided: (see kstall --help)",
+        ),
+    ];
+    for (args, said) in cases {
+        let output = Command::new(agent_binary())
+            .args(["capture", "start", "--standalone"])
+            .args(args)
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .expect("kstall capture");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        if said.contains("required arguments") {
+            assert!(
+                stderr.starts_with("kstall: the following required arguments were not provided"),
+                "{stderr}"
+            );
+        } else {
+            assert_eq!(stderr.trim_end(), said, "{args:?}");
+        }
+        assert!(!out.exists(), "{args:?} wrote {}", out.display());
+    }
+}
