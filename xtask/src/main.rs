@@ -119,11 +119,15 @@ enum Command {
         secs: u64,
     },
     /// The agent's seccomp profile (deploy/seccomp/kstall.json) from the system calls it makes:
-    /// `record` (root) runs the kernel test suite with them recorded and merges them into
-    /// deploy/seccomp/syscalls.txt; `profile` writes the profile from that list.
+    /// `record` (root) runs the host kernel test suite and the kernel matrix's scenarios with them
+    /// recorded and merges them into deploy/seccomp/syscalls.txt; `profile` writes the profile
+    /// from that list.
     Seccomp {
         #[arg(value_enum)]
         action: SeccompAction,
+        /// What `record` runs.
+        #[arg(long, value_enum, default_value = "all")]
+        suites: seccomp::Suites,
     },
     /// A real Kubernetes 1.20 here (root), built once from Debian's packages and run in a network
     /// namespace with no route out: etcd, API server, controller manager, scheduler, containerd,
@@ -181,8 +185,8 @@ fn main() -> ExitCode {
         Command::Fuzz { secs, targets } => fuzz::run(secs, &targets),
         Command::Soak { healthy: false, pods, secs } => soak::run(pods, secs),
         Command::Soak { healthy: true, secs, .. } => soak::healthy(secs),
-        Command::Seccomp { action: SeccompAction::Record } => seccomp::record(),
-        Command::Seccomp { action: SeccompAction::Profile } => seccomp::profile(),
+        Command::Seccomp { action: SeccompAction::Record, suites } => seccomp::record(suites),
+        Command::Seccomp { action: SeccompAction::Profile, .. } => seccomp::profile(),
         Command::Cluster { action } => cluster::run(action),
         Command::VmTest { prepare_only: true, arch, .. } => vm::prepare(&arch.list()),
         Command::VmTest { kernels, arch, repeat, scenario, prepare_only: false } => {

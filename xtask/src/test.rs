@@ -166,7 +166,7 @@ fn matrix(env: &bootstrap::BuildEnv, arm64_guests: Option<Background>, repeat: u
     if let Some(arm64_guests) = arm64_guests {
         arm64_guests.wait()?;
         println!("==> the kernel matrix in VMs (cargo xtask vm-test; on arm64 a subset of the scenarios)");
-        vm::matrix(env, &[], &Arch::ALL, repeat, None, Some(vm::ARM64_CI_SCENARIOS))?;
+        vm::matrix(env, &[], &Arch::ALL, repeat, None, Some(vm::ARM64_CI_SCENARIOS), false)?;
         // The arm64 binary the guests ran, in the image's arm64 manifest.
         println!("==> the multi-arch image (cargo xtask image --arch all)");
         let image = image::build_image(&Arch::ALL)?;

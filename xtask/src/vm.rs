@@ -40,7 +40,7 @@ use crate::{
     libtest::{Failure, Results},
     lockup_module,
     repeat::Tally,
-    support,
+    seccomp, support,
 };
 
 mod guest;
@@ -175,7 +175,7 @@ pub fn run(kernels: &[String], arches: &[Arch], repeat: u32, scenario: Option<&s
         bail!("--scenario {bad:?}: a part of a test name (letters, digits, _)");
     }
     let env = bootstrap::run()?;
-    matrix(&env, kernels, arches, repeat, scenario, None)
+    matrix(&env, kernels, arches, repeat, scenario, None, false)
 }
 
 /// `--prepare-only`: what `arches`' guests run, built, and nothing booted.
@@ -247,6 +247,7 @@ pub fn matrix(
     repeat: u32,
     scenario: Option<&str>,
     arm64_subset: Option<&[&str]>,
+    record_syscalls: bool,
 ) -> anyhow::Result<()> {
     let vm_dir = build::workspace_root().join("target/vm");
     let vng = install(&vm_dir, arches)?;
@@ -282,7 +283,7 @@ pub fn matrix(
         let mut tested = Vec::new();
         let mut times_to_name = Vec::new();
         let mut benches = Vec::new();
-        let boots = boots(&selected, scenario, arm64_subset);
+        let boots = boots(&selected, scenario, arm64_subset, record_syscalls);
         let mut runs = boot_all(&boots, |b| {
             let guests = guests.iter().find(|g| g.arch == b.kernel.arch).expect("prepared");
             boot_and_check(&vng, &vm_dir, guests, b)
@@ -482,6 +483,8 @@ struct Boot<'a> {
     name: String,
     /// Where the guest finds the checkout: here, or under one of [`CHECKOUT_ELSEWHERE`].
     checkout_under: Option<&'static str>,
+    /// The agent's system calls counted in the guest ([`seccomp::RECORDER`]).
+    record_syscalls: bool,
 }
 
 /// Where people put a quick try of a project, and virtme-ng's init hides under a tmpfs in the
@@ -493,7 +496,12 @@ const CHECKOUT_ELSEWHERE: &[&str] = &["/tmp", "/var/tmp"];
 /// Each kernel's boots, a kernel's main one first: the main one runs every scenario `scenario`
 /// selects but the two-CPU ones (and checks the probes) — on arm64 only `arm64_subset`'s when
 /// given; a second, with two CPUs, those of [`TWO_CPU_SCENARIOS`] it selects.
-fn boots<'a>(kernels: &'a [Kernel], scenario: Option<&str>, arm64_subset: Option<&[&str]>) -> Vec<Boot<'a>> {
+fn boots<'a>(
+    kernels: &'a [Kernel],
+    scenario: Option<&str>,
+    arm64_subset: Option<&[&str]>,
+    record_syscalls: bool,
+) -> Vec<Boot<'a>> {
     let selected = |name: &str| scenario.is_none_or(|s| name.contains(s));
     let skipped: String = TWO_CPU_SCENARIOS.iter().map(|t| format!(" --skip {t}")).collect();
     let mut boots = Vec::new();
@@ -512,6 +520,7 @@ fn boots<'a>(kernels: &'a [Kernel], scenario: Option<&str>, arm64_subset: Option
             filter: filter.trim().to_string(),
             name: kernel.version.clone(),
             checkout_under: if kernel.arch.is_host() { elsewhere.next() } else { None },
+            record_syscalls,
         });
         // The soft-lockup test module is built for the amd64 kernels only.
         for test in TWO_CPU_SCENARIOS.iter().filter(|t| selected(t) && kernel.arch.is_host()) {
@@ -521,6 +530,7 @@ fn boots<'a>(kernels: &'a [Kernel], scenario: Option<&str>, arm64_subset: Option
                 filter: format!("{test} --exact"),
                 name: format!("{}.2cpus", kernel.version),
                 checkout_under: None,
+                record_syscalls,
             });
         }
     }
@@ -785,6 +795,7 @@ fn boot_and_check(vng: &Path, vm_dir: &Path, guests: &Guests, boot: &Boot) -> an
             scenarios: &guests.scenarios,
             timeout_secs: SCENARIOS_TIMEOUT_SECS,
             filter: &boot.filter,
+            syscall_recorder: boot.record_syscalls.then_some(seccomp::RECORDER),
         };
         let command = guest::prepare(&out, &checkout, &run)?;
         let vm = |dry_run: bool| -> anyhow::Result<Command> {
@@ -963,7 +974,7 @@ mod tests {
         };
         let kernels = [kernel("6.1.0-57-amd64"), kernel("7.3.4+deb13-amd64"), kernel("6.12.118+deb12-arm64")];
         let shown = |scenario| {
-            boots(&kernels, scenario, None)
+            boots(&kernels, scenario, None, false)
                 .iter()
                 .map(|b| format!("{} {} {}", b.name, b.cpus, b.filter))
                 .collect::<Vec<_>>()
@@ -980,7 +991,8 @@ mod tests {
             ],
             "the lockup module is built for amd64 kernels only"
         );
-        let under: Vec<Option<&str>> = boots(&kernels, None, None).iter().map(|b| b.checkout_under).collect();
+        let under: Vec<Option<&str>> =
+            boots(&kernels, None, None, false).iter().map(|b| b.checkout_under).collect();
         assert_eq!(
             under,
             [Some("/tmp"), None, Some("/var/tmp"), None, None],
@@ -995,7 +1007,7 @@ mod tests {
             ]
         );
         assert_eq!(shown(Some("soft_lockup"))[1], format!("6.1.0-57-amd64.2cpus 2 {lockup} --exact"));
-        let subset = boots(&kernels, None, Some(&["nfs_a", "oom_b"]));
+        let subset = boots(&kernels, None, Some(&["nfs_a", "oom_b"]), false);
         let filters: Vec<&str> = subset.iter().map(|b| b.filter.as_str()).collect();
         assert_eq!(filters[0], format!("--skip {lockup}"), "amd64 runs every scenario");
         assert_eq!(filters[4], "nfs_a oom_b --exact", "arm64 only the subset");

@@ -101,6 +101,10 @@ pub struct Run<'a> {
     pub timeout_secs: u32,
     /// The scenarios' filter, as libtest takes it.
     pub filter: &'a str,
+    /// A bpftrace script that counts the agent's system calls while the guest runs
+    /// (`cargo xtask seccomp record`); its counts end in `syscalls.bt`, the guest's machine in
+    /// `machine`.
+    pub syscall_recorder: Option<&'a str>,
 }
 
 /// Writes the guest's script and what it runs into `out` (this boot's output directory, shared
@@ -115,11 +119,15 @@ pub fn prepare(out: &Path, checkout: &Checkout, run: &Run) -> anyhow::Result<Str
         ("LOCKUP_MODULES", checkout.path(&vm_dir.join("lockup-module")).display().to_string()),
         ("TIMEOUT", run.timeout_secs.to_string()),
         ("FILTER", run.filter.to_string()),
+        ("RECORD_SYSCALLS", if run.syscall_recorder.is_some() { "1" } else { "" }.to_string()),
     ];
     let settings: String =
         settings.iter().map(|(name, value)| format!("{name}={}\n", quoted(value))).collect();
     std::fs::write(out.join("guest.env"), settings).context("write the guest's settings")?;
     std::fs::write(out.join("guest.sh"), SCRIPT).context("write the guest script")?;
+    if let Some(recorder) = run.syscall_recorder {
+        std::fs::write(out.join("recorder.bt"), recorder).context("write the system call recorder")?;
+    }
     Ok(command(&Path::new(OUT).join("guest.sh")))
 }
 
@@ -163,9 +171,15 @@ OUT=$(dirname "$0")
 for path in "$KSTALL" "$SCENARIOS" "$WORKSPACE"; do
     [ -e "$path" ] || { echo "kstall-vm: the guest cannot see $path"; exit 127; }
 done
+mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing
+# Recording: bpftrace runs this script again once its probes are attached (-c) and writes the
+# counts when that ends; if it cannot start, its error is on the console and no run is done.
+if [ -n "$RECORD_SYSCALLS" ] && [ -z "$KSTALL_RECORDING" ]; then
+    uname -m > "$OUT/machine"
+    KSTALL_RECORDING=1 exec bpftrace -q -o "$OUT/syscalls.bt" -c "/bin/bash $0" "$OUT/recorder.bt"
+fi
 exec > "$OUT/guest.log" 2>&1
 cut -d' ' -f1 /proc/uptime > "$OUT/boot_secs"
-mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing
 modprobe sunrpc; modprobe nfsv4; modprobe nf_conntrack
 SOCK=/tmp/kstall.sock
 "$KSTALL" agent --listen 127.0.0.1:9700 --api-socket "$SOCK" --log-format json > "$OUT/agent.log" 2>&1 &
@@ -210,7 +224,13 @@ mod tests {
         assert_eq!((code, unseen(&console)), (Some(127), vec![script.to_str().unwrap()]), "{console}");
 
         let kstall = out.path().join("not shared/kstall");
-        let run = Run { kstall: &kstall, scenarios: out.path(), timeout_secs: 1200, filter: "a_b --exact" };
+        let run = Run {
+            kstall: &kstall,
+            scenarios: out.path(),
+            timeout_secs: 1200,
+            filter: "a_b --exact",
+            syscall_recorder: None,
+        };
         prepare(out.path(), &Checkout::here(), &run).unwrap();
         let (code, console) = run_as_the_guest(out.path());
         assert_eq!((code, unseen(&console)), (Some(127), vec![kstall.to_str().unwrap()]), "{console}");
@@ -224,7 +244,13 @@ mod tests {
     fn the_guest_reads_its_settings_back_as_written() {
         let out = tempfile::tempdir().unwrap();
         let filter = "it's a --skip b";
-        let run = Run { kstall: out.path(), scenarios: out.path(), timeout_secs: 1200, filter };
+        let run = Run {
+            kstall: out.path(),
+            scenarios: out.path(),
+            timeout_secs: 1200,
+            filter,
+            syscall_recorder: None,
+        };
         prepare(out.path(), &Checkout::here(), &run).unwrap();
         let env = out.path().join("guest.env");
         let read = Command::new("bash")
