@@ -144,7 +144,7 @@ pub fn compile(filter: Option<&str>, link: Link, snap: Snaplen) -> Result<Progra
     };
     let insns = match snap {
         Snaplen::Headers if filter.is_none_or(|f| f.trim().is_empty()) => headers_tail(link),
-        Snaplen::Headers => with_tail(accepting, &headers_tail(link))?,
+        Snaplen::Headers => with_headers_tail(accepting, link)?,
         Snaplen::Bytes(n) => keep(accepting, n),
         Snaplen::Full => keep(accepting, Snaplen::FULL),
     };
@@ -186,7 +186,13 @@ fn keep(mut program: Vec<sock_filter>, n: u32) -> Vec<sock_filter> {
     program
 }
 
-/// Every accepting return of `program` becomes a jump to `tail`, appended after it.
+/// Every accepting return of libpcap's `program` becomes a jump to the headers-only tail of
+/// `link`, appended after it; the rejections stay. A program that returns a computed length is
+/// refused.
+pub fn with_headers_tail(program: Vec<sock_filter>, link: Link) -> Result<Vec<sock_filter>, FilterError> {
+    with_tail(program, &headers_tail(link))
+}
+
 fn with_tail(mut program: Vec<sock_filter>, tail: &[sock_filter]) -> Result<Vec<sock_filter>, FilterError> {
     if program.iter().any(|i| i.code == RET_A) {
         return Err(FilterError::ReturnsA);
