@@ -200,6 +200,30 @@ fn the_packet_cap_ends_the_capture_and_says_so() {
     assert!(comments.iter().all(|c| c.starts_with("cut: packet cap 3 reached after ")), "{comments:?}");
 }
 
+/// The byte cap ends the capture before a packet would take the files past it (the statistics
+/// blocks' room kept), and says so.
+#[test]
+fn the_byte_cap_ends_the_capture_under_it_and_says_so() {
+    if !kernel_tests_can_run("the_byte_cap_ends_the_capture_under_it_and_says_so") {
+        return;
+    }
+    let (pod, _server) = pod_and_server();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("capture");
+    let started = Instant::now();
+    let mut capture = capture(&pod, &["--duration", "60s", "--max-bytes", "64K"], &out);
+    // A SYN and its RST take about 240 bytes of file: 400 connects are past 64 KiB.
+    let nfs: SocketAddr = "10.0.0.1:2049".parse().unwrap();
+    pod.run_inside(move || refused_connects(nfs, 400));
+    let said = capture.ended(Duration::from_secs(10));
+    assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
+    assert!(said.contains("\ncut: byte cap 64 KiB reached after "), "{said}");
+    let size = std::fs::metadata(out.join("packets.pcapng")).unwrap().len();
+    assert!(size <= 64 << 10 && size > 60 << 10, "{size} bytes");
+    let (lines, _) = tcpdump(&out.join("packets.pcapng"));
+    assert!(lines.lines().count() > 400, "{}", lines.lines().count());
+}
+
 /// A bad filter, a name or a missing namespace: one line, exit 64, nothing written.
 #[test]
 fn bad_input_is_one_line_and_nothing_is_written() {

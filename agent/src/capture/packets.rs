@@ -541,6 +541,7 @@ pub fn size(bytes: u64) -> String {
         b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
         b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
         b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / f64::from(1 << 20)),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
         b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
         b => format!("{b} B"),
     }
@@ -556,6 +557,7 @@ mod tests {
         assert_eq!(thousands(12), "12");
         assert_eq!(size(64 << 20), "64 MiB");
         assert_eq!(size(1536), "1.5 KiB");
+        assert_eq!(size(64 << 10), "64 KiB");
         assert_eq!(size(100), "100 B");
     }
 }
