@@ -224,6 +224,29 @@ fn the_byte_cap_ends_the_capture_under_it_and_says_so() {
     assert!(lines.lines().count() > 400, "{}", lines.lines().count());
 }
 
+/// Ctrl-C (SIGINT) ends a capture at once, with its files whole and its sockets closed.
+#[test]
+fn an_interrupted_capture_ends_whole() {
+    if !kernel_tests_can_run("an_interrupted_capture_ends_whole") {
+        return;
+    }
+    let (pod, _server) = pod_and_server();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("capture");
+    let started = Instant::now();
+    let mut capture = capture(&pod, &["--duration", "60s"], &out);
+    let nfs: SocketAddr = "10.0.0.1:2049".parse().unwrap();
+    pod.run_inside(move || refused_connects(nfs, 1));
+    // SAFETY: a signal to the child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(capture.0.id() as i32, libc::SIGINT) }, 0);
+    let said = capture.ended(Duration::from_secs(5));
+    assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
+    assert!(said.contains("\ncut: stopped after "), "{said}");
+    assert_eq!(packet_sockets(&pod), 0, "a packet socket is left in the namespace");
+    let (lines, _) = tcpdump(&out.join("packets.pcapng"));
+    assert_eq!(lines.lines().count(), 2, "{lines}");
+}
+
 /// A bad filter, a name or a missing namespace: one line, exit 64, nothing written.
 #[test]
 fn bad_input_is_one_line_and_nothing_is_written() {

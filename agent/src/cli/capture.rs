@@ -157,6 +157,12 @@ fn create(path: &Path) -> Result<File, String> {
 }
 
 fn capture(dir: &Path, plan: Plan) -> Result<(), String> {
+    // Ctrl-C or SIGTERM from here on ends the capture with its files whole.
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
     let node = hostname();
     let describe = |name: &str| format!("{name}, netns {}, node {node}", plan.netns_inode);
     let taps = match packets::open(&plan.netns, plan.filter.as_deref(), plan.snap, &describe) {
@@ -194,11 +200,6 @@ fn capture(dir: &Path, plan: Plan) -> Result<(), String> {
     };
     let has_ether = taps.taps.iter().any(|t| t.link == Link::Ethernet);
     let skipped = taps.skipped.clone();
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-    }
     let mut outputs = Outputs { ether: has_ether.then_some(&mut ether), raw: raw.as_mut() };
     let report = packets::run(taps, &mut outputs, plan.bounds, &STOP)
         .map_err(|e| format!("writing the capture: {e}"))?;
