@@ -114,6 +114,9 @@ fn packets_show_the_syn_to_15001_and_the_rst_from_2049_and_no_socket_is_left() {
     let (pod, _server) = pod_and_server();
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("capture");
+    // A listener of the pod's, for sockets.txt: held by this process, bound in the namespace.
+    let listener = pod.run_inside(|| std::net::TcpListener::bind("10.0.0.2:0").expect("listen"));
+    let listening = listener.local_addr().unwrap();
     let started = Instant::now();
     let mut capture = capture(&pod, &["--duration", "4s"], &out);
     let nfs: SocketAddr = "10.0.0.1:2049".parse().unwrap();
@@ -162,6 +165,53 @@ fn packets_show_the_syn_to_15001_and_the_rst_from_2049_and_no_socket_is_left() {
     }
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600);
+
+    // The namespace's state beside the packets (the design's §0.3): the redirect's conntrack
+    // events, recorded for each connect the pcapng shows, link its 2049 to its 15001.
+    let read = |name: &str| {
+        let path = out.join(name);
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
+        assert_eq!(mode & 0o777, 0o600, "{name}");
+        std::fs::read_to_string(path).unwrap()
+    };
+    let conntrack = read("conntrack.txt");
+    let events = conntrack
+        .split_once("# events during the capture")
+        .and_then(|(_, rest)| rest.split_once("# at end"))
+        .map(|(events, _)| events)
+        .unwrap_or_else(|| panic!("no events section:\n{conntrack}"));
+    for port in &syns {
+        let orig = format!("src=10.0.0.2 dst=10.0.0.1 sport={port} dport=2049 ");
+        let reply = format!("src=127.0.0.1 dst=10.0.0.2 sport=15001 dport={port}");
+        for kind in ["[NEW]", "[DESTROY]"] {
+            assert!(
+                events.lines().any(|l| l.contains(kind) && l.contains(&orig) && l.contains(&reply)),
+                "no {kind} event with {orig}and {reply}:\n{conntrack}"
+            );
+        }
+    }
+    let rules = read("rules.txt");
+    assert!(
+        rules.lines().any(|l| l.contains("-p tcp")
+            && l.contains("--dport 2049")
+            && l.contains("-j REDIRECT --to-ports 15001")),
+        "{rules}"
+    );
+    let sockets = read("sockets.txt");
+    assert!(
+        sockets
+            .lines()
+            .any(|l| l.starts_with("tcp LISTEN ") && l.contains(&format!(" {listening} 0.0.0.0:* "))),
+        "{listening}:\n{sockets}"
+    );
+    drop(listener);
+    let addresses = read("addresses.txt");
+    assert!(addresses.lines().any(|l| l == "eth0 inet 10.0.0.2/24 scope global"), "{addresses}");
+    let routes = read("routes.txt");
+    assert!(
+        routes.lines().any(|l| l == "10.0.0.0/24 dev eth0 proto kernel scope link src 10.0.0.2 table main"),
+        "{routes}"
+    );
 }
 
 /// The packet cap ends the capture at once, long before its duration, and says so: on stdout

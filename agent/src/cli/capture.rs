@@ -1,6 +1,7 @@
 //! `kstall capture start --standalone`: the packets of a network namespace into
 //! `DIR/packets.pcapng` (and `DIR/packets-raw.pcapng` for bare-IP interfaces), in this process,
-//! as root — before the agent runs captures itself, and on nodes without an agent. Everything
+//! as root, with the namespace's conntrack entries and events, rules, sockets, addresses and
+//! routes beside it (`capture::net`) — before the agent runs captures itself, and on nodes without an agent. Everything
 //! is checked before anything is written; the one line of a bad input exits 64.
 
 use std::{
@@ -18,6 +19,7 @@ use super::{EXIT_RUNTIME, EXIT_USAGE};
 use crate::{
     capture::{
         filter::{Link, Snaplen},
+        net::{self, Recorder},
         packets::{self, Bounds, OpenError, Outputs, size, thousands},
         pcapng::{Section, Writer},
     },
@@ -117,8 +119,8 @@ fn validate(args: &StartArgs) -> Result<Plan, String> {
         return Err(format!("--netns-file {}: not a network namespace", args.netns_file.display()));
     }
     let netns_inode = netns.metadata().map(|m| m.ino()).unwrap_or(0);
-    let existing = ["packets.pcapng", "packets-raw.pcapng"].map(|f| args.output_dir.join(f));
-    if let Some(file) = existing.iter().find(|f| f.exists()) {
+    let existing = ["packets.pcapng", "packets-raw.pcapng"].iter().chain(net::FILES.iter());
+    if let Some(file) = existing.map(|f| args.output_dir.join(f)).find(|f| f.exists()) {
         return Err(format!("{} exists: a capture is never written over", file.display()));
     }
     Ok(Plan { netns, netns_inode, filter, snap, bounds: Bounds { duration, max_bytes, max_packets } })
@@ -165,6 +167,9 @@ fn capture(dir: &Path, plan: Plan) -> Result<(), String> {
     }
     let node = hostname();
     let describe = |name: &str| format!("{name}, netns {}, node {node}", plan.netns_inode);
+    // Conntrack events are listened to before a packet socket opens: a connection the capture
+    // sees has its events.
+    let recorder = Recorder::open(&plan.netns)?;
     let taps = match packets::open(&plan.netns, plan.filter.as_deref(), plan.snap, &describe) {
         Ok(taps) => taps,
         Err(OpenError::Filter(e)) => return Err(e.to_string()),
@@ -207,6 +212,7 @@ fn capture(dir: &Path, plan: Plan) -> Result<(), String> {
     if let Some(raw) = raw {
         raw.finish().map_err(|e| format!("packets-raw.pcapng: {e}"))?;
     }
+    recorder.finish(dir)?;
     let per: Vec<String> = report
         .interfaces
         .iter()
