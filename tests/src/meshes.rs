@@ -48,6 +48,16 @@ pub fn install_linkerd_skipping_nfs(netns: &NetNs) {
     }
 }
 
+/// What explain pod says of a pod under [`linkerd_skipping_nfs_commands`]' rules, read back from
+/// `backend` (`iptables-nft`, `iptables-legacy`).
+pub fn linkerd_skipping_nfs_summary(backend: &str) -> String {
+    format!(
+        "not redirected — 2049, 111, 20048 excluded by -A PROXY_INIT_OUTPUT -p tcp -m multiport --dports \
+         2049,111,20048 -m comment --comment \"proxy-init/ignore-port-2049,111,20048\" -j RETURN ({backend} nat \
+         PROXY_INIT_OUTPUT rule 3)"
+    )
+}
+
 /// The rules of [`install_linkerd_skipping_nfs`], each as `iptables` arguments.
 pub fn linkerd_skipping_nfs_commands() -> Vec<Vec<String>> {
     file_commands("linkerd-proxy-init/skip-outbound-ports.rules")

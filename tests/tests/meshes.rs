@@ -17,7 +17,7 @@ use kstall_tests::{
     cgroup::{Cgroup, PodProcess},
     host::wait_for,
     kernel_tests_can_run,
-    meshes::{MeshRules, install_linkerd_skipping_nfs, mark},
+    meshes::{MeshRules, install_linkerd_skipping_nfs, linkerd_skipping_nfs_summary, mark},
     netns::{NetNs, NfsReconnects},
 };
 use serde_json::{Value, json};
@@ -201,15 +201,7 @@ fn explain_pod_says_from_the_pods_own_rules_whether_its_nfs_is_redirected() {
 
     let x = read(LINKERD.1, &linkerd_ns);
     assert_eq!((&x["mesh"], &x["redirected"]), (&json!(["linkerd"]), &json!(false)), "{x:#}");
-    assert_eq!(
-        x["summary"],
-        format!(
-            "not redirected — 2049, 111, 20048 excluded by -A PROXY_INIT_OUTPUT -p tcp -m multiport --dports \
-             2049,111,20048 -m comment --comment \"proxy-init/ignore-port-2049,111,20048\" -j RETURN ({backend} nat \
-             PROXY_INIT_OUTPUT rule 3)"
-        ),
-        "{x:#}"
-    );
+    assert_eq!(x["summary"], linkerd_skipping_nfs_summary(backend), "{x:#}");
     assert!(explain(LINKERD.1, "text").contains("MESH  linkerd\n  NFS through the mesh: not redirected — "));
 
     // The kernel agrees: ambient's connect goes to 15001 (nothing there: refused), Linkerd's

@@ -15,7 +15,7 @@ use kstall_tests::{
     cluster::{Cluster, POD_READY_WITHIN, is_ready},
     deploy::deploy_dir,
     host::wait_for,
-    meshes::MeshRules,
+    meshes::{MeshRules, linkerd_skipping_nfs_summary},
 };
 use serde_json::{Value, json};
 
@@ -107,15 +107,7 @@ fn explain_pod_reads_a_meshed_pods_own_rules_only_with_the_pod_rules_opt_in() {
 
     let x = explained(&cluster, &opted, &linkerd);
     assert_eq!((&x["mesh"], &x["redirected"]), (&json!(["linkerd"]), &json!(false)), "{x:#}");
-    assert_eq!(
-        x["summary"],
-        format!(
-            "not redirected — 2049, 111, 20048 excluded by -A PROXY_INIT_OUTPUT -p tcp -m multiport --dports \
-             2049,111,20048 -m comment --comment \"proxy-init/ignore-port-2049,111,20048\" -j RETURN ({BACKEND} nat \
-             PROXY_INIT_OUTPUT rule 3)"
-        ),
-        "{x:#}"
-    );
+    assert_eq!(x["summary"], linkerd_skipping_nfs_summary(BACKEND), "{x:#}");
     let text = explain(&cluster, &opted, &linkerd, "text");
     assert!(text.contains("MESH  linkerd\n  NFS through the mesh: not redirected — "), "{text}");
 
