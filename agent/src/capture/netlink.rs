@@ -129,7 +129,9 @@ pub fn messages(buf: &[u8]) -> impl Iterator<Item = Result<Message<'_>, NlError>
 /// The errno of an `NLMSG_ERROR` payload (0: an acknowledgement).
 pub fn error_of(payload: &[u8]) -> Result<i32, NlError> {
     let bytes = payload.get(0..4).ok_or(NlError::Malformed("an error message without its errno"))?;
-    Ok(-i32::from_ne_bytes(bytes.try_into().unwrap()))
+    i32::from_ne_bytes(bytes.try_into().unwrap())
+        .checked_neg()
+        .ok_or(NlError::Malformed("an errno out of range"))
 }
 
 /// The attributes of `buf`: (type with the nested and byte-order flags masked, value).
@@ -304,5 +306,7 @@ pub mod tests {
         let message = messages(&buf).next().unwrap().unwrap();
         assert_eq!(message.kind, NLMSG_ERROR);
         assert_eq!(error_of(message.payload).unwrap(), libc::EPERM);
+        // Found by the fuzz target netlink_dump: i32::MIN has no negation.
+        assert!(matches!(error_of(&i32::MIN.to_ne_bytes()), Err(NlError::Malformed(_))));
     }
 }
