@@ -57,6 +57,9 @@ pub fn extracted(arch: Arch) -> anyhow::Result<PathBuf> {
     let making = root.with_extension("new");
     let _ = std::fs::remove_dir_all(&making);
     let _ = std::fs::remove_dir_all(&root);
+    // mmdebstrap makes its target but not the directories above it (a clean checkout has no
+    // target/image yet: "unable to get absolute path of target directory").
+    std::fs::create_dir_all(making.parent().expect("target/image")).context("create target/image")?;
     bootstrap::run_step(
         Command::new("mmdebstrap")
             .args(["--variant=extract", "--mode=root", "--quiet"])
