@@ -684,11 +684,18 @@ fn refused(
     move || {
         let to = SocketAddr::from((service, REFUSING_PORT));
         while !stop.load(Ordering::Relaxed) {
-            if let Ok(mut c) = TcpStream::connect_timeout(&to, Duration::from_secs(1)) {
-                c.set_read_timeout(Some(Duration::from_secs(2))).ok();
-                if c.read(&mut [0u8; 1]).is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset) {
-                    refused.fetch_add(1, Ordering::Relaxed);
+            let is_reset = |e: &std::io::Error| e.kind() == std::io::ErrorKind::ConnectionReset;
+            // The server's RST can land before this thread wakes from the connect's poll: then
+            // the connect itself reports the reset (SO_ERROR), not the read.
+            let reset = match TcpStream::connect_timeout(&to, Duration::from_secs(1)) {
+                Ok(mut c) => {
+                    c.set_read_timeout(Some(Duration::from_secs(2))).ok();
+                    c.read(&mut [0u8; 1]).is_err_and(|e| is_reset(&e))
                 }
+                Err(e) => is_reset(&e),
+            };
+            if reset {
+                refused.fetch_add(1, Ordering::Relaxed);
             }
             thread::sleep(Duration::from_millis(250));
         }
