@@ -112,8 +112,9 @@ const KUBELET_DEFAULTS: &str = "vers=4.1,hard,proto=tcp";
 /// reconnects well inside it).
 const BEFORE_RESTART: Duration = Duration::from_secs(15);
 const AFTER_RESTART: Duration = Duration::from_secs(45);
-/// nfsd stays down until every client was refused, as `systemctl restart nfs-server` takes a few
-/// seconds; each writes once a second, so this is a bound, never waited out.
+/// nfsd stays down until every client was cut off (refused, or reconnecting through the sidecar),
+/// as `systemctl restart nfs-server` takes a few seconds; each writes once a second, so this is a
+/// bound, never waited out.
 const REFUSED_WITHIN: Duration = Duration::from_secs(20);
 /// A healthy write waits out the restart and the grace period, never longer.
 const REWRITE_WITHIN: Duration = Duration::from_secs(40);
@@ -122,9 +123,11 @@ const REWRITE_WITHIN: Duration = Duration::from_secs(40);
 /// — one mounted in its own namespace, one through a live sidecar (the redirect of incident 1,
 /// with its proxy relaying to the server), one volume mounted from the node — with the kubelet's
 /// default mount options; in the middle, the server restarts as in a failover, down until every
-/// client was refused (a second or two: each pod writes on its own, as apps do). Every client loses
-/// its connection, is refused while nfsd is down, reconnects and reclaims its state in the grace
-/// period; the writes wait a few seconds and go on. That is no incident: nothing may fire, and a
+/// client was cut off (a second or two: each pod writes on its own, as apps do). Every client loses
+/// its connection, is refused while nfsd is down (or, through the sidecar, closed on), reconnects
+/// and reclaims its state in the grace period; the writes wait a few seconds and go on (on 7.3,
+/// whose nfsd tracks clients only through nfsdcld, which the VM does not run, the writes wait out
+/// the 10 s grace period: about 16 s, still half the stuck-task threshold). That is no incident: nothing may fire, and a
 /// failure names what fired and the NFS events of the run.
 #[test]
 #[ignore = "runs inside the kernel-matrix VMs: cargo xtask vm-test"]
@@ -148,7 +151,7 @@ fn a_healthy_nfs_node_rides_out_a_server_restart_in_grace_without_an_incident() 
     ];
     let recovery = StateRecoveryTrace::start();
     let stop = AtomicBool::new(false);
-    let (rewrites, longest, after, refused, answered) = std::thread::scope(|scope| {
+    let (rewrites, longest, down, after, refused, answered) = std::thread::scope(|scope| {
         // Set also when an assertion below unwinds: the scope then waits for the writers.
         let _stop = StopOnDrop(&stop);
         // Each pod writes on its own, as apps do: one waiting out the restart holds up no other.
@@ -158,13 +161,23 @@ fn a_healthy_nfs_node_rides_out_a_server_restart_in_grace_without_an_incident() 
         std::thread::sleep(BEFORE_RESTART);
         let restarted_at = unix_now_ns();
         nfs::stop_nfsd();
-        let everyone_refused = |events: &[Value]| {
+        // Through the live sidecar the client is not refused: the proxy accepts, fails upstream
+        // and closes, and the client reconnects. Whether the proxy's own write then breaks (an
+        // error kstall sees) is the proxy's race, so that pod's sign is its reconnect; waiting on
+        // the proxy's error kept nfsd down for up to 19 s, past the 10 s lease.
+        let everyone_cut_off = |events: &[Value]| {
             let after = nfs_events_since(events, restarted_at);
-            let refused = |pod: &str| after.iter().any(|e| connection_failed(e) && text(&e["pod"]) == pod);
-            [local.name.as_str(), meshed.name.as_str(), ""].into_iter().all(refused).then_some(())
+            let seen =
+                |pod: &str, sign: fn(&Value) -> bool| after.iter().any(|e| sign(e) && text(&e["pod"]) == pod);
+            let reconnecting = |e: &Value| e["what"] == "socket_connect";
+            (seen(&local.name, connection_failed)
+                && seen("", connection_failed)
+                && seen(&meshed.name, reconnecting))
+            .then_some(())
         };
-        let refused = events.wait_until(REFUSED_WITHIN, everyone_refused).is_some();
+        let refused = events.wait_until(REFUSED_WITHIN, everyone_cut_off).is_some();
         nfs::start_nfsd();
+        let down = Duration::from_nanos(unix_now_ns() - restarted_at);
         std::thread::sleep(AFTER_RESTART);
         // Every refused client is answered once its writes go through again, long before now: at
         // the latest, its answer is one interval of the agent away.
@@ -176,17 +189,17 @@ fn a_healthy_nfs_node_rides_out_a_server_restart_in_grace_without_an_incident() 
         };
         let answered = events.wait_until(COUNTED_WITHIN, everyone_answered).is_some();
         stop.store(true, Ordering::Relaxed);
-        let (mut rewrites, mut longest) = (0, Duration::ZERO);
+        let (mut rewrites, mut longest) = (0, vec![]);
         for w in writing {
             let (n, l) = w.join().expect("a writer");
             rewrites += n;
-            longest = longest.max(l);
+            longest.push(format!("{:.1} s", l.as_secs_f64()));
         }
         let after = nfs_events_since(&events.collect(|_| true, usize::MAX, Duration::ZERO), restarted_at);
-        (rewrites, longest, after, refused, answered)
+        (rewrites, longest, down, after, refused, answered)
     });
     let by_what = by_what(&after);
-    assert!(refused, "not every client was refused while nfsd was down: kstall saw {by_what:#?}");
+    assert!(refused, "kstall saw not every client cut off while nfsd was down: {by_what:#?}");
     assert!(answered, "kstall saw a refused client never answered again: {by_what:#?}");
     let incidents = agent.incidents();
     assert!(
@@ -205,10 +218,12 @@ fn a_healthy_nfs_node_rides_out_a_server_restart_in_grace_without_an_incident() 
     }
     println!(
         "vm-scenario healthy-nfs: server {} restarted in grace under three pods' writes (own namespace, through a \
-         live sidecar, from the node; kubelet's default options): {rewrites} rewrites with fsync, the longest \
-         {:.1} s; the clients recovered ({recovered:?}); kstall saw {by_what:?} after the restart; no incident",
+         live sidecar, from the node; kubelet's default options), down {:.1} s: {rewrites} rewrites with fsync, \
+         the longest of each pod {}; the clients recovered ({recovered:?}); kstall saw {by_what:?} after the \
+         restart; no incident",
         nfs::SERVER,
-        longest.as_secs_f64(),
+        down.as_secs_f64(),
+        longest.join(", "),
     );
 }
 
