@@ -38,7 +38,8 @@ pub fn read(path: &Path, max_bytes: u64) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-fn regular(path: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
+/// Whether `meta` (of `path`) is a regular file; if not, the one line saying what it is.
+pub fn regular(path: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
     let kind = meta.file_type();
     if kind.is_file() {
         return Ok(());

@@ -4,14 +4,81 @@
 //! headers-only tail, `pcapng.rs` writes the file, `packets.rs` opens a socket per interface
 //! inside the namespace and reads them; `net.rs` records the namespace's conntrack entries and
 //! events (`ct.rs`), rules (`rules.rs`), sockets (`sockets.rs`), addresses and routes
-//! (`rtnl.rs`), over `netlink.rs`.
+//! (`rtnl.rs`), over `netlink.rs`. Beside the namespace, its processes' side: `nfs.rs` (their
+//! NFS mounts and the client's counters, per mount and network namespace) and `tasks.rs` (their
+//! tasks in D state, with the kernel's stacks), every `/proc` file read through `bounded.rs`, which
+//! gives up on a read after a second: nothing under a mount point is ever opened or `stat`ed.
 
+use std::{
+    io::Write as _,
+    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
+    path::Path,
+};
+
+pub mod bounded;
 pub mod ct;
 pub mod filter;
 pub mod net;
 pub mod netlink;
+pub mod nfs;
 pub mod packets;
 pub mod pcapng;
 pub mod rtnl;
 mod rules;
 pub mod sockets;
+pub mod tasks;
+
+/// One file a capture wrote (or tried to) into its staging directory: what the bundle's manifest
+/// says about it beside its size and digest.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FileNote {
+    /// Relative to the capture's directory, `/`-separated: `nfs/mountstats-4026531841.txt`.
+    pub path: String,
+    /// One line: what the file holds.
+    pub what: String,
+    pub status: FileStatus,
+    /// Why it is partial, failed or skipped, in one line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileStatus {
+    /// Everything it should hold.
+    Complete,
+    /// Some of it: a read timed out or was refused, a cap cut it (the error says which).
+    Partial,
+    /// Nothing could be read; the file says why in one line.
+    Failed,
+    /// Not made, on purpose (nothing to read: no NFS mount, conntrack not loaded).
+    Skipped,
+}
+
+/// Writes `bytes` to `dir/rel` (`rel` `/`-separated): its directories made 0700 if missing, the
+/// file 0600 and never over an existing one.
+fn write_new(dir: &Path, rel: &str, bytes: &[u8]) -> Result<(), String> {
+    let path = dir.join(rel);
+    if let Some(parent) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| f.write_all(bytes))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The inode of a namespace link (`/proc/<pid>/ns/mnt` reads `mnt:[4026531841]`), by `readlink`
+/// only: nothing is opened.
+pub fn namespace_of(link: &Path) -> Option<u64> {
+    let target = std::fs::read_link(link).ok()?;
+    let target = target.to_str()?;
+    target.split_once(":[")?.1.strip_suffix(']')?.parse().ok()
+}
