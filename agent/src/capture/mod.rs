@@ -8,6 +8,9 @@
 //! NFS mounts and the client's counters, per mount and network namespace) and `tasks.rs` (their
 //! tasks in D state, with the kernel's stacks), every `/proc` file read through `bounded.rs`, which
 //! gives up on a read after a second: nothing under a mount point is ever opened or `stat`ed.
+//! `bundle.rs` packs a capture's files with a manifest and a README into one `.tar.gz`;
+//! `store.rs` keeps the bundles under `<state>/captures/`: staging, retention (count, disk budget,
+//! the filesystem's last 5%), ids, summaries.
 
 use std::{
     io::Write as _,
@@ -16,6 +19,7 @@ use std::{
 };
 
 pub mod bounded;
+pub mod bundle;
 pub mod ct;
 pub mod filter;
 pub mod net;
@@ -26,6 +30,7 @@ pub mod pcapng;
 pub mod rtnl;
 mod rules;
 pub mod sockets;
+pub mod store;
 pub mod tasks;
 
 /// One file a capture wrote (or tried to) into its staging directory: what the bundle's manifest
