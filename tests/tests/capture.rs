@@ -17,6 +17,7 @@ use kstall_tests::{
     host::wait_for,
     kernel_tests_can_run,
     netns::{NetNs, refused_connects},
+    writeback::FreezableDisk,
 };
 use pcap_file::pcapng::{
     Block, PcapNgReader,
@@ -297,7 +298,84 @@ fn an_interrupted_capture_ends_whole() {
     assert_eq!(lines.lines().count(), 2, "{lines}");
 }
 
-/// A bad filter, a name or a missing namespace: one line, exit 64, nothing written.
+/// A writer in the pod's namespace stuck in writeback, frozen on the disk under it.
+struct StuckWriter<'a> {
+    disk: &'a FreezableDisk,
+    child: Child,
+}
+
+impl Drop for StuckWriter<'_> {
+    fn drop(&mut self) {
+        // Its I/O must end before it can: thaw first.
+        self.disk.thaw();
+        let _ = self.child.wait();
+    }
+}
+
+/// A process of the pod's namespace in a real D-state wait (an fsync on a frozen disk) is in
+/// `tasks/stuck.txt` with its tid and its kernel stack; the host has no NFS mount, so `nfs/` has
+/// nothing, and the capture says how many processes it found.
+#[test]
+fn a_stuck_writer_in_the_namespace_is_in_the_tasks_file_with_its_stack() {
+    if !kernel_tests_can_run("a_stuck_writer_in_the_namespace_is_in_the_tasks_file_with_its_stack") {
+        return;
+    }
+    let (pod, _server) = pod_and_server();
+    let disk = FreezableDisk::new("capture");
+    disk.freeze();
+    let target = disk.mount_point().join("capture-writer");
+    // `ip netns exec` becomes dd: its pid is the writer's, in the pod's network namespace.
+    let child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &pod.name,
+            "dd",
+            "if=/dev/zero",
+            "bs=1M",
+            "count=8",
+            "conv=fsync",
+            "status=none",
+        ])
+        .arg(format!("of={}", target.display()))
+        .spawn()
+        .expect("start dd");
+    let writer = StuckWriter { disk: &disk, child };
+    let pid = writer.child.id();
+    let in_d = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('D')).then_some(())
+    };
+    wait_for(Duration::from_secs(10), in_d).unwrap_or_else(|| panic!("dd ({pid}) never waited in D state"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("capture");
+    let said = capture(&pod, &["--duration", "1s"], &out).ended(Duration::from_secs(15));
+    println!("{said}");
+    let stuck = std::fs::read_to_string(out.join("tasks/stuck.txt")).expect("tasks/stuck.txt");
+    let mut lines =
+        stuck.lines().skip_while(|l| !l.starts_with(&format!("pid {pid} tid {pid} comm \"dd\" state D ")));
+    assert!(lines.next().is_some(), "no line for dd ({pid}):\n{stuck}");
+    let frames: Vec<&str> = lines.take_while(|l| l.starts_with("    ")).collect();
+    assert!(
+        frames.iter().any(|f| f.contains("folio_wait") || f.contains("writeback")),
+        "no writeback wait in dd's stack:\n{stuck}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("tasks/stuck.json")).unwrap()).expect("stuck.json");
+    assert!(json["tasks"].as_array().unwrap().iter().any(|t| t["tid"] == pid), "{json}");
+    assert!(said.contains(" NFS mounts, "), "{said}");
+    let processes: usize = said
+        .lines()
+        .find_map(|l| l.split_once(" processes, ")?.0.parse().ok())
+        .unwrap_or_else(|| panic!("no processes line:\n{said}"));
+    assert!(processes >= 1, "{said}");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(out.join("tasks")).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o700);
+    drop(writer);
+}
+
+/// A bad filter, a name, a missing namespace or process: one line, exit 64, nothing written.
 #[test]
 fn bad_input_is_one_line_and_nothing_is_written() {
     if !agent_binary().exists() {
@@ -312,7 +390,7 @@ fn bad_input_is_one_line_and_nothing_is_written() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("capture");
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (
             &["--netns-file", "/proc/self/ns/uts"],
             "kstall: --netns-file /proc/self/ns/uts: not a network namespace",
@@ -333,6 +411,10 @@ fn bad_input_is_one_line_and_nothing_is_written() {
         (
             &["--netns-file", "/run/netns/kstall-no-such-namespace"],
             "kstall: --netns-file /run/netns/kstall-no-such-namespace: No such file or directory (os error 2)",
+        ),
+        (
+            &["--netns-file", "/proc/self/ns/net", "--pid", "4294967295"],
+            "kstall: --pid 4294967295: no such process",
         ),
         (
             &["--filter", "tcp"],

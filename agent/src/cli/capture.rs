@@ -1,8 +1,10 @@
 //! `kstall capture start --standalone`: the packets of a network namespace into
 //! `DIR/packets.pcapng` (and `DIR/packets-raw.pcapng` for bare-IP interfaces), in this process,
 //! as root, with the namespace's conntrack entries and events, rules, sockets, addresses and
-//! routes beside it (`capture::net`) — before the agent runs captures itself, and on nodes without an agent. Everything
-//! is checked before anything is written; the one line of a bad input exits 64.
+//! routes beside it (`capture::net`) — before the agent runs captures itself, and on nodes without an agent. Once the
+//! packets end, the namespace's processes (and those `--pid` names) give the NFS side
+//! (`DIR/nfs/`) and their tasks in D state (`DIR/tasks/`). Everything is checked before anything
+//! is written; the one line of a bad input exits 64.
 
 use std::{
     fs::File,
@@ -18,10 +20,14 @@ use std::{
 use super::{EXIT_RUNTIME, EXIT_USAGE};
 use crate::{
     capture::{
+        FileStatus, bounded,
         filter::{Link, Snaplen},
+        namespace_of,
         net::{self, Recorder},
+        nfs,
         packets::{self, Bounds, OpenError, Outputs, size, thousands},
         pcapng::{Section, Writer},
+        tasks,
     },
     kernel, setting,
 };
@@ -67,6 +73,10 @@ pub struct StartArgs {
     /// Stop after this many packets [default: 1000000].
     #[arg(long, value_name = "N")]
     pub max_packets: Option<u64>,
+    /// A process of the pod besides those in the namespace (one whose NFS mounts or stuck tasks
+    /// matter but which runs in another network namespace); repeatable.
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
     /// The directory the files go to (made if missing, 0700; files 0600; never overwritten).
     #[arg(short = 'o', long = "output-dir", value_name = "DIR")]
     pub output_dir: PathBuf,
@@ -85,6 +95,7 @@ struct Plan {
     filter: Option<String>,
     snap: Snaplen,
     bounds: Bounds,
+    pids: Vec<u32>,
 }
 
 fn validate(args: &StartArgs) -> Result<Plan, String> {
@@ -119,11 +130,15 @@ fn validate(args: &StartArgs) -> Result<Plan, String> {
         return Err(format!("--netns-file {}: not a network namespace", args.netns_file.display()));
     }
     let netns_inode = netns.metadata().map(|m| m.ino()).unwrap_or(0);
-    let existing = ["packets.pcapng", "packets-raw.pcapng"].iter().chain(net::FILES.iter());
+    if let Some(pid) = args.pids.iter().find(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+        return Err(format!("--pid {pid}: no such process"));
+    }
+    let existing = ["packets.pcapng", "packets-raw.pcapng", "nfs", "tasks"].iter().chain(net::FILES.iter());
     if let Some(file) = existing.map(|f| args.output_dir.join(f)).find(|f| f.exists()) {
         return Err(format!("{} exists: a capture is never written over", file.display()));
     }
-    Ok(Plan { netns, netns_inode, filter, snap, bounds: Bounds { duration, max_bytes, max_packets } })
+    let bounds = Bounds { duration, max_bytes, max_packets };
+    Ok(Plan { netns, netns_inode, filter, snap, bounds, pids: args.pids.clone() })
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -240,7 +255,47 @@ fn capture(dir: &Path, plan: Plan) -> Result<(), String> {
     for s in skipped {
         println!("not captured: {s}");
     }
+    // After the packets: what is stuck at the end is what the capture was for.
+    let proc = Path::new("/proc");
+    let pids = processes(proc, plan.netns_inode, &plan.pids);
+    let nfs = nfs::collect(proc, &pids, dir)?;
+    let stuck = tasks::collect(proc, &pids, dir)?;
+    let failed = nfs.notes.iter().chain(&stuck.notes).filter(|n| n.status == FileStatus::Failed).count();
+    let mut also = String::new();
+    if nfs.notes.iter().any(|n| n.status != FileStatus::Skipped) {
+        also.push_str(&format!(", {}", dir.join("nfs").display()));
+    }
+    if failed > 0 {
+        also.push_str(&format!("; {failed} files could not be read"));
+    }
+    if bounded::abandoned() > 0 {
+        let after = nfs::WITHIN.as_secs();
+        also.push_str(&format!("; {} /proc reads abandoned after {after} s", bounded::abandoned()));
+    }
+    println!(
+        "{} processes, {} NFS mounts, {} stuck tasks: {}{also}",
+        pids.len(),
+        nfs.mounts,
+        stuck.stuck,
+        dir.join("tasks/stuck.txt").display()
+    );
     Ok(())
+}
+
+/// The pod's processes: every process in the network namespace `netns` (by the `readlink` of
+/// its `ns/net`, nothing opened), and `extra`; in order, each once.
+fn processes(proc: &Path, netns: u64, extra: &[u32]) -> Vec<u32> {
+    let mut pids: Vec<u32> = std::fs::read_dir(proc)
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .filter(|pid| namespace_of(&proc.join(format!("{pid}/ns/net"))) == Some(netns))
+                .collect()
+        })
+        .unwrap_or_default();
+    pids.extend_from_slice(extra);
+    pids.sort_unstable();
+    pids.dedup();
+    pids
 }
 
 fn hostname() -> String {
