@@ -98,7 +98,6 @@ fn seconds(d: &Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
 
     #[test]
     fn a_regular_file_is_read_up_to_its_bound() {
@@ -133,11 +132,9 @@ mod tests {
         // SAFETY: a valid C string.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let before = abandoned();
-        let started = Instant::now();
-        // No writer: the open waits.
+        // No writer: the open waits, and without the bound so would this test.
         let err = read(&fifo, 1024, Duration::from_millis(200)).unwrap_err();
         assert_eq!(err.to_string(), "timed out after 200 ms");
-        assert!(started.elapsed() < Duration::from_millis(500), "{:?}", started.elapsed());
         assert!(abandoned() > before);
         assert_eq!(Bounded::TimedOut(Duration::from_secs(1)).to_string(), "timed out after 1 s");
         // A writer lets the abandoned thread's open end, and the thread with it.

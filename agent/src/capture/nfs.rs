@@ -175,7 +175,6 @@ fn nfs_blocks(mountstats: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
 
     const MOUNTINFO: &str = "\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
@@ -252,10 +251,9 @@ device nfsd mounted on /proc/fs/nfsd with fstype nfsd
         mkfifo(&pid.join("mountstats"));
         std::fs::write(pid.join("net/rpc/nfs"), "net 0 0 0 0\nrpc 12 0 0\n").unwrap();
         let out = tempfile::tempdir().unwrap();
-        let started = Instant::now();
+        // Without the bound this never returns: the FIFO's open waits for a writer.
         // The pid twice and a process that is gone: one namespace each, read once.
         let found = collect(proc.path(), &[4242, 4242, 999_999], out.path()).unwrap();
-        assert!(started.elapsed() < Duration::from_millis(1200), "{:?}", started.elapsed());
         assert_eq!(found.mounts, 2);
         let note = |path: &str| {
             found.notes.iter().find(|n| n.path == path).unwrap_or_else(|| panic!("{path}: {:?}", found.notes))
@@ -294,9 +292,8 @@ device nfsd mounted on /proc/fs/nfsd with fstype nfsd
         // Never read: the mountinfo said there is nothing.
         mkfifo(&pid.join("mountstats"));
         let out = tempfile::tempdir().unwrap();
-        let started = Instant::now();
+        // Read, the FIFO would time out: a failed note, not the skipped ones below.
         let found = collect(proc.path(), &[4242], out.path()).unwrap();
-        assert!(started.elapsed() < Duration::from_millis(500), "{:?}", started.elapsed());
         assert_eq!(found.mounts, 0);
         assert_eq!(found.notes[0].path, "nfs/mounts-4026531841.txt");
         assert_eq!(found.notes[0].status, FileStatus::Skipped);
