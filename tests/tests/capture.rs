@@ -7,7 +7,7 @@
 use std::{
     collections::BTreeSet,
     net::SocketAddr,
-    path::Path,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -107,6 +107,58 @@ impl Capture {
     }
 }
 
+/// The capture's one bundle in `out`, unpacked there once `tar tvzf` shows every file 0600 and
+/// every directory 0700; every file in it is in the manifest with its size and sha256 (and the
+/// manifest lists nothing that is not there but skipped files). Its top directory.
+fn unpacked(out: &Path) -> PathBuf {
+    let bundles: Vec<PathBuf> = std::fs::read_dir(out)
+        .expect("the output dir")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".tar.gz"))
+        .collect();
+    assert_eq!(bundles.len(), 1, "{bundles:?}");
+    let bundle = &bundles[0];
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(bundle).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "{}", bundle.display());
+    let listing = Command::new("tar").arg("tvzf").arg(bundle).output().expect("tar");
+    assert!(listing.status.success(), "tar tvzf: {}", String::from_utf8_lossy(&listing.stderr));
+    let listing = String::from_utf8_lossy(&listing.stdout).into_owned();
+    for line in listing.lines() {
+        assert!(line.starts_with("-rw------- 0/0 ") || line.starts_with("drwx------ 0/0 "), "{listing}");
+    }
+    assert!(
+        listing.lines().next().is_some_and(|l| l.ends_with("/manifest.json")),
+        "manifest first:\n{listing}"
+    );
+    let untar = Command::new("tar").arg("xzf").arg(bundle).arg("-C").arg(out).status().expect("tar");
+    assert!(untar.success());
+    let id = bundle.file_name().unwrap().to_string_lossy().trim_end_matches(".tar.gz").to_string();
+    let top = out.join(format!("kstall-capture-{id}"));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(top.join("manifest.json")).unwrap()).expect("manifest.json");
+    assert_eq!(manifest["schema"], "kstall.capture/v1");
+    assert_eq!(manifest["id"], id.as_str());
+    let mut listed = BTreeSet::new();
+    for file in manifest["files"].as_array().expect("files") {
+        let path = file["path"].as_str().unwrap();
+        if file["status"] == "skipped" {
+            assert!(!top.join(path).exists(), "{file}");
+            continue;
+        }
+        let bytes = std::fs::read(top.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(file["bytes"], bytes.len() as u64, "{file}");
+        let sum = Command::new("sha256sum").arg(top.join(path)).output().expect("sha256sum");
+        let sum = String::from_utf8_lossy(&sum.stdout);
+        assert_eq!(file["sha256"].as_str(), sum.split_whitespace().next(), "{file}");
+        listed.insert(path.to_string());
+    }
+    for line in listing.lines().filter(|l| l.starts_with('-')) {
+        let path = line.split_once(&format!("kstall-capture-{id}/")).unwrap().1;
+        assert!(path == "manifest.json" || listed.contains(path), "{path} is not in the manifest");
+    }
+    top
+}
+
 #[test]
 fn packets_show_the_syn_to_15001_and_the_rst_from_2049_and_no_socket_is_left() {
     if !kernel_tests_can_run("packets_show_the_syn_to_15001_and_the_rst_from_2049_and_no_socket_is_left") {
@@ -125,9 +177,10 @@ fn packets_show_the_syn_to_15001_and_the_rst_from_2049_and_no_socket_is_left() {
     assert!(started.elapsed() < Duration::from_secs(3), "the connects ran past the capture's duration");
     let said = capture.ended(Duration::from_secs(10));
     assert!(!said.contains("cut:"), "{said}");
+    let bundle = unpacked(&out);
     assert_eq!(packet_sockets(&pod), 0, "a packet socket is left in the namespace");
 
-    let file = out.join("packets.pcapng");
+    let file = bundle.join("packets.pcapng");
     let (lines, header) = tcpdump(&file);
     assert!(header.contains("link-type EN10MB (Ethernet), snapshot length 256"), "{header}");
     let syns = ports(&lines, "IP 10.0.0.2.", " > 127.0.0.1.15001: Flags [S],");
@@ -170,12 +223,12 @@ fn packets_show_the_syn_to_15001_and_the_rst_from_2049_and_no_socket_is_left() {
     // The namespace's state beside the packets (the design's §0.3): the redirect's conntrack
     // events, recorded for each connect the pcapng shows, link its 2049 to its 15001.
     let read = |name: &str| {
-        let path = out.join(name);
+        let path = bundle.join(name);
         let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
         assert_eq!(mode & 0o777, 0o600, "{name}");
         std::fs::read_to_string(path).unwrap()
     };
-    let conntrack = read("conntrack.txt");
+    let conntrack = read("net/conntrack.txt");
     let events = conntrack
         .split_once("# events during the capture")
         .and_then(|(_, rest)| rest.split_once("# at end"))
@@ -191,14 +244,14 @@ fn packets_show_the_syn_to_15001_and_the_rst_from_2049_and_no_socket_is_left() {
             );
         }
     }
-    let rules = read("rules.txt");
+    let rules = read("net/rules.txt");
     assert!(
         rules.lines().any(|l| l.contains("-p tcp")
             && l.contains("--dport 2049")
             && l.contains("-j REDIRECT --to-ports 15001")),
         "{rules}"
     );
-    let sockets = read("sockets.txt");
+    let sockets = read("net/sockets.txt");
     assert!(
         sockets
             .lines()
@@ -206,9 +259,9 @@ fn packets_show_the_syn_to_15001_and_the_rst_from_2049_and_no_socket_is_left() {
         "{listening}:\n{sockets}"
     );
     drop(listener);
-    let addresses = read("addresses.txt");
+    let addresses = read("net/addresses.txt");
     assert!(addresses.lines().any(|l| l == "eth0 inet 10.0.0.2/24 scope global"), "{addresses}");
-    let routes = read("routes.txt");
+    let routes = read("net/routes.txt");
     assert!(
         routes.lines().any(|l| l == "10.0.0.0/24 dev eth0 proto kernel scope link src 10.0.0.2 table main"),
         "{routes}"
@@ -233,9 +286,21 @@ fn the_packet_cap_ends_the_capture_and_says_so() {
     assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
     assert!(said.contains("\ncut: packet cap 3 reached after "), "{said}");
     assert_eq!(packet_sockets(&pod), 0, "a packet socket is left in the namespace");
-    let (lines, _) = tcpdump(&out.join("packets.pcapng"));
+    let bundle = unpacked(&out);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("manifest.json")).unwrap()).unwrap();
+    let cut = manifest["cut"].as_array().unwrap();
+    assert!(
+        cut.len() == 1 && cut[0].as_str().unwrap().starts_with("packets: packet cap 3 reached after "),
+        "{cut:?}"
+    );
+    assert_eq!(manifest["limits"]["max_packets"], 3);
+    let packets =
+        manifest["files"].as_array().unwrap().iter().find(|f| f["path"] == "packets.pcapng").unwrap();
+    assert_eq!(packets["status"], "partial", "{packets}");
+    let (lines, _) = tcpdump(&bundle.join("packets.pcapng"));
     assert_eq!(lines.lines().count(), 3, "{lines}");
-    let bytes = std::fs::read(out.join("packets.pcapng")).unwrap();
+    let bytes = std::fs::read(bundle.join("packets.pcapng")).unwrap();
     let mut reader = PcapNgReader::new(&bytes[..]).expect("pcapng");
     let mut comments = Vec::new();
     while let Some(block) = reader.next_block() {
@@ -269,9 +334,10 @@ fn the_byte_cap_ends_the_capture_under_it_and_says_so() {
     let said = capture.ended(Duration::from_secs(10));
     assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
     assert!(said.contains("\ncut: byte cap 64 KiB reached after "), "{said}");
-    let size = std::fs::metadata(out.join("packets.pcapng")).unwrap().len();
+    let bundle = unpacked(&out);
+    let size = std::fs::metadata(bundle.join("packets.pcapng")).unwrap().len();
     assert!(size <= 64 << 10 && size > 60 << 10, "{size} bytes");
-    let (lines, _) = tcpdump(&out.join("packets.pcapng"));
+    let (lines, _) = tcpdump(&bundle.join("packets.pcapng"));
     assert!(lines.lines().count() > 400, "{}", lines.lines().count());
 }
 
@@ -294,7 +360,8 @@ fn an_interrupted_capture_ends_whole() {
     assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
     assert!(said.contains("\ncut: stopped after "), "{said}");
     assert_eq!(packet_sockets(&pod), 0, "a packet socket is left in the namespace");
-    let (lines, _) = tcpdump(&out.join("packets.pcapng"));
+    let bundle = unpacked(&out);
+    let (lines, _) = tcpdump(&bundle.join("packets.pcapng"));
     assert_eq!(lines.lines().count(), 2, "{lines}");
 }
 
@@ -351,7 +418,8 @@ fn a_stuck_writer_in_the_namespace_is_in_the_tasks_file_with_its_stack() {
     let out = dir.path().join("capture");
     let said = capture(&pod, &["--duration", "1s"], &out).ended(Duration::from_secs(15));
     println!("{said}");
-    let stuck = std::fs::read_to_string(out.join("tasks/stuck.txt")).expect("tasks/stuck.txt");
+    let bundle = unpacked(&out);
+    let stuck = std::fs::read_to_string(bundle.join("tasks/stuck.txt")).expect("tasks/stuck.txt");
     let mut lines =
         stuck.lines().skip_while(|l| !l.starts_with(&format!("pid {pid} tid {pid} comm \"dd\" state D ")));
     assert!(lines.next().is_some(), "no line for dd ({pid}):\n{stuck}");
@@ -361,7 +429,7 @@ fn a_stuck_writer_in_the_namespace_is_in_the_tasks_file_with_its_stack() {
         "no writeback wait in dd's stack:\n{stuck}"
     );
     let json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("tasks/stuck.json")).unwrap()).expect("stuck.json");
+        serde_json::from_slice(&std::fs::read(bundle.join("tasks/stuck.json")).unwrap()).expect("stuck.json");
     assert!(json["tasks"].as_array().unwrap().iter().any(|t| t["tid"] == pid), "{json}");
     assert!(said.contains(" NFS mounts, "), "{said}");
     let processes: usize = said
@@ -369,8 +437,9 @@ fn a_stuck_writer_in_the_namespace_is_in_the_tasks_file_with_its_stack() {
         .find_map(|l| l.split_once(" processes, ")?.0.parse().ok())
         .unwrap_or_else(|| panic!("no processes line:\n{said}"));
     assert!(processes >= 1, "{said}");
-    let mode =
-        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(out.join("tasks")).unwrap().permissions());
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(bundle.join("tasks")).unwrap().permissions(),
+    );
     assert_eq!(mode & 0o777, 0o700);
     drop(writer);
 }

@@ -29,6 +29,7 @@ pub mod packets;
 pub mod pcapng;
 pub mod rtnl;
 mod rules;
+pub mod runner;
 pub mod sockets;
 pub mod store;
 pub mod tasks;
@@ -71,12 +72,16 @@ fn write_new(dir: &Path, rel: &str, bytes: &[u8]) -> Result<(), String> {
             .create(parent)
             .map_err(|e| format!("{}: {e}", parent.display()))?;
     }
+    create_new(&path)?.write_all(bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// A new file (0600), never an existing one opened.
+fn create_new(path: &Path) -> Result<std::fs::File, String> {
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&path)
-        .and_then(|mut f| f.write_all(bytes))
+        .open(path)
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 

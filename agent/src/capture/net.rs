@@ -8,8 +8,7 @@
 use std::{
     fmt::Write as _,
     fs::File,
-    io::Write as _,
-    os::{fd::OwnedFd, unix::fs::OpenOptionsExt as _},
+    os::fd::OwnedFd,
     path::Path,
     sync::{
         Arc,
@@ -19,6 +18,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use super::{FileNote, FileStatus};
 use super::{
     ct,
     netlink::{self, NETLINK_NETFILTER, NETLINK_ROUTE, NETLINK_SOCK_DIAG, NlError},
@@ -26,8 +26,6 @@ use super::{
 };
 use crate::enter;
 
-/// The files written, all in the capture's directory.
-pub const FILES: [&str; 5] = ["conntrack.txt", "rules.txt", "sockets.txt", "addresses.txt", "routes.txt"];
 /// Events kept, at most: the rest is counted.
 const MAX_EVENTS: usize = 100_000;
 const EVENTS_RCVBUF: libc::c_int = 1 << 20;
@@ -153,13 +151,14 @@ impl Recorder {
         Ok(Recorder { route: opened.route, diag: opened.diag, ct, addresses, routes, rules, sockets_start })
     }
 
-    /// Stops recording, reads the state at the end, and writes the files into `dir` (0600, never
-    /// over an existing file).
-    pub fn finish(self, dir: &Path) -> Result<(), String> {
+    /// Stops recording, reads the state at the end, and writes the files into `dir/net/` (0600,
+    /// never over an existing file); what each holds, for the manifest.
+    pub fn finish(self, dir: &Path) -> Result<Vec<FileNote>, String> {
         drop(self.route);
         let mut conntrack = String::from(CONNTRACK_HEADER);
+        let conntrack_loaded = self.ct.is_some();
         match self.ct {
-            None => conntrack.push_str("nf_conntrack is not loaded on this node: nothing is tracked\n"),
+            None => conntrack.push_str(NOT_LOADED),
             Some(ct) => {
                 let _ = write!(conntrack, "# at start\n{}", ct.at_start);
                 conntrack.push_str("# events during the capture (NEW, DESTROY)\n");
@@ -178,24 +177,42 @@ impl Recorder {
             self.sockets_start,
             dumped(&self.diag, sockets::dump)
         );
-        for (name, text) in [
-            ("conntrack.txt", conntrack),
-            ("rules.txt", self.rules),
-            ("sockets.txt", sockets),
-            ("addresses.txt", self.addresses),
-            ("routes.txt", self.routes),
+        let mut notes = Vec::new();
+        for (name, what, text) in [
+            (
+                "conntrack.txt",
+                "connection tracking: entries at the start and end, NEW/DESTROY events between",
+                conntrack,
+            ),
+            (
+                "rules.txt",
+                "the namespace's iptables rules (nft and legacy), as its own iptables-save prints them",
+                self.rules,
+            ),
+            ("sockets.txt", "TCP and UDP sockets at the start and the end (sock_diag)", sockets),
+            ("addresses.txt", "the interfaces and their addresses", self.addresses),
+            ("routes.txt", "the routes of every table", self.routes),
         ] {
-            let path = dir.join(name);
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
-                .and_then(|mut f| f.write_all(text.as_bytes()))
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let path = format!("net/{name}");
+            super::write_new(dir, &path, text.as_bytes())?;
+            let (status, error) = match refusal(&text) {
+                Some(line) => (FileStatus::Partial, Some(line.to_string())),
+                None if name == "conntrack.txt" && !conntrack_loaded => {
+                    (FileStatus::Partial, Some(NOT_LOADED.trim_end().to_string()))
+                }
+                None => (FileStatus::Complete, None),
+            };
+            notes.push(FileNote { path, what: what.to_string(), status, error });
         }
-        Ok(())
+        Ok(notes)
     }
+}
+
+const NOT_LOADED: &str = "nf_conntrack is not loaded on this node: nothing is tracked\n";
+
+/// The first line saying a read was refused or failed, if any.
+fn refusal(text: &str) -> Option<&str> {
+    text.lines().find(|l| l.contains("was refused") || l.starts_with("the dump failed"))
 }
 
 /// A dump's lines, or the one line saying why there are none.

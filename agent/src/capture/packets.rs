@@ -42,6 +42,7 @@ const BATCH: usize = 256;
 /// One interface's socket.
 pub struct Tap {
     fd: OwnedFd,
+    pub index: u32,
     pub name: String,
     pub link: Link,
     pub idb: Idb,
@@ -123,7 +124,7 @@ pub fn open(
                 mac: interface.mac.filter(|m| *m != [0; 6]),
                 filter: filter.map(str::to_string),
             };
-            taps.taps.push(Tap { fd, name: interface.name, link, idb, rcvbuf });
+            taps.taps.push(Tap { fd, index: interface.index, name: interface.name, link, idb, rcvbuf });
         }
         Ok(taps)
     });
@@ -270,6 +271,9 @@ fn socket(
 #[derive(Debug, Clone, Default)]
 pub struct InterfaceReport {
     pub name: String,
+    pub index: u32,
+    /// pcapng's link type of its file.
+    pub linktype: u16,
     /// Packets the kernel's filter accepted (those dropped included).
     pub accepted: u64,
     /// Dropped for want of socket buffer.
@@ -420,6 +424,8 @@ pub fn run<W: Write>(
         }
         report.interfaces.push(InterfaceReport {
             name: tap.name.clone(),
+            index: tap.index,
+            linktype: tap.idb.linktype,
             accepted,
             dropped,
             written: written[i],

@@ -93,8 +93,6 @@ type SpaceOf = Box<dyn Fn(&Path) -> io::Result<Space> + Send + Sync>;
 
 pub struct Store {
     dir: PathBuf,
-    /// The state dir, as the free-space refusal names it.
-    state: PathBuf,
     retention: Retention,
     book: Arc<Mutex<Book>>,
     /// `fstatfs`; replaced in tests.
@@ -102,11 +100,11 @@ pub struct Store {
 }
 
 impl Store {
-    /// Makes `<state>/captures/` (0700) and removes what a crash left there: staging dirs, half
-    /// written files and bundles without their summary. Returns the store and how many staging
-    /// dirs were removed.
-    pub fn open(state: &Path, retention: Retention) -> Result<(Store, usize), String> {
-        let dir = state.join("captures");
+    /// Makes `dir` (0700; the agent's is `<state>/captures/`) and removes what a crash left
+    /// there: staging dirs, half written files and bundles without their summary. Returns the
+    /// store and how many staging dirs were removed.
+    pub fn open(dir: &Path, retention: Retention) -> Result<(Store, usize), String> {
+        let dir = dir.to_path_buf();
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -132,13 +130,7 @@ impl Store {
                 fs::remove_file(dir.join(name)).map_err(|e| gone(name, e))?;
             }
         }
-        let store = Store {
-            dir,
-            state: state.to_path_buf(),
-            retention,
-            book: Arc::default(),
-            space: Box::new(statfs),
-        };
+        let store = Store { dir, retention, book: Arc::default(), space: Box::new(statfs) };
         Ok((store, staged))
     }
 
@@ -201,8 +193,8 @@ impl Store {
         }
         if space.free.saturating_add(total) < wanted.saturating_add(floor) {
             return Err(format!(
-                "capture refused: {}'s filesystem has {} free of {}; kstall keeps {KEEP_FREE_PERCENT}% free",
-                self.state.display(),
+                "capture refused: the filesystem of {} has {} free of {}; kstall keeps {KEEP_FREE_PERCENT}% free",
+                self.dir.display(),
                 human(space.free),
                 human(space.total)
             ));
@@ -558,7 +550,7 @@ mod tests {
         assert_eq!(
             refused,
             format!(
-                "capture refused: {}'s filesystem has 1.2 GiB free of 40 GiB; kstall keeps 5% free",
+                "capture refused: the filesystem of {} has 1.2 GiB free of 40 GiB; kstall keeps 5% free",
                 state.path().display()
             )
         );

@@ -1,35 +1,31 @@
-//! `kstall capture start --standalone`: the packets of a network namespace into
-//! `DIR/packets.pcapng` (and `DIR/packets-raw.pcapng` for bare-IP interfaces), in this process,
-//! as root, with the namespace's conntrack entries and events, rules, sockets, addresses and
-//! routes beside it (`capture::net`) — before the agent runs captures itself, and on nodes without an agent. Once the
-//! packets end, the namespace's processes (and those `--pid` names) give the NFS side
-//! (`DIR/nfs/`) and their tasks in D state (`DIR/tasks/`). Everything is checked before anything
-//! is written; the one line of a bad input exits 64.
+//! `kstall capture start --standalone`: one capture of a network namespace, in this process, as
+//! root, into the bundle `DIR/<id>.tar.gz` (`capture::runner`): its packets (pcapng), its
+//! conntrack entries and events, rules, sockets, addresses and routes, and — once the packets end
+//! — the NFS mounts and tasks in D state of its processes (and of those `--pid` names); for nodes
+//! without an agent, and before the agent runs captures itself. Everything is checked before
+//! anything is written; the one line of a bad input exits 64.
 
 use std::{
     fs::File,
-    io::BufWriter,
     os::unix::fs::MetadataExt as _,
-    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
     process::ExitCode,
     sync::atomic::{AtomicBool, Ordering},
-    time::Duration,
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use super::{EXIT_RUNTIME, EXIT_USAGE};
 use crate::{
     capture::{
-        FileStatus, bounded,
+        bounded,
+        bundle::{FilterFrom, Pod, Time, Trigger, TriggerKind},
         filter::{Link, Snaplen},
-        namespace_of,
-        net::{self, Recorder},
-        nfs,
-        packets::{self, Bounds, OpenError, Outputs, size, thousands},
-        pcapng::{Section, Writer},
-        tasks,
+        namespace_of, nfs,
+        packets::{Bounds, size, thousands},
+        runner::{self, Outcome, Target},
+        store::{self, Retention, Store},
     },
-    kernel, setting,
+    setting,
 };
 
 const DEFAULT_DURATION: Duration = Duration::from_secs(60);
@@ -44,7 +40,8 @@ pub struct CaptureArgs {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum CaptureCommand {
-    /// Capture a network namespace's packets into DIR (pcapng), bounded; headers only unless asked.
+    /// Capture a network namespace into DIR/<id>.tar.gz (packets as pcapng, its state, its
+    /// processes' NFS mounts and stuck tasks), bounded; headers only unless asked.
     Start(StartArgs),
 }
 
@@ -77,7 +74,8 @@ pub struct StartArgs {
     /// matter but which runs in another network namespace); repeatable.
     #[arg(long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
-    /// The directory the files go to (made if missing, 0700; files 0600; never overwritten).
+    /// The directory the bundle goes to, as `<id>.tar.gz` with its `<id>.json` summary (made if
+    /// missing, 0700; files 0600).
     #[arg(short = 'o', long = "output-dir", value_name = "DIR")]
     pub output_dir: PathBuf,
 }
@@ -133,9 +131,8 @@ fn validate(args: &StartArgs) -> Result<Plan, String> {
     if let Some(pid) = args.pids.iter().find(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
         return Err(format!("--pid {pid}: no such process"));
     }
-    let existing = ["packets.pcapng", "packets-raw.pcapng", "nfs", "tasks"].iter().chain(net::FILES.iter());
-    if let Some(file) = existing.map(|f| args.output_dir.join(f)).find(|f| f.exists()) {
-        return Err(format!("{} exists: a capture is never written over", file.display()));
+    if args.output_dir.exists() && !args.output_dir.is_dir() {
+        return Err(format!("-o {}: not a directory", args.output_dir.display()));
     }
     let bounds = Bounds { duration, max_bytes, max_packets };
     Ok(Plan { netns, netns_inode, filter, snap, bounds, pids: args.pids.clone() })
@@ -164,71 +161,41 @@ fn start(args: StartArgs) -> ExitCode {
     }
 }
 
-fn create(path: &Path) -> Result<File, String> {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))
-}
-
 fn capture(dir: &Path, plan: Plan) -> Result<(), String> {
-    // Ctrl-C or SIGTERM from here on ends the capture with its files whole.
+    let requested = Time(now_ns());
+    // Ctrl-C or SIGTERM from here on ends the capture with its bundle whole.
     // SAFETY: the handler only stores to an atomic.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
-    let node = hostname();
-    let describe = |name: &str| format!("{name}, netns {}, node {node}", plan.netns_inode);
-    // Conntrack events are listened to before a packet socket opens: a connection the capture
-    // sees has its events.
-    let recorder = Recorder::open(&plan.netns)?;
-    let taps = match packets::open(&plan.netns, plan.filter.as_deref(), plan.snap, &describe) {
-        Ok(taps) => taps,
-        Err(OpenError::Filter(e)) => return Err(e.to_string()),
-        Err(OpenError::Other(e)) => return Err(e),
+    // No count or budget of its own: the operator chose the directory; the filesystem's last 5%
+    // still holds.
+    let (store, _) = Store::open(dir, Retention { keep: usize::MAX, disk: u64::MAX })?;
+    let proc = Path::new("/proc");
+    let target = Target {
+        pod: Pod { netns: plan.netns_inode, ..Pod::default() },
+        pids: processes(proc, plan.netns_inode, &plan.pids),
+        label: format!("netns {}", plan.netns_inode),
+        netns: plan.netns,
     };
-    if taps.taps.is_empty() {
-        return Err(format!(
-            "no interface of the namespace is up to capture on ({})",
-            taps.skipped.join("; ")
-        ));
-    }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
-    let section = Section {
-        hardware: std::env::consts::ARCH.into(),
-        os: format!("Linux {}", kernel::release()),
-        application: format!("kstall {}", env!("CARGO_PKG_VERSION")),
-        comment: Some(format!("kstall capture of netns {} on {node}", plan.netns_inode)),
+    let run_plan = runner::Plan {
+        filter_from: if plan.filter.is_some() { FilterFrom::Given } else { FilterFrom::None },
+        filter: plan.filter,
+        snap: plan.snap,
+        bounds: plan.bounds,
+        trigger: Trigger {
+            kind: TriggerKind::Manual,
+            incidents: vec![],
+            signature: None,
+            requested_by: "standalone".into(),
+        },
+        requested,
     };
-    let writer = |name: &str| -> Result<Writer<BufWriter<File>>, String> {
-        let path = dir.join(name);
-        let file = create(&path)?;
-        Writer::new(BufWriter::with_capacity(256 << 10, file), &section)
-            .map_err(|e| format!("{}: {e}", path.display()))
-    };
-    let mut ether = writer("packets.pcapng")?;
-    let mut raw = match taps.taps.iter().any(|t| t.link == Link::Raw) {
-        true => Some(writer("packets-raw.pcapng")?),
-        false => None,
-    };
-    let has_ether = taps.taps.iter().any(|t| t.link == Link::Ethernet);
-    let skipped = taps.skipped.clone();
-    let mut outputs = Outputs { ether: has_ether.then_some(&mut ether), raw: raw.as_mut() };
-    let report = packets::run(taps, &mut outputs, plan.bounds, &STOP)
-        .map_err(|e| format!("writing the capture: {e}"))?;
-    ether.finish().map_err(|e| format!("packets.pcapng: {e}"))?;
-    if let Some(raw) = raw {
-        raw.finish().map_err(|e| format!("packets-raw.pcapng: {e}"))?;
-    }
-    recorder.finish(dir)?;
-    let per: Vec<String> = report
+    let id = store::new_id(requested.0, None, plan.netns_inode);
+    let Outcome { summary, found } = runner::run(&store, &id, &hostname(), &target, &run_plan, &STOP, proc)?;
+    let per: Vec<String> = found
+        .packets
         .interfaces
         .iter()
         .map(|i| {
@@ -242,44 +209,36 @@ fn capture(dir: &Path, plan: Plan) -> Result<(), String> {
             )
         })
         .collect();
+    println!("{}: {}", store.dir().join(&summary.file).display(), size(summary.bytes));
     println!(
-        "{}: {} packets, {}: {}",
-        dir.join("packets.pcapng").display(),
-        thousands(report.packets),
-        size(report.file_bytes),
+        "packets: {} ({}): {}",
+        thousands(found.packets.packets),
+        size(found.packets.file_bytes),
         per.join(", ")
     );
-    if let Some(cut) = &report.cut {
+    if let Some(cut) = &found.packets.cut {
         println!("cut: {cut}");
     }
-    for s in skipped {
+    for s in &found.skipped_links {
         println!("not captured: {s}");
     }
-    // After the packets: what is stuck at the end is what the capture was for.
-    let proc = Path::new("/proc");
-    let pids = processes(proc, plan.netns_inode, &plan.pids);
-    let nfs = nfs::collect(proc, &pids, dir)?;
-    let stuck = tasks::collect(proc, &pids, dir)?;
-    let failed = nfs.notes.iter().chain(&stuck.notes).filter(|n| n.status == FileStatus::Failed).count();
     let mut also = String::new();
-    if nfs.notes.iter().any(|n| n.status != FileStatus::Skipped) {
-        also.push_str(&format!(", {}", dir.join("nfs").display()));
-    }
-    if failed > 0 {
-        also.push_str(&format!("; {failed} files could not be read"));
+    if found.failed_files > 0 {
+        also.push_str(&format!("; {} files could not be read", found.failed_files));
     }
     if bounded::abandoned() > 0 {
         let after = nfs::WITHIN.as_secs();
         also.push_str(&format!("; {} /proc reads abandoned after {after} s", bounded::abandoned()));
     }
     println!(
-        "{} processes, {} NFS mounts, {} stuck tasks: {}{also}",
-        pids.len(),
-        nfs.mounts,
-        stuck.stuck,
-        dir.join("tasks/stuck.txt").display()
+        "{} processes, {} NFS mounts, {} stuck tasks{also}",
+        found.processes, found.nfs_mounts, found.stuck_tasks
     );
     Ok(())
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// The pod's processes: every process in the network namespace `netns` (by the `readlink` of
