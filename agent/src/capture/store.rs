@@ -435,7 +435,7 @@ mod tests {
     const NS: u64 = 1_000_000_000;
 
     fn store(state: &Path, keep: usize, disk: u64) -> Store {
-        let (mut store, _) = Store::open(state, Retention { keep, disk }).unwrap();
+        let (mut store, _) = Store::open(&state.join("captures"), Retention { keep, disk }).unwrap();
         store.space = Box::new(|_| Ok(Space { free: 100 * GIB, total: 200 * GIB }));
         store
     }
@@ -551,7 +551,7 @@ mod tests {
             refused,
             format!(
                 "capture refused: the filesystem of {} has 1.2 GiB free of 40 GiB; kstall keeps 5% free",
-                state.path().display()
+                state.path().join("captures").display()
             )
         );
         assert_eq!(ids(&store), ["e1"], "deleting it would not have made room");
@@ -569,7 +569,8 @@ mod tests {
             fs::write(store.dir().join(".tmp-crashed.tar.gz"), b"half").unwrap();
             fs::write(store.dir().join("orphan.tar.gz"), b"no summary").unwrap();
         }
-        let (store, removed) = Store::open(state.path(), Retention { keep: 10, disk: 10 * GIB }).unwrap();
+        let (store, removed) =
+            Store::open(&state.path().join("captures"), Retention { keep: 10, disk: 10 * GIB }).unwrap();
         assert_eq!(removed, 2);
         let mut left: Vec<String> = fs::read_dir(store.dir())
             .unwrap()
