@@ -71,6 +71,9 @@ pub struct AgentArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub export_otlp: crate::export::otlp::Flags,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub captures: crate::capture::flags::Flags,
     /// For an agent run by `kstall trace --standalone`: keep only this process's events, in the
     /// kernel (the node agent must see every event).
     #[arg(long, hide = true, value_name = "PID")]
@@ -114,6 +117,8 @@ pub struct Config {
     pub kubernetes: crate::export::kubernetes::flags::Settings,
     /// The kubelet's health checks, when on.
     pub kubelet: Option<kubelet::Settings>,
+    /// What the agent's captures may do (none run without a state dir).
+    pub captures: crate::capture::flags::Settings,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -335,8 +340,10 @@ impl Config {
         let api = matches!(pod_metadata, PodMetadata::Api { .. });
         let kubernetes = args.kubernetes.settings(api)?;
         let kubelet = args.kubelet.settings(api)?;
+        let captures = args.captures.settings()?;
 
         Ok(Config {
+            captures,
             probes,
             metrics,
             alertmanager,
@@ -1086,6 +1093,12 @@ mod tests {
             ("export_events_max_bytes", "1048576".into(), one("1M")),
             ("export_events_max_files", "3".into(), one("3")),
             ("export_otlp", "false".into(), one("off")),
+            ("capture_duration", "30".into(), one("30s")),
+            ("capture_max_bytes", s("32M"), one("32M")),
+            ("capture_max_packets", "100000".into(), one("100000")),
+            ("capture_keep", "10".into(), one("10")),
+            ("capture_disk", s("1G"), one("1G")),
+            ("capture_running", "1".into(), one("1")),
         ]
     }
 

@@ -136,6 +136,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         conntrack: conntrack_tables.clone(),
         pressure: pressure_sample.clone(),
         nfs_ports: config.incidents.nfs_ports.clone(),
+        captures: captures(&config),
     });
 
     let web = match &config.web_config_file {
@@ -454,4 +455,18 @@ fn history_written(dir: PathBuf, metrics: Arc<Metrics>) -> impl Fn(&std::io::Res
             _ => {}
         }
     }
+}
+
+/// The captures under `<state>/captures`, or why there are none (no state dir, or it cannot be
+/// made: one warning, and the agent runs on without them).
+fn captures(config: &Config) -> Result<Arc<crate::capture::service::Captures>, String> {
+    let Some(dir) = &config.state_dir else {
+        return Err(crate::capture::service::OFF.to_string());
+    };
+    crate::capture::service::Captures::open(&dir.join("captures"), config.captures, &config.node_name)
+        .map(Arc::new)
+        .map_err(|e| {
+            tracing::warn!(error = %e, "captures are off");
+            format!("captures are off: {e}")
+        })
 }

@@ -1,7 +1,7 @@
 //! The running agent's state that the API and `/metrics` answer from (`api/`), each piece held
 //! once and shared here by its writer: probe statuses (the module watcher), the stuck-task set (the
 //! pipeline), the incident engine (the pipeline and the evaluator), the attribution index (the
-//! resolver), the event broadcast (the pipeline).
+//! resolver), the event broadcast (the pipeline), the captures (their own threads).
 
 use std::{
     sync::{Arc, Mutex, MutexGuard, PoisonError},
@@ -39,6 +39,8 @@ pub struct AgentState {
     pub pressure: watch::Receiver<Arc<crate::pressure::Sample>>,
     /// The ports NFS uses (`--nfs-ports`): what `explain pod` checks a meshed pod's rules for.
     pub nfs_ports: Vec<u16>,
+    /// The captures (`kstall capture`), or the one line saying why there are none.
+    pub captures: Result<Arc<crate::capture::service::Captures>, String>,
 }
 
 /// A lock that survives a panic elsewhere while it was held: a bug in one signature must not take

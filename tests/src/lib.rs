@@ -30,6 +30,7 @@ pub mod agent;
 pub mod alerting;
 pub mod bpf;
 pub mod bpftrace;
+pub mod capture;
 pub mod cgroup;
 pub mod cluster;
 pub mod container;

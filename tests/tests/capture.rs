@@ -7,13 +7,14 @@
 use std::{
     collections::BTreeSet,
     net::SocketAddr,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use kstall_tests::{
     agent::agent_binary,
+    capture::{packet_sockets, ports, tcpdump, unpacked},
     host::wait_for,
     kernel_tests_can_run,
     netns::{NetNs, refused_connects},
@@ -38,29 +39,6 @@ impl Drop for Capture {
             let _ = self.0.wait();
         }
     }
-}
-
-/// The namespace's packet sockets (`/proc/net/packet` read from inside it), header left out.
-fn packet_sockets(ns: &NetNs) -> usize {
-    ns.exec("cat", &["/proc/net/packet"]).lines().skip(1).filter(|l| !l.trim().is_empty()).count()
-}
-
-fn tcpdump(file: &Path) -> (String, String) {
-    let out = Command::new("tcpdump")
-        .args(["-nn", "-r"])
-        .arg(file)
-        .output()
-        .expect("tcpdump (cargo xtask bootstrap)");
-    assert!(out.status.success(), "tcpdump -r: {}", String::from_utf8_lossy(&out.stderr));
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
-/// The client port of each line that matches `before` PORT `after`.
-fn ports(lines: &str, before: &str, after: &str) -> Vec<u16> {
-    lines
-        .lines()
-        .filter_map(|l| l.split_once(before)?.1.split_once(after).map(|(p, _)| p.parse().expect(l)))
-        .collect()
 }
 
 /// The pod's namespace, redirecting 2049 to 15001, and the server's at 10.0.0.1 behind a veth:
@@ -105,58 +83,6 @@ impl Capture {
         assert!(status.success(), "kstall capture: {status}: {stderr}");
         stdout
     }
-}
-
-/// The capture's one bundle in `out`, unpacked there once `tar tvzf` shows every file 0600 and
-/// every directory 0700; every file in it is in the manifest with its size and sha256 (and the
-/// manifest lists nothing that is not there but skipped files). Its top directory.
-fn unpacked(out: &Path) -> PathBuf {
-    let bundles: Vec<PathBuf> = std::fs::read_dir(out)
-        .expect("the output dir")
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with(".tar.gz"))
-        .collect();
-    assert_eq!(bundles.len(), 1, "{bundles:?}");
-    let bundle = &bundles[0];
-    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(bundle).unwrap().permissions());
-    assert_eq!(mode & 0o777, 0o600, "{}", bundle.display());
-    let listing = Command::new("tar").arg("tvzf").arg(bundle).output().expect("tar");
-    assert!(listing.status.success(), "tar tvzf: {}", String::from_utf8_lossy(&listing.stderr));
-    let listing = String::from_utf8_lossy(&listing.stdout).into_owned();
-    for line in listing.lines() {
-        assert!(line.starts_with("-rw------- 0/0 ") || line.starts_with("drwx------ 0/0 "), "{listing}");
-    }
-    assert!(
-        listing.lines().next().is_some_and(|l| l.ends_with("/manifest.json")),
-        "manifest first:\n{listing}"
-    );
-    let untar = Command::new("tar").arg("xzf").arg(bundle).arg("-C").arg(out).status().expect("tar");
-    assert!(untar.success());
-    let id = bundle.file_name().unwrap().to_string_lossy().trim_end_matches(".tar.gz").to_string();
-    let top = out.join(format!("kstall-capture-{id}"));
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(top.join("manifest.json")).unwrap()).expect("manifest.json");
-    assert_eq!(manifest["schema"], "kstall.capture/v1");
-    assert_eq!(manifest["id"], id.as_str());
-    let mut listed = BTreeSet::new();
-    for file in manifest["files"].as_array().expect("files") {
-        let path = file["path"].as_str().unwrap();
-        if file["status"] == "skipped" {
-            assert!(!top.join(path).exists(), "{file}");
-            continue;
-        }
-        let bytes = std::fs::read(top.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
-        assert_eq!(file["bytes"], bytes.len() as u64, "{file}");
-        let sum = Command::new("sha256sum").arg(top.join(path)).output().expect("sha256sum");
-        let sum = String::from_utf8_lossy(&sum.stdout);
-        assert_eq!(file["sha256"].as_str(), sum.split_whitespace().next(), "{file}");
-        listed.insert(path.to_string());
-    }
-    for line in listing.lines().filter(|l| l.starts_with('-')) {
-        let path = line.split_once(&format!("kstall-capture-{id}/")).unwrap().1;
-        assert!(path == "manifest.json" || listed.contains(path), "{path} is not in the manifest");
-    }
-    top
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! `trace`): a `StreamStarted` line once the agent is subscribed, then one event per line, until
 //! the client hangs up. `kstall status` and `kstall trace` are its clients.
 
+pub mod captures;
 pub mod explain;
 pub mod filter;
 pub mod http;
@@ -31,6 +32,36 @@ pub enum Request {
         pod: String,
         #[serde(default)]
         namespace: Option<String>,
+    },
+    /// Starts capturing a pod's network namespace: `{"capture": Info}`, refused in one line
+    /// (`{"error": …}`). With `wait`, a second `{"capture": Info}` when it has ended.
+    CaptureStart {
+        pod: String,
+        #[serde(default)]
+        namespace: Option<String>,
+        #[serde(default)]
+        filter: Option<String>,
+        #[serde(default)]
+        duration_secs: Option<u64>,
+        #[serde(default)]
+        max_bytes: Option<u64>,
+        #[serde(default)]
+        max_packets: Option<u64>,
+        #[serde(default)]
+        snaplen: Option<String>,
+        #[serde(default)]
+        wait: bool,
+    },
+    /// The captures kept, failed and running: `{"captures": [...]}`.
+    Captures,
+    /// A finished capture's bundle: one line `{"capture": Info}` (its summary with `bytes` and
+    /// `sha256`), then exactly `bytes` raw bytes of the `.tar.gz`.
+    CaptureGet {
+        id: String,
+    },
+    /// Ends a running capture early (its bundle is kept, cut): `{"capture": Info}`.
+    CaptureStop {
+        id: String,
     },
 }
 

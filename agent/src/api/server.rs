@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     AttributionReport, ErrorReply, IncidentsReport, ProbeReport, Request, StatusReport, StreamStarted,
-    explain, filter::TraceFilter,
+    captures, explain, filter::TraceFilter,
 };
 use crate::state::{AgentState, lock};
 
@@ -135,6 +135,31 @@ async fn handle(stream: UnixStream, state: Arc<AgentState>, shutdown: Cancellati
                 Err(error) => write_json(&mut write, &ErrorReply { error }).await,
             }
         }
+        Ok(Request::CaptureStart {
+            pod,
+            namespace,
+            filter,
+            duration_secs,
+            max_bytes,
+            max_packets,
+            snaplen,
+            wait,
+        }) => {
+            let ask = crate::capture::service::Ask { filter, duration_secs, max_bytes, max_packets, snaplen };
+            capture_start(&mut write, &state, &pod, namespace.as_deref(), &ask, wait, &shutdown).await
+        }
+        Ok(Request::Captures) => match &state.captures {
+            Ok(c) => write_json(&mut write, &captures::CapturesReply { captures: c.list() }).await,
+            Err(error) => write_json(&mut write, &ErrorReply { error: error.clone() }).await,
+        },
+        Ok(Request::CaptureStop { id }) => {
+            let stopped = state.captures.as_ref().map_err(Clone::clone).and_then(|c| c.stop(&id));
+            match stopped {
+                Ok(capture) => write_json(&mut write, &captures::CaptureReply { capture }).await,
+                Err(error) => write_json(&mut write, &ErrorReply { error }).await,
+            }
+        }
+        Ok(Request::CaptureGet { id }) => capture_get(&mut write, &state, &id).await,
         Err(e) => {
             let replied = write_json(&mut write, &ErrorReply { error: format!("bad request: {e}") }).await;
             // What the client still sends is read and dropped for a moment: closing on unread
@@ -148,6 +173,75 @@ async fn handle(stream: UnixStream, state: Arc<AgentState>, shutdown: Cancellati
     if let Err(e) = result {
         tracing::debug!(error = %e, "API client gone");
     }
+}
+
+/// Starts a capture; with `wait`, polls until it has ended (the capture runs on its own thread).
+async fn capture_start(
+    write: &mut tokio::net::unix::OwnedWriteHalf,
+    state: &AgentState,
+    pod: &str,
+    namespace: Option<&str>,
+    ask: &crate::capture::service::Ask,
+    wait: bool,
+    shutdown: &CancellationToken,
+) -> io::Result<()> {
+    let service = match &state.captures {
+        Ok(service) => service.clone(),
+        Err(error) => return write_json(write, &ErrorReply { error: error.clone() }).await,
+    };
+    let index = state.attribution.borrow().clone();
+    // Opens /proc files and spawns the capture's thread: short, but off the runtime's workers.
+    let (pod, namespace, ask) = (pod.to_string(), namespace.map(str::to_string), ask.clone());
+    let started = tokio::task::spawn_blocking(move || {
+        let target = captures::target(&index, &pod, namespace.as_deref(), std::path::Path::new("/proc"))?;
+        service.start(target, &ask)
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("capture refused: {e}")));
+    let info = match started {
+        Ok(info) => info,
+        Err(error) => return write_json(write, &ErrorReply { error }).await,
+    };
+    let id = info.id.clone();
+    write_json(write, &captures::CaptureReply { capture: info }).await?;
+    if !wait {
+        return Ok(());
+    }
+    let Ok(service) = &state.captures else { return Ok(()) };
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(captures::POLL) => {}
+        }
+        match service.info(&id) {
+            Ok(info) if info.state == "running" => continue,
+            Ok(capture) => return write_json(write, &captures::CaptureReply { capture }).await,
+            Err(error) => return write_json(write, &ErrorReply { error }).await,
+        }
+    }
+}
+
+/// One line with the capture's summary, then exactly its bundle's bytes.
+async fn capture_get(
+    write: &mut tokio::net::unix::OwnedWriteHalf,
+    state: &AgentState,
+    id: &str,
+) -> io::Result<()> {
+    let opened = state.captures.as_ref().map_err(Clone::clone).and_then(|c| {
+        let info = c.info(id)?;
+        c.open_bundle(id).map(|(file, summary)| (file, summary, info))
+    });
+    let (file, summary, capture) = match opened {
+        Ok(opened) => opened,
+        Err(error) => return write_json(write, &ErrorReply { error }).await,
+    };
+    write_json(write, &captures::CaptureReply { capture }).await?;
+    let mut bundle = tokio::fs::File::from_std(file).take(summary.bytes);
+    let copied = tokio::io::copy(&mut bundle, write).await?;
+    if copied != summary.bytes {
+        return Err(io::Error::other(format!("{id}: {copied} of {} bytes read", summary.bytes)));
+    }
+    write.flush().await
 }
 
 /// A client's request line (its newline included or not).

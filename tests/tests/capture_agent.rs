@@ -1,0 +1,166 @@
+//! `kstall capture` through a real agent: the pods file names a pod whose network namespace
+//! redirects 2049 to 15001, where nothing listens. The agent finds the pod's namespace and
+//! processes in its index, captures on a thread of its own while the pod's connects are refused,
+//! and hands the bundle over its socket: it unpacks whole and holds the SYN to 15001 and the RST
+//! from 2049. A second capture of the pod while the first runs is refused in one line, and the
+//! agent holds no packet socket in the pod's namespace before or after.
+
+use std::{
+    collections::BTreeSet,
+    net::SocketAddr,
+    path::Path,
+    process::{Command, Output},
+    time::Duration,
+};
+
+use kstall_tests::{
+    agent::{Agent, agent_binary, pod_json, write_pods_file},
+    capture::{packet_sockets, ports, tcpdump, unpacked},
+    cgroup::{Cgroup, PodProcess},
+    host::wait_for,
+    kernel_tests_can_run,
+    netns::{NetNs, refused_connects},
+};
+
+const UID: &str = "5a4b3c2d-1e0f-4a9b-8c7d-6e5f4a3b2c1d";
+const CONTAINER: &str = "1f2e3d4c5b6a79880f1e2d3c4b5a69788f9e0d1c2b3a49586f7e8d9c0b1a2f3e";
+const POD: &str = "capture-web-5d8c7b9f4-t9r2p";
+const CONNECTS: usize = 3;
+
+fn kstall(agent: &Agent, dir: &Path, args: &[&str]) -> Output {
+    Command::new(agent_binary())
+        .arg("capture")
+        .args(args)
+        .arg("--api-socket")
+        .arg(&agent.socket)
+        .current_dir(dir)
+        .output()
+        .expect("kstall capture")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The agent, its pods file naming the pod, and the pod: its namespace on a veth to a server's,
+/// the redirect, a process in its namespace and cgroup; once the agent knows the namespace.
+fn agent_and_pod(dir: &Path) -> (Agent, NetNs, NetNs, Cgroup, PodProcess) {
+    let pods_file = dir.join("pods.json");
+    write_pods_file(&pods_file, &[pod_json(UID, POD, CONTAINER)]);
+    let agent = Agent::start(&["--pods-file", pods_file.to_str().unwrap()]);
+    let pod = NetNs::new("capa-pod");
+    let server = NetNs::new("capa-srv");
+    pod.veth_to(&server, ("eth0", "10.0.0.2/24"), ("eth0", "10.0.0.1/24"));
+    pod.redirect_tcp("iptables", 2049, 15001);
+    let container = Cgroup::kubepods_container("burstable", UID, CONTAINER);
+    let process = PodProcess::start(&pod, &container.procs());
+    let inode = pod.inode();
+    let known = wait_for(Duration::from_secs(30), || {
+        let x = agent.explain(POD);
+        x["netns"].as_array().is_some_and(|n| n.iter().any(|n| n.as_u64() == Some(inode))).then_some(())
+    });
+    assert!(known.is_some(), "the agent never learnt the pod's namespace:\n{}", agent.log());
+    (agent, pod, server, container, process)
+}
+
+#[test]
+fn a_capture_through_the_agent_is_the_whole_case() {
+    if !kernel_tests_can_run("a_capture_through_the_agent_is_the_whole_case") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (agent, pod, _server, _container, _process) = agent_and_pod(dir.path());
+    assert_eq!(packet_sockets(&pod), 0, "a packet socket before any capture");
+
+    let filter = "tcp and (host 10.0.0.1 or port 2049 or port 15001)";
+    let mut start = Command::new(agent_binary())
+        .args([
+            "capture",
+            "start",
+            "--pod",
+            POD,
+            "-n",
+            "shop",
+            "--duration",
+            "3s",
+            "--wait",
+            "--filter",
+            filter,
+        ])
+        .arg("--api-socket")
+        .arg(&agent.socket)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kstall capture start");
+    wait_for(Duration::from_secs(3), || (packet_sockets(&pod) == 2).then_some(()))
+        .unwrap_or_else(|| panic!("the agent's two packet sockets never showed:\n{}", agent.log()));
+
+    // A second capture of the pod while the first runs: one line, exit 1.
+    let second = kstall(&agent, dir.path(), &["start", "--pod", POD, "--duration", "3s"]);
+    let refusal = text(&second.stderr);
+    assert_eq!(second.status.code(), Some(1), "{refusal}");
+    assert_eq!(refusal.lines().count(), 1, "{refusal}");
+    assert!(refusal.starts_with(&format!("kstall: capture of shop/{POD} refused: ")), "{refusal}");
+    assert!(refusal.contains(" is capturing it until "), "{refusal}");
+
+    let nfs: SocketAddr = "10.0.0.1:2049".parse().unwrap();
+    pod.run_inside(move || refused_connects(nfs, CONNECTS));
+    let status = wait_for(Duration::from_secs(20), || start.try_wait().expect("wait"))
+        .unwrap_or_else(|| panic!("the capture did not end:\n{}", agent.log()));
+    let out = start.wait_with_output().expect("output");
+    let said = text(&out.stdout);
+    assert!(status.success(), "{said}{}", text(&out.stderr));
+    assert!(said.starts_with(&format!("capturing shop/{POD} (netns {})", pod.inode())), "{said}");
+    assert!(said.contains(" packets, bundle "), "{said}");
+    assert_eq!(packet_sockets(&pod), 0, "a packet socket is left in the namespace");
+
+    // The list, then the bundle over the socket into ./ID.tar.gz.
+    let list = kstall(&agent, dir.path(), &["list", "-o", "json"]);
+    let captures: serde_json::Value = serde_json::from_slice(&list.stdout).expect("list -o json");
+    let id = captures[0]["id"].as_str().expect("an id").to_string();
+    assert_eq!(captures[0]["state"], "done", "{captures:#}");
+    let table = text(&kstall(&agent, dir.path(), &["list"]).stdout);
+    assert!(table.starts_with("ID "), "{table}");
+    assert!(table.lines().nth(1).is_some_and(|l| l.starts_with(&id) && l.contains(" done ")), "{table}");
+    let bundles = dir.path().join("bundles");
+    std::fs::create_dir(&bundles).unwrap();
+    let got = kstall(&agent, &bundles, &["get", &id]);
+    assert!(got.status.success(), "{}", text(&got.stderr));
+    let again = kstall(&agent, &bundles, &["get", &id]);
+    assert_eq!(
+        text(&again.stderr),
+        format!("kstall capture get: {id}.tar.gz exists: give -o or remove it\n")
+    );
+    let unknown = kstall(&agent, &bundles, &["get", "20261130T000000Z-none-0000"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert_eq!(
+        text(&unknown.stderr),
+        "kstall: capture 20261130T000000Z-none-0000: no such capture on this node (kstall capture list)\n"
+    );
+
+    let top = unpacked(&bundles);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(top.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["pod"]["name"], POD, "{manifest:#}");
+    assert_eq!(manifest["pod"]["uid"], UID, "{manifest:#}");
+    let (lines, _) = tcpdump(&top.join("packets.pcapng"));
+    let syns = ports(&lines, "IP 10.0.0.2.", " > 127.0.0.1.15001: Flags [S],");
+    let rsts = ports(&lines, "IP 10.0.0.1.2049 > 10.0.0.2.", ": Flags [R.],");
+    assert_eq!(syns.len(), CONNECTS, "{lines}");
+    assert_eq!(syns.iter().collect::<BTreeSet<_>>(), rsts.iter().collect::<BTreeSet<_>>(), "{lines}");
+}
+
+#[test]
+fn an_agent_holds_no_packet_socket_until_asked() {
+    if !kernel_tests_can_run("an_agent_holds_no_packet_socket_until_asked") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (agent, pod, _server, _container, _process) = agent_and_pod(dir.path());
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(packet_sockets(&pod), 0, "a packet socket before any capture");
+    let started = kstall(&agent, dir.path(), &["start", "--pod", POD, "--duration", "1s", "--wait"]);
+    assert!(started.status.success(), "{}", text(&started.stderr));
+    assert_eq!(packet_sockets(&pod), 0, "a packet socket after the capture");
+}
