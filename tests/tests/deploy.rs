@@ -284,6 +284,7 @@ fn the_daemonset_keeps_what_the_agent_needs() {
     let node_taints = deploy_dir().join("components/node-taints").canonicalize().unwrap();
     let old_kernels_component = deploy_dir().join("components/kernels-before-5.11").canonicalize().unwrap();
     let pod_rules_component = deploy_dir().join("components/pod-rules").canonicalize().unwrap();
+    let capture_component = deploy_dir().join("components/capture").canonicalize().unwrap();
     for (name, dir) in packages() {
         // deploy/components/non-root changes the user, the capabilities and the socket's volume
         // (tests/tests/container.rs proves it runs).
@@ -345,15 +346,21 @@ fn the_daemonset_keeps_what_the_agent_needs() {
         assert_eq!((&port["name"], &port["containerPort"]), (&json!("metrics"), &json!(9700)), "{name}");
         assert!(port["hostPort"].is_null() || port["hostPort"] == 9700, "{name}: {port}");
         assert_eq!(agent["readinessProbe"]["httpGet"]["path"], "/healthz", "{name}");
-        // No overlay or component but non-root, kernels-before-5.11 and pod-rules touches the
-        // capabilities: deploy/base/daemonset.yaml has them; kernels-before-5.11 adds SYS_RESOURCE
-        // to them and nothing else, pod-rules SYS_ADMIN and NET_ADMIN (root only: neither is
-        // with non-root).
+        // No overlay or component but non-root, kernels-before-5.11, pod-rules and capture touches
+        // the capabilities: deploy/base/daemonset.yaml has them; kernels-before-5.11 adds
+        // SYS_RESOURCE to them and nothing else, pod-rules SYS_ADMIN and NET_ADMIN, capture
+        // exactly those and NET_RAW (root only: none is with non-root; capture is a superset of
+        // pod-rules, so not with it).
         let security = &agent["securityContext"];
         let old_kernels = components_of(&dir).contains(&old_kernels_component);
         let pod_rules = components_of(&dir).contains(&pod_rules_component);
-        assert!(!(non_root && (old_kernels || pod_rules)), "{name}: a root-only component with non-root");
-        if old_kernels || pod_rules {
+        let capture = components_of(&dir).contains(&capture_component);
+        assert!(
+            !(non_root && (old_kernels || pod_rules || capture)),
+            "{name}: a root-only component with non-root"
+        );
+        assert!(!(pod_rules && capture), "{name}: capture grants what pod-rules does: one of the two");
+        if old_kernels || pod_rules || capture {
             let mut expected = base["spec"]["template"]["spec"]["containers"][0]["securityContext"].clone();
             let add = expected["capabilities"]["add"].as_array_mut().unwrap();
             if old_kernels {
@@ -361,6 +368,9 @@ fn the_daemonset_keeps_what_the_agent_needs() {
             }
             if pod_rules {
                 add.extend([json!("SYS_ADMIN"), json!("NET_ADMIN")]);
+            }
+            if capture {
+                add.extend([json!("SYS_ADMIN"), json!("NET_ADMIN"), json!("NET_RAW")]);
             }
             assert_eq!(security, &expected, "{name}");
         } else if non_root {

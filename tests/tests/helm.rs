@@ -484,9 +484,10 @@ fn the_schema_refuses_a_misspelt_key_and_a_wrong_type_naming_it() {
     assert!(linted.contains("'priorityClasName' not allowed"), "{linted}");
 
     // What the schema cannot say: combinations, each refused with its values named.
-    let combinations: [(&[&str], &str); 7] = [
+    let combinations: [(&[&str], &str); 8] = [
         (&["--set", "nonRoot=true,kernelsBefore511=true"], "nonRoot and kernelsBefore511"),
         (&["--set", "nonRoot=true,podRules=true"], "nonRoot and podRules"),
+        (&["--set", "nonRoot=true,capture.enabled=true"], "nonRoot and capture.enabled"),
         (
             &["--set", "serviceMonitor.enabled=true,podMonitor.enabled=true"],
             "serviceMonitor.enabled and podMonitor.enabled",

@@ -1,6 +1,7 @@
 //! `cargo xtask image`: the agent's container image, from what this machine can reach (no base
 //! image from a registry). It stages a build context — the release binary and the shared
-//! libraries it links, nothing else: no shell, no package manager — and builds it with
+//! libraries it links, Debian's iptables and libpcap (image/debian.rs), nothing else: no shell, no
+//! package manager — and builds it with
 //! `podman build` from `deploy/image/Containerfile`, the same file a user builds with
 //! `docker build` or `podman build` from that context. Then it saves the image as an OCI archive
 //! (`target/image/kstall-<version>.oci.tar`, for `podman load`, `ctr images import` or a push) and
@@ -18,12 +19,12 @@ use crate::{
     bootstrap, build,
 };
 
-mod iptables;
+mod debian;
 mod oci;
 
 /// What building and running the image needs: podman (its pause image needs catatonit), runc
 /// (crun refuses this machine's hybrid cgroups), setcap, mmdebstrap (each architecture's Debian
-/// iptables, image/iptables.rs); openssl for the container tests' API server certificate.
+/// iptables and libpcap, image/debian.rs); openssl for the container tests' API server certificate.
 pub const IMAGE_PACKAGES: &[&str] = &["podman", "runc", "catatonit", "libcap2-bin", "mmdebstrap", "openssl"];
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The name the kustomize base deploys (`images:` in deploy/base/kustomization.yaml).
@@ -77,8 +78,8 @@ pub fn build_image(arches: &[Arch]) -> anyhow::Result<Image> {
     for &arch in arches {
         let context = out.join(format!("context-{}", arch.name()));
         let binary = build::release_binary_for(arch);
-        let iptables = iptables::extracted(arch)?;
-        let programs = stage(&binary, &iptables, &context, arch)?;
+        let debian = debian::extracted(arch)?;
+        let staged = stage(&binary, &debian, &context, arch)?;
         let arch_tag = format!("{tag}-{}", arch.name());
         println!("==> podman build {arch_tag} (revision {revision})");
         let mut build = podman();
@@ -102,7 +103,7 @@ pub fn build_image(arches: &[Arch]) -> anyhow::Result<Image> {
             podman().args(["save", "--format", "oci-dir", "--output"]).arg(&layout).arg(&arch_tag),
             "podman save",
         )?;
-        layouts.push((arch, layout, context.join("rootfs"), programs));
+        layouts.push((arch, layout, context.join("rootfs"), staged));
     }
     let local = if arches.iter().any(|a| a.is_host()) {
         let size = podman().args(["image", "inspect", "--format", "{{.Size}}", &tag]).output()?;
@@ -118,7 +119,7 @@ pub fn build_image(arches: &[Arch]) -> anyhow::Result<Image> {
         &tag,
         &archive,
     )?;
-    for (arch, _, rootfs, programs) in &layouts {
+    for (arch, _, rootfs, staged) in &layouts {
         let held = oci::binary_of(&archive, *arch, "usr/bin/kstall", &out.join("check"))?;
         let machine = elf_machine(&held)?;
         let same = std::fs::read(&held).context("the image's binary")?
@@ -135,21 +136,27 @@ pub fn build_image(arches: &[Arch]) -> anyhow::Result<Image> {
             arch.name(),
             build::release_binary_for(*arch).display()
         );
-        // iptables too: this architecture's programs, as staged from its Debian package.
-        for program in programs {
-            let held = oci::binary_of(&archive, *arch, program, &out.join("check"))?;
+        // Debian's too: this architecture's iptables programs and dlopened libraries (libpcap), as
+        // staged from its packages.
+        let debian = staged
+            .programs
+            .iter()
+            .map(|p| (p, "iptables"))
+            .chain(staged.dlopened.iter().map(|l| (l, "libpcap")));
+        for (file, package) in debian {
+            let held = oci::binary_of(&archive, *arch, file, &out.join("check"))?;
             let machine = elf_machine(&held)?;
-            let same = std::fs::read(&held).with_context(|| format!("the image's /{program}"))?
-                == std::fs::read(rootfs.join(program)).context("staged")?;
+            let same = std::fs::read(&held).with_context(|| format!("the image's /{file}"))?
+                == std::fs::read(rootfs.join(file)).context("staged")?;
             if machine != arch.elf_machine() || !same {
                 bail!(
-                    "the image's linux/{} manifest holds a {machine} /{program} that is not Debian's {} one",
+                    "the image's linux/{} manifest holds a {machine} /{file} that is not Debian's {} one",
                     arch.name(),
                     arch.name()
                 );
             }
             println!(
-                "image: linux/{} holds /{program} ({machine}): Debian's iptables for {}",
+                "image: linux/{} holds /{file} ({machine}): Debian's {package} for {}",
                 arch.name(),
                 arch.name()
             );
@@ -161,9 +168,10 @@ pub fn build_image(arches: &[Arch]) -> anyhow::Result<Image> {
 
 /// The context's `rootfs/` becomes the image's `/`: the binary at /usr/bin/kstall (so
 /// `kubectl exec ... kstall status` finds it on PATH), its dynamic loader and each library it
-/// needs, at their paths; then Debian's iptables from `iptables` (the extracted package), for
-/// explain pod's read of a pod's NAT rules. Returns iptables' programs' paths in the image.
-fn stage(binary: &Path, iptables: &Path, context: &Path, arch: Arch) -> anyhow::Result<Vec<String>> {
+/// needs, at their paths; then Debian's iptables, for explain pod's read of a pod's NAT rules, and
+/// libpcap, which capture dlopens, from `debian` (the extracted packages). Returns what
+/// image/debian.rs staged.
+fn stage(binary: &Path, debian: &Path, context: &Path, arch: Arch) -> anyhow::Result<debian::Staged> {
     if context.exists() {
         std::fs::remove_dir_all(context).with_context(|| format!("clean {}", context.display()))?;
     }
@@ -185,9 +193,9 @@ fn stage(binary: &Path, iptables: &Path, context: &Path, arch: Arch) -> anyhow::
         // The file itself, not a symlink into the builder's /lib.
         std::fs::copy(&here, &target).with_context(|| format!("copy {}", here.display()))?;
     }
-    let programs = iptables::stage(iptables, &rootfs, arch)?;
+    let staged = debian::stage(debian, &rootfs, arch)?;
     // iptables' programs run by the agent's loader: the same path, staged above.
-    for program in &programs {
+    for program in &staged.programs {
         let headers = readelf(&rootfs.join(program), "--program-headers")?;
         let interpreter =
             program_interpreter(&headers).with_context(|| format!("/{program}: no interpreter"))?;
@@ -195,7 +203,23 @@ fn stage(binary: &Path, iptables: &Path, context: &Path, arch: Arch) -> anyhow::
             bail!("/{program} asks for {interpreter}, which the image does not hold");
         }
     }
-    Ok(programs)
+    // The agent's dlopen of each finds what the library needs in the image, not on this machine.
+    let in_image = [PathBuf::from(arch.libraries().in_image.trim_start_matches('/'))];
+    for library in &staged.dlopened {
+        resolves_within(&rootfs, Path::new(library), &in_image)?;
+    }
+    Ok(staged)
+}
+
+/// Whether `elf` (a path in the image `rootfs`) would load there: each of its `DT_NEEDED`
+/// libraries, and theirs, is a file in one of `dirs` (paths in the image, where the loader looks
+/// without an ld.so.cache) — searched in `rootfs` alone, never on this machine. The loader itself
+/// is the agent's program interpreter, staged with it. Names the first that is missing.
+fn resolves_within(rootfs: &Path, elf: &Path, dirs: &[PathBuf]) -> anyhow::Result<()> {
+    let search: Vec<PathBuf> = dirs.iter().map(|d| rootfs.join(d)).collect();
+    needed_libraries(&[rootfs.join(elf)], &search)
+        .with_context(|| format!("a dlopen of /{} in the image would fail", elf.display()))?;
+    Ok(())
 }
 
 /// What the binary needs at run time, as `(file here, path in the image)`: its program
@@ -338,5 +362,35 @@ mod tests {
                        0x0000000000000001 (NEEDED)             Shared library: [libc.so.6]\n \
                        0x000000000000000e (SONAME)             Library soname: [libx.so.1]\n";
         assert_eq!(needed(dynamic), ["libgcc_s.so.1", "libc.so.6"]);
+    }
+
+    /// The check that a dlopened library loads in the image's root, on a real ELF (this test's
+    /// own binary, which needs libc.so.6 and more): refused, naming the missing library, until
+    /// its whole closure is in the root's library directory, looked for there and nowhere else.
+    #[test]
+    fn a_dlopened_library_loads_only_with_its_closure_in_the_image() {
+        let arch = Arch::ALL.into_iter().find(|a| a.is_host()).expect("this machine's architecture");
+        let dirs = arch.libraries();
+        let root = tempfile::tempdir().unwrap();
+        let lib = PathBuf::from(dirs.in_image.trim_start_matches('/'));
+        std::fs::create_dir_all(root.path().join(&lib)).unwrap();
+        let elf = lib.join("libtest.so.0");
+        std::fs::copy(std::env::current_exe().unwrap(), root.path().join(&elf)).unwrap();
+        let closure = needed_libraries(&[root.path().join(&elf)], &[PathBuf::from(dirs.here)]).unwrap();
+        assert!(closure.iter().any(|(_, name)| name == "libc.so.6"), "{closure:?}");
+        let err =
+            format!("{:#}", resolves_within(root.path(), &elf, std::slice::from_ref(&lib)).unwrap_err());
+        assert!(err.contains("a dlopen of /") && err.contains(".so"), "{err}");
+        // All but one: that one is named.
+        let (_, last) = closure.last().unwrap();
+        for (here, name) in &closure[..closure.len() - 1] {
+            std::fs::copy(here, root.path().join(&lib).join(name)).unwrap();
+        }
+        let err =
+            format!("{:#}", resolves_within(root.path(), &elf, std::slice::from_ref(&lib)).unwrap_err());
+        assert!(err.contains(&format!("needs {last}")), "{err}");
+        let (here, name) = closure.last().unwrap();
+        std::fs::copy(here, root.path().join(&lib).join(name)).unwrap();
+        resolves_within(root.path(), &elf, &[lib]).unwrap();
     }
 }

@@ -1,9 +1,10 @@
 //! The arm64 guests' root file system. An amd64 guest shares this machine's root read-only; an
 //! arm64 guest needs arm64 programs: a Debian 12 arm64 root made by mmdebstrap (its maintainer
 //! scripts run under qemu-user, through binfmt_misc), holding what the scenarios run — the NFS
-//! server and client, iptables, iproute2, socat, python3, Prometheus, bpftrace, bpftool — and the matrix's
-//! arm64 kernels, their packages unpacked into /boot and /usr/lib/modules (no initramfs: virtme-ng
-//! makes its own). Kept in target/vm/root-arm64 until its recipe changes.
+//! server and client, iptables, iproute2, socat, python3, Prometheus, bpftrace, bpftool, tcpdump and
+//! libpcap (kstall capture) — and the matrix's arm64 kernels, their packages unpacked into /boot
+//! and /usr/lib/modules (no initramfs: virtme-ng makes its own). Kept in target/vm/root-arm64 until
+//! its recipe changes.
 
 use std::{path::PathBuf, process::Command};
 
@@ -29,6 +30,9 @@ const PACKAGES: &[&str] = &[
     "prometheus",
     "bpftrace",
     "bpftool",
+    // kstall capture's tests read its packets with tcpdump; the agent dlopens libpcap.so.0.8.
+    "tcpdump",
+    "libpcap0.8",
 ];
 
 /// The suites the root and its kernels come from (6.12 from backports, as on amd64).

@@ -8,6 +8,9 @@ What the schema cannot say: combinations. Each a one-line failure naming the val
 {{- if and .Values.nonRoot .Values.podRules -}}
 {{- fail "nonRoot and podRules: the binary's file capabilities carry neither SYS_ADMIN nor NET_ADMIN, and a non-root agent's iptables-save would lose them on exec; run as root (nonRoot: false) to read pods' NAT rules" -}}
 {{- end -}}
+{{- if and .Values.nonRoot .Values.capture.enabled -}}
+{{- fail "nonRoot and capture.enabled: the binary's file capabilities carry none of SYS_ADMIN, NET_ADMIN and NET_RAW; run as root (nonRoot: false) to capture" -}}
+{{- end -}}
 {{- if and .Values.serviceMonitor.enabled .Values.podMonitor.enabled -}}
 {{- fail "serviceMonitor.enabled and podMonitor.enabled: both would scrape every agent, twice; enable one" -}}
 {{- end -}}

@@ -1,13 +1,16 @@
-//! iptables in the image, for `kstall explain pod`'s read of a meshed pod's own NAT rules
-//! (agent/src/api/nfs_mesh.rs runs `iptables-nft-save` and `iptables-legacy-save` entered into the
-//! pod's network namespace; deploy/components/pod-rules grants what that needs). Debian's
-//! `iptables` package of the image's architecture, fetched through apt alone (mmdebstrap's
-//! extract variant: the package and its dependencies unpacked, nothing run, no emulation) and
-//! kept in target/image/iptables-<arch> until its recipe changes. Staged from it: the two
-//! multi-call programs and their `*-save` names under /usr/sbin, the xtables extensions they
-//! dlopen to print a rule's matches and targets, the libraries these need, and the copyright
-//! file of each Debian package a staged file comes from (iptables is GPL-2: the image then
-//! distributes GPL programs, with their notices as Debian ships them).
+//! Debian's files in the image. iptables, for `kstall explain pod`'s read of a meshed pod's own
+//! NAT rules (agent/src/api/nfs_mesh.rs runs `iptables-nft-save` and `iptables-legacy-save`
+//! entered into the pod's network namespace; deploy/components/pod-rules grants what that needs);
+//! and libpcap, which `kstall capture` dlopens (`libpcap.so.0.8`, agent/src/capture/filter.rs) to
+//! compile a capture's filter (deploy/components/capture grants what capturing needs). Debian's
+//! `iptables` and `libpcap0.8` packages of the image's architecture, fetched through apt alone
+//! (mmdebstrap's extract variant: the packages and their dependencies unpacked, nothing run, no
+//! emulation) and kept in target/image/debian-<arch> until its recipe changes. Staged from it: the
+//! two multi-call programs and their `*-save` names under /usr/sbin, the xtables extensions they
+//! dlopen to print a rule's matches and targets, libpcap (dlopened, so named here: it is in no
+//! staged file's `DT_NEEDED`), the libraries all these need, and the copyright file of each Debian
+//! package a staged file comes from (iptables is GPL-2: the image then distributes GPL programs,
+//! with their notices as Debian ships them).
 
 use std::{
     path::{Path, PathBuf},
@@ -18,7 +21,10 @@ use anyhow::{Context as _, bail};
 
 use crate::{arch::Arch, bootstrap, build};
 
-/// The suites the package comes from (the same as the arm64 guests' root).
+/// The packages extracted (with their dependencies).
+const PACKAGES: &[&str] = &["iptables", "libpcap0.8"];
+
+/// The suites the packages come from (the same as the arm64 guests' root).
 const SOURCES: &[&str] = &[
     "deb http://deb.debian.org/debian bookworm main",
     "deb http://deb.debian.org/debian bookworm-updates main",
@@ -31,6 +37,11 @@ pub const PROGRAMS: &[(&str, &[&str])] = &[
     ("xtables-legacy-multi", &["iptables-legacy-save", "ip6tables-legacy-save"]),
 ];
 
+/// The libraries kstall dlopens, by the name it opens (so not in any staged file's `DT_NEEDED`),
+/// and the Debian package each comes from. Staged as files of that name in the image's library
+/// directory, with their `DT_NEEDED` closure.
+pub const DLOPENED: &[(&str, &str)] = &[("libpcap.so.0.8", "libpcap0.8")];
+
 /// Each library taken from the extracted packages, by its name's start, and the Debian package
 /// it comes from (whose copyright file goes with it). A library not listed stops the build: its
 /// notice would be missing.
@@ -42,18 +53,36 @@ const LIBRARY_PACKAGES: &[(&str, &str)] = &[
     ("libnftnl.so", "libnftnl11"),
     ("libnfnetlink.so", "libnfnetlink0"),
     ("libnetfilter_conntrack.so", "libnetfilter-conntrack3"),
+    // libpcap's: libdbus (its D-Bus capture source), through libsystemd.
+    ("libpcap.so", "libpcap0.8"),
+    ("libdbus-1.so", "libdbus-1-3"),
+    ("libsystemd.so", "libsystemd0"),
+    ("libcap.so", "libcap2"),
+    ("libgcrypt.so", "libgcrypt20"),
+    ("libgpg-error.so", "libgpg-error0"),
+    ("liblz4.so", "liblz4-1"),
+    ("liblzma.so", "liblzma5"),
+    ("libzstd.so", "libzstd1"),
 ];
 
-/// Debian's `iptables` for `arch`, unpacked (with its dependencies) under target/image: made if
-/// missing or made from another recipe.
+/// What [`stage`] put in the image, as paths in it (without the leading `/`): iptables' programs
+/// and the dlopened libraries, for the image's architecture check.
+pub struct Staged {
+    pub programs: Vec<String>,
+    pub dlopened: Vec<String>,
+}
+
+/// Debian's [`PACKAGES`] for `arch`, unpacked (with their dependencies) under target/image: made
+/// if missing or made from another recipe.
 pub fn extracted(arch: Arch) -> anyhow::Result<PathBuf> {
-    let root = build::workspace_root().join(format!("target/image/iptables-{}", arch.name()));
-    let recipe = format!("iptables\n{}\n", SOURCES.join("\n"));
+    let root = build::workspace_root().join(format!("target/image/debian-{}", arch.name()));
+    let include = PACKAGES.join(",");
+    let recipe = format!("{include}\n{}\n", SOURCES.join("\n"));
     let stamp = root.join("kstall-recipe");
     if std::fs::read_to_string(&stamp).is_ok_and(|made| made == recipe) {
         return Ok(root);
     }
-    println!("image: Debian's iptables for {} (mmdebstrap --variant=extract, through apt)", arch.name());
+    println!("image: Debian's {include} for {} (mmdebstrap --variant=extract, through apt)", arch.name());
     let making = root.with_extension("new");
     let _ = std::fs::remove_dir_all(&making);
     let _ = std::fs::remove_dir_all(&root);
@@ -64,21 +93,20 @@ pub fn extracted(arch: Arch) -> anyhow::Result<PathBuf> {
         Command::new("mmdebstrap")
             .args(["--variant=extract", "--mode=root", "--quiet"])
             .arg(format!("--architectures={}", arch.name()))
-            .arg("--include=iptables")
+            .arg(format!("--include={include}"))
             .arg("bookworm")
             .arg(&making)
             .args(SOURCES),
-        &format!("mmdebstrap --variant=extract --architectures={} --include=iptables", arch.name()),
+        &format!("mmdebstrap --variant=extract --architectures={} --include={include}", arch.name()),
     )?;
-    std::fs::write(making.join("kstall-recipe"), &recipe).context("stamp the extracted iptables")?;
-    std::fs::rename(&making, &root).context("move the extracted iptables into place")?;
+    std::fs::write(making.join("kstall-recipe"), &recipe).context("stamp the extracted packages")?;
+    std::fs::rename(&making, &root).context("move the extracted packages into place")?;
     Ok(root)
 }
 
-/// Stages iptables from `extracted` into `rootfs` for `arch`, whose agent (with its loader and C
-/// library) is staged already. Returns the staged programs' paths in the image (without the
-/// leading `/`), for the image's architecture check.
-pub fn stage(extracted: &Path, rootfs: &Path, arch: Arch) -> anyhow::Result<Vec<String>> {
+/// Stages iptables and the dlopened libraries from `extracted` into `rootfs` for `arch`, whose
+/// agent (with its loader and C library) is staged already.
+pub fn stage(extracted: &Path, rootfs: &Path, arch: Arch) -> anyhow::Result<Staged> {
     let dirs = arch.libraries();
     let triple = Path::new(dirs.in_image).file_name().expect("a multiarch directory").to_owned();
     let sbin = rootfs.join("usr/sbin");
@@ -120,6 +148,22 @@ pub fn stage(extracted: &Path, rootfs: &Path, arch: Arch) -> anyhow::Result<Vec<
             .with_context(|| format!("copy {}", module.display()))?;
         elves.push(module);
     }
+    // The dlopened libraries, as files of the name kstall opens (Debian's is a link to the
+    // versioned file), where the loader looks: the image's library directory.
+    let libraries = rootfs.join(dirs.in_image.trim_start_matches('/'));
+    let mut packages = vec!["iptables"];
+    let mut dlopened = Vec::new();
+    for (name, package) in DLOPENED {
+        let here = [extracted.join("usr/lib").join(&triple), extracted.join("lib").join(&triple)]
+            .into_iter()
+            .map(|dir| dir.join(name))
+            .find(|p| p.exists())
+            .with_context(|| format!("no {name} in {} (Debian's {package})", extracted.display()))?;
+        std::fs::copy(&here, libraries.join(name)).with_context(|| format!("copy {}", here.display()))?;
+        elves.push(here);
+        dlopened.push(format!("{}/{name}", dirs.in_image.trim_start_matches('/')));
+        packages.push(package);
+    }
     // Their libraries, from the extracted packages (on amd64 too, where this machine may have
     // others): glibc's are the agent's, staged already, and kept; any other needs its package's
     // notice below.
@@ -128,9 +172,8 @@ pub fn stage(extracted: &Path, rootfs: &Path, arch: Arch) -> anyhow::Result<Vec<
         extracted.join("lib").join(&triple),
         PathBuf::from(dirs.here),
     ];
-    let mut packages = vec!["iptables"];
     for (here, name) in super::needed_libraries(&elves, &search)? {
-        let target = rootfs.join(dirs.in_image.trim_start_matches('/')).join(&name);
+        let target = libraries.join(&name);
         if target.exists() {
             continue;
         }
@@ -140,10 +183,7 @@ pub fn stage(extracted: &Path, rootfs: &Path, arch: Arch) -> anyhow::Result<Vec<
                 .find(|(prefix, _)| name.starts_with(prefix))
                 .map(|(_, package)| *package)
                 .with_context(|| {
-                    format!(
-                        "{name} (from {}) has no package in image/iptables.rs: its notice",
-                        here.display()
-                    )
+                    format!("{name} (from {}) has no package in image/debian.rs: its notice", here.display())
                 })?;
             if !packages.contains(&package) {
                 packages.push(package);
@@ -158,5 +198,5 @@ pub fn stage(extracted: &Path, rootfs: &Path, arch: Arch) -> anyhow::Result<Vec<
         std::fs::copy(extracted.join(&copyright), rootfs.join(&copyright))
             .with_context(|| format!("copy {}", extracted.join(&copyright).display()))?;
     }
-    Ok(programs)
+    Ok(Staged { programs, dlopened })
 }
