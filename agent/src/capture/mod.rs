@@ -36,6 +36,9 @@ pub mod sockets;
 pub mod store;
 pub mod tasks;
 
+/// What grants a capture's capabilities (NET_RAW, NET_ADMIN, SYS_ADMIN), as a refusal names it.
+pub const GRANTED_BY: &str = "deploy/components/capture (Helm: --set capture.enabled=true)";
+
 /// One file a capture wrote (or tried to) into its staging directory: what the bundle's manifest
 /// says about it beside its size and digest.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use super::{FileNote, FileStatus};
+use super::{FileNote, FileStatus, GRANTED_BY};
 use super::{
     ct,
     netlink::{self, NETLINK_NETFILTER, NETLINK_ROUTE, NETLINK_SOCK_DIAG, NlError},
@@ -94,7 +94,7 @@ struct Opened {
 fn said<T>(what: &str, r: std::io::Result<T>) -> Result<T, String> {
     r.map_err(|e| match e.raw_os_error() {
         Some(libc::EPERM) | Some(libc::EACCES) => {
-            format!("{what} was refused ({e}): it needs CAP_NET_ADMIN in the namespace")
+            format!("{what} was refused ({e}): the agent needs CAP_NET_ADMIN, which {GRANTED_BY} grants")
         }
         _ => format!("{what}: {e}"),
     })
@@ -227,7 +227,7 @@ fn dumped(
     match lines {
         Ok(lines) => lines.iter().map(|l| format!("{l}\n")).collect(),
         Err(NlError::Kernel(libc::EPERM)) => {
-            "the dump was refused: it needs CAP_NET_ADMIN in the namespace\n".to_string()
+            format!("the dump was refused: the agent needs CAP_NET_ADMIN, which {GRANTED_BY} grants\n")
         }
         Err(e) => format!("the dump failed: {e}\n"),
     }

@@ -17,6 +17,7 @@ use std::{
 };
 
 use super::{
+    GRANTED_BY,
     filter::{self, FilterError, Link, Snaplen},
     pcapng::{self, Idb, Isb, Writer},
 };
@@ -209,11 +210,10 @@ fn socket(
     if raw < 0 {
         let e = std::io::Error::last_os_error();
         return Err(match e.raw_os_error() {
-            Some(libc::EPERM) => {
-                "opening a packet socket in the pod's network namespace was refused: it needs \
-                                  CAP_NET_RAW"
-                    .to_string()
-            }
+            Some(libc::EPERM) => format!(
+                "opening a packet socket in the pod's network namespace was refused: the agent needs \
+                 CAP_NET_RAW, which {GRANTED_BY} grants"
+            ),
             _ => format!("opening a packet socket for {name}: {e}"),
         });
     }
