@@ -1,7 +1,7 @@
-//! The API socket (`kstall status`, `kstall trace`, `kstall explain`): one request line from any
-//! local client, parsed by `api::server::parse_request`; then what the agent does with it that
-//! needs no running agent: a trace filter matched against events, an explain query looked up in an
-//! attribution index. A bad line is an error reply, never a panic; a request the CLI sends (the
+//! The API socket (`kstall status`, `kstall trace`, `kstall explain`, `kstall capture`): one
+//! request line from any local client, parsed by `api::server::parse_request`; then what the agent
+//! does with it that needs no running agent: a trace filter matched against events, an explain
+//! query looked up in an attribution index, a capture's bounds checked, a bundle id checked. A bad line is an error reply, never a panic; a request the CLI sends (the
 //! serialized `Request`) parses back to itself.
 #![no_main]
 
@@ -10,6 +10,11 @@ use std::sync::{Arc, LazyLock};
 use kstall::{
     api::{Request, explain, filter::TraceFilter, server::parse_request},
     attribution::{Attributed, Attribution, Index, Via, cgroup::Qos},
+    capture::{
+        flags::Settings,
+        service::{self, Ask},
+        store,
+    },
     decode::bytes_of,
     events::Decoder,
 };
@@ -120,7 +125,18 @@ fuzz_target!(|data: &[u8]| {
             }
             Err(error) => assert!(!error.is_empty()),
         },
-        Request::Status | Request::Incidents => {}
+        Request::CaptureStart { filter, duration_secs, max_bytes, max_packets, snaplen, .. } => {
+            let ask = Ask { filter, duration_secs, max_bytes, max_packets, snaplen };
+            if let Err(refused) = service::bounds(&ask, &Settings::default()) {
+                assert!(!refused.is_empty() && !refused.contains('\n'), "{refused:?}");
+            }
+        }
+        Request::CaptureGet { id } | Request::CaptureStop { id } => {
+            if let Err(refused) = store::check_id(&id) {
+                assert!(!refused.contains('\n'), "{refused:?}");
+            }
+        }
+        Request::Status | Request::Incidents | Request::Captures => {}
     }
 });
 
