@@ -101,7 +101,8 @@ impl Flags {
     }
 }
 
-fn hostname() -> String {
+/// The node's name when `--node-name` is not given.
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
 }
 

@@ -13,7 +13,7 @@ use std::{
     mem::{size_of, zeroed},
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     sync::atomic::{AtomicBool, Ordering},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use super::{
@@ -323,7 +323,7 @@ pub fn run<W: Write>(
     stop: &AtomicBool,
 ) -> std::io::Result<PacketsReport> {
     let started = Instant::now();
-    let start_ns = now_ns();
+    let start_ns = crate::kernel::unix_now_ns();
     let taps = taps.taps;
     // Interface ids, in the order each output describes them.
     let mut ids = Vec::with_capacity(taps.len());
@@ -404,7 +404,7 @@ pub fn run<W: Write>(
             }
         }
     }
-    let end_ns = now_ns();
+    let end_ns = crate::kernel::unix_now_ns();
     for (i, tap) in taps.iter().enumerate() {
         let (accepted, dropped) = statistics(&tap.fd);
         let isb = Isb {
@@ -504,7 +504,12 @@ fn receive(fd: &OwnedFd, buffer: &mut [u8]) -> Option<Received> {
         libc::PACKET_OTHERHOST => pcapng::flags::INBOUND | pcapng::flags::PROMISCUOUS,
         _ => pcapng::flags::INBOUND | pcapng::flags::UNICAST,
     };
-    Some(Received { caplen, orig_len, ts_ns: if ts_ns == 0 { now_ns() } else { ts_ns }, flags })
+    Some(Received {
+        caplen,
+        orig_len,
+        ts_ns: if ts_ns == 0 { crate::kernel::unix_now_ns() } else { ts_ns },
+        flags,
+    })
 }
 
 /// The kernel's counters of the socket: accepted (drops included) and dropped.
@@ -522,10 +527,6 @@ fn statistics(fd: &OwnedFd) -> (u64, u64) {
         )
     };
     (u64::from(stats.tp_packets), u64::from(stats.tp_drops))
-}
-
-fn now_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// 1,000,000.

@@ -4,13 +4,7 @@
 //! mounts and stuck tasks, then the staging dir packed as `<id>.tar.gz` with its manifest. A
 //! failure leaves no staging dir behind.
 
-use std::{
-    fs::File,
-    io::BufWriter,
-    path::Path,
-    sync::atomic::AtomicBool,
-    time::{SystemTime, UNIX_EPOCH},
-};
+use std::{fs::File, io::BufWriter, path::Path, sync::atomic::AtomicBool};
 
 use super::{
     FileNote, FileStatus,
@@ -203,5 +197,5 @@ const PACKETS: &str = "packets.pcapng";
 const PACKETS_RAW: &str = "packets-raw.pcapng";
 
 fn now() -> Time {
-    Time(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64))
+    Time(kernel::unix_now_ns())
 }

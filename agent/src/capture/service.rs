@@ -10,7 +10,7 @@ use std::{
         Arc, Mutex, MutexGuard, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use serde::{Deserialize, Serialize};
@@ -193,7 +193,7 @@ impl Captures {
         let (bounds, snap) = bounds(ask, &self.settings)?;
         let filter = ask.filter.as_deref().map(str::trim).filter(|f| !f.is_empty()).map(str::to_string);
         super::filter::compile(filter.as_deref(), Link::Ethernet, snap).map_err(|e| e.to_string())?;
-        let requested = Time(now_ns());
+        let requested = Time(crate::kernel::unix_now_ns());
         let mut book = lock(&self.book);
         let running: Vec<Info> = book.running.iter().map(|r| r.info.clone()).collect();
         admit(&running, target.pod.netns, &target.label.replace("pod ", ""), self.settings.running)?;
@@ -324,10 +324,6 @@ impl Captures {
 
 pub fn no_such(id: &str) -> String {
     format!("capture {id}: no such capture on this node (kstall capture list)")
-}
-
-fn now_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// The pod as a bundle names it.

@@ -18,7 +18,7 @@ use std::{
     path::{Path, PathBuf},
     process::ExitCode,
     sync::atomic::{AtomicBool, Ordering},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use super::{EXIT_RUNTIME, EXIT_USAGE};
@@ -221,7 +221,7 @@ fn start(args: StartArgs) -> ExitCode {
 }
 
 fn capture(dir: &Path, plan: Plan) -> Result<(), String> {
-    let requested = Time(now_ns());
+    let requested = Time(crate::kernel::unix_now_ns());
     // Ctrl-C or SIGTERM from here on ends the capture with its bundle whole.
     // SAFETY: the handler only stores to an atomic.
     unsafe {
@@ -252,7 +252,8 @@ fn capture(dir: &Path, plan: Plan) -> Result<(), String> {
         requested,
     };
     let id = store::new_id(requested.0, None, plan.netns_inode);
-    let Outcome { summary, found } = runner::run(&store, &id, &hostname(), &target, &run_plan, &STOP, proc)?;
+    let Outcome { summary, found } =
+        runner::run(&store, &id, &crate::attribution::flags::hostname(), &target, &run_plan, &STOP, proc)?;
     let per: Vec<String> = found
         .packets
         .interfaces
@@ -296,10 +297,6 @@ fn capture(dir: &Path, plan: Plan) -> Result<(), String> {
     Ok(())
 }
 
-fn now_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-}
-
 /// The pod's processes: every process in the network namespace `netns` (by the `readlink` of
 /// its `ns/net`, nothing opened), and `extra`; in order, each once.
 fn processes(proc: &Path, netns: u64, extra: &[u32]) -> Vec<u32> {
@@ -314,10 +311,6 @@ fn processes(proc: &Path, netns: u64, extra: &[u32]) -> Vec<u32> {
     pids.sort_unstable();
     pids.dedup();
     pids
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
 }
 
 /// The commands that go through the agent's socket.
