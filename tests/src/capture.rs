@@ -1,5 +1,5 @@
-//! What the capture tests share: a bundle unpacked and checked against its manifest, the
-//! packets read back by tcpdump, a namespace's packet sockets.
+//! What the capture tests share: a disk of their own, a bundle unpacked and checked against its
+//! manifest, the packets read back by tcpdump, a namespace's packet sockets.
 
 use std::{
     collections::BTreeSet,
@@ -8,6 +8,41 @@ use std::{
 };
 
 use crate::netns::NetNs;
+
+/// A 256 MiB tmpfs on a temporary directory, unmounted and removed on drop: the captures' output
+/// or state directory. kstall refuses a capture on a filesystem with less than 5% free, so a test
+/// writing to the host's disk would pass or fail with how full the machine is.
+pub struct CaptureDisk(tempfile::TempDir);
+
+impl CaptureDisk {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=256m,mode=0700", "kstall-capture-test"])
+            .arg(dir.path())
+            .status()
+            .expect("mount");
+        assert!(mounted.success(), "mount -t tmpfs on {}", dir.path().display());
+        CaptureDisk(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Default for CaptureDisk {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for CaptureDisk {
+    fn drop(&mut self) {
+        // Detached: a capture still writing (a failed test) does not keep the mount.
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
 
 /// The namespace's packet sockets (`/proc/net/packet` read from inside it), header left out.
 pub fn packet_sockets(ns: &NetNs) -> usize {

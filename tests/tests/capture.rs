@@ -14,7 +14,7 @@ use std::{
 
 use kstall_tests::{
     agent::agent_binary,
-    capture::{packet_sockets, ports, tcpdump, unpacked},
+    capture::{CaptureDisk, packet_sockets, ports, tcpdump, unpacked},
     host::wait_for,
     kernel_tests_can_run,
     netns::{NetNs, refused_connects},
@@ -54,7 +54,7 @@ fn pod_and_server() -> (NetNs, NetNs) {
 /// `kstall capture start --standalone` on `pod` with `args`, into `out`, once its two packet
 /// sockets (lo, eth0) are up in the namespace.
 fn capture(pod: &NetNs, args: &[&str], out: &Path) -> Capture {
-    let capture = Capture(
+    let mut capture = Capture(
         Command::new(agent_binary())
             .args(["capture", "start", "--standalone", "--netns-file"])
             .arg(pod.path())
@@ -67,9 +67,18 @@ fn capture(pod: &NetNs, args: &[&str], out: &Path) -> Capture {
             .spawn()
             .expect("kstall capture"),
     );
-    wait_for(Duration::from_secs(3), || (packet_sockets(pod) == 2).then_some(()))
-        .unwrap_or_else(|| panic!("the capture's two packet sockets never showed in {}", pod.name));
-    capture
+    // Up, or ended: a capture that refused or failed says why on stderr.
+    let up = wait_for(Duration::from_secs(10), || {
+        if packet_sockets(pod) == 2 {
+            return Some(true);
+        }
+        capture.0.try_wait().expect("wait").map(|_| false)
+    });
+    match up {
+        Some(true) => capture,
+        Some(false) => panic!("the capture ended before its packet sockets showed: {}", capture.ended_with()),
+        None => panic!("the capture's two packet sockets never showed in {}", pod.name),
+    }
 }
 
 impl Capture {
@@ -77,11 +86,22 @@ impl Capture {
     fn ended(&mut self, limit: Duration) -> String {
         let status = wait_for(limit, || self.0.try_wait().expect("wait"))
             .unwrap_or_else(|| panic!("the capture did not end within {limit:?}"));
+        let (stdout, stderr) = self.output();
+        assert!(status.success(), "kstall capture: {status}: {stderr}");
+        stdout
+    }
+
+    /// How an ended capture ended: its status and stderr.
+    fn ended_with(&mut self) -> String {
+        let status = self.0.wait().expect("wait");
+        format!("{status}: {}", self.output().1)
+    }
+
+    fn output(&mut self) -> (String, String) {
         let (mut stdout, mut stderr) = (String::new(), String::new());
         std::io::Read::read_to_string(&mut self.0.stdout.take().unwrap(), &mut stdout).unwrap();
         std::io::Read::read_to_string(&mut self.0.stderr.take().unwrap(), &mut stderr).unwrap();
-        assert!(status.success(), "kstall capture: {status}: {stderr}");
-        stdout
+        (stdout, stderr)
     }
 }
 
@@ -91,7 +111,7 @@ fn packets_show_the_syn_to_15001_and_the_rst_from_2049_and_no_socket_is_left() {
         return;
     }
     let (pod, _server) = pod_and_server();
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = CaptureDisk::new();
     let out = dir.path().join("capture");
     // A listener of the pod's, for sockets.txt: held by this process, bound in the namespace.
     let listener = pod.run_inside(|| std::net::TcpListener::bind("10.0.0.2:0").expect("listen"));
@@ -202,7 +222,7 @@ fn the_packet_cap_ends_the_capture_and_says_so() {
         return;
     }
     let (pod, _server) = pod_and_server();
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = CaptureDisk::new();
     let out = dir.path().join("capture");
     let started = Instant::now();
     let mut capture = capture(&pod, &["--duration", "60s", "--max-packets", "3"], &out);
@@ -250,7 +270,7 @@ fn the_byte_cap_ends_the_capture_under_it_and_says_so() {
         return;
     }
     let (pod, _server) = pod_and_server();
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = CaptureDisk::new();
     let out = dir.path().join("capture");
     let started = Instant::now();
     let mut capture = capture(&pod, &["--duration", "60s", "--max-bytes", "64K"], &out);
@@ -274,7 +294,7 @@ fn an_interrupted_capture_ends_whole() {
         return;
     }
     let (pod, _server) = pod_and_server();
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = CaptureDisk::new();
     let out = dir.path().join("capture");
     let started = Instant::now();
     let mut capture = capture(&pod, &["--duration", "60s"], &out);
@@ -340,7 +360,7 @@ fn a_stuck_writer_in_the_namespace_is_in_the_tasks_file_with_its_stack() {
         stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('D')).then_some(())
     };
     wait_for(Duration::from_secs(10), in_d).unwrap_or_else(|| panic!("dd ({pid}) never waited in D state"));
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = CaptureDisk::new();
     let out = dir.path().join("capture");
     let said = capture(&pod, &["--duration", "1s"], &out).ended(Duration::from_secs(15));
     println!("{said}");

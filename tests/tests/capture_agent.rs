@@ -15,7 +15,7 @@ use std::{
 
 use kstall_tests::{
     agent::{Agent, agent_binary, pod_json, write_pods_file},
-    capture::{packet_sockets, ports, tcpdump, unpacked},
+    capture::{CaptureDisk, packet_sockets, ports, tcpdump, unpacked},
     cgroup::{Cgroup, PodProcess},
     host::wait_for,
     kernel_tests_can_run,
@@ -47,7 +47,9 @@ fn text(bytes: &[u8]) -> String {
 fn agent_and_pod(dir: &Path) -> (Agent, NetNs, NetNs, Cgroup, PodProcess) {
     let pods_file = dir.join("pods.json");
     write_pods_file(&pods_file, &[pod_json(UID, POD, CONTAINER)]);
-    let agent = Agent::start(&["--pods-file", pods_file.to_str().unwrap()]);
+    // The state, and with it the captures, on the test's own disk (see CaptureDisk).
+    let agent =
+        Agent::start_with_state(Some(&dir.join("state")), &["--pods-file", pods_file.to_str().unwrap()]);
     let pod = NetNs::new("capa-pod");
     let server = NetNs::new("capa-srv");
     pod.veth_to(&server, ("eth0", "10.0.0.2/24"), ("eth0", "10.0.0.1/24"));
@@ -68,7 +70,7 @@ fn a_capture_through_the_agent_is_the_whole_case() {
     if !kernel_tests_can_run("a_capture_through_the_agent_is_the_whole_case") {
         return;
     }
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = CaptureDisk::new();
     let (agent, pod, _server, _container, _process) = agent_and_pod(dir.path());
     assert_eq!(packet_sockets(&pod), 0, "a packet socket before any capture");
 
@@ -93,8 +95,25 @@ fn a_capture_through_the_agent_is_the_whole_case() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("kstall capture start");
-    wait_for(Duration::from_secs(3), || (packet_sockets(&pod) == 2).then_some(()))
-        .unwrap_or_else(|| panic!("the agent's two packet sockets never showed:\n{}", agent.log()));
+    // Up, or the capture ended: a refused or failed one says why.
+    let up = wait_for(Duration::from_secs(10), || {
+        if packet_sockets(&pod) == 2 {
+            return Some(true);
+        }
+        start.try_wait().expect("wait").map(|_| false)
+    });
+    match up {
+        Some(true) => {}
+        Some(false) => {
+            let out = start.wait_with_output().expect("output");
+            panic!(
+                "the capture ended before its packet sockets showed: {}{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            )
+        }
+        None => panic!("the agent's two packet sockets never showed:\n{}", agent.log()),
+    }
 
     // A second capture of the pod while the first runs: one line, exit 1.
     let second = kstall(&agent, dir.path(), &["start", "--pod", POD, "--duration", "3s"]);
@@ -156,7 +175,7 @@ fn an_agent_holds_no_packet_socket_until_asked() {
     if !kernel_tests_can_run("an_agent_holds_no_packet_socket_until_asked") {
         return;
     }
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = CaptureDisk::new();
     let (agent, pod, _server, _container, _process) = agent_and_pod(dir.path());
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(packet_sockets(&pod), 0, "a packet socket before any capture");

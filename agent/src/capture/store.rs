@@ -193,10 +193,11 @@ impl Store {
         }
         if space.free.saturating_add(total) < wanted.saturating_add(floor) {
             return Err(format!(
-                "capture refused: the filesystem of {} has {} free of {}; kstall keeps {KEEP_FREE_PERCENT}% free",
+                "capture refused: the filesystem of {} has {} free of {}; {} more would leave less than the {KEEP_FREE_PERCENT}% kstall keeps free",
                 self.dir.display(),
                 human(space.free),
-                human(space.total)
+                human(space.total),
+                human(wanted)
             ));
         }
         // The fewest oldest bundles whose deletion satisfies all three; the count gives way when
@@ -550,7 +551,7 @@ mod tests {
         assert_eq!(
             refused,
             format!(
-                "capture refused: the filesystem of {} has 1.2 GiB free of 40 GiB; kstall keeps 5% free",
+                "capture refused: the filesystem of {} has 1.2 GiB free of 40 GiB; 72 MiB more would leave less than the 5% kstall keeps free",
                 state.path().join("captures").display()
             )
         );
