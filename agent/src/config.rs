@@ -341,6 +341,9 @@ impl Config {
         let kubernetes = args.kubernetes.settings(api)?;
         let kubelet = args.kubelet.settings(api)?;
         let captures = args.captures.settings()?;
+        if state_dir.is_none() && !captures.on.is_empty() {
+            return Err(invalid("capture_on", crate::capture::service::OFF.to_string()));
+        }
 
         Ok(Config {
             captures,
@@ -395,6 +398,10 @@ mod tests {
         assert_eq!(c.state_dir, Some(PathBuf::from("/var/lib/kstall")));
         let memory_only = resolve(AgentArgs { state_dir: Some("none".into()), ..Default::default() });
         assert_eq!(memory_only.unwrap().state_dir, None);
+        let mut capturing = AgentArgs { state_dir: Some("none".into()), ..Default::default() };
+        capturing.captures.capture_on = Some(vec!["nfs-sidecar-redirect".into()]);
+        let e = resolve(capturing).unwrap_err();
+        assert_eq!((e.field, e.message.as_str()), ("capture_on", crate::capture::service::OFF));
         assert_eq!(
             c.probes.enabled,
             vec!["tcp-reset", "hung-task", "oom", "nfs", "stuck-task", "cpu-lockup", "packet-drop"]
@@ -1033,7 +1040,7 @@ mod tests {
             ("listen", s("127.0.0.1:9799"), one("127.0.0.1:9799")),
             ("web_config_file", s(&web), one(&web)),
             ("api_socket", s("/run/kstall/other.sock"), one("/run/kstall/other.sock")),
-            ("state_dir", s("none"), one("none")),
+            ("state_dir", s("/var/lib/kstall-sample"), one("/var/lib/kstall-sample")),
             ("probes", r#"["oom", "tcp-reset"]"#.into(), one("oom,tcp-reset")),
             ("ring_buffer_bytes", "2097152".into(), one("2M")),
             ("sample_events", "8".into(), one("8")),
@@ -1099,6 +1106,12 @@ mod tests {
             ("capture_keep", "10".into(), one("10")),
             ("capture_disk", s("1G"), one("1G")),
             ("capture_running", "1".into(), one("1")),
+            (
+                "capture_on",
+                r#"["nfs-sidecar-redirect", "pod-termination-blocked"]"#.into(),
+                one("nfs-sidecar-redirect,pod-termination-blocked"),
+            ),
+            ("capture_per_hour", "3".into(), one("3")),
         ]
     }
 

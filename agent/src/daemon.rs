@@ -120,6 +120,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // resolver's own without an event path, where no series are made).
     let (applied_tx, applied_index) = watch::channel(attribution.index.borrow().clone());
     let shown_index = if loaded.events.is_some() { applied_index } else { attribution.index.clone() };
+    let captures = captures(&config);
+    let triggers = capture_triggers(&captures, &incidents);
     let state = Arc::new(AgentState {
         started: Instant::now(),
         kernel: kernel_release,
@@ -136,7 +138,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         conntrack: conntrack_tables.clone(),
         pressure: pressure_sample.clone(),
         nfs_ports: config.incidents.nfs_ports.clone(),
-        captures: captures(&config),
+        captures,
     });
 
     let web = match &config.web_config_file {
@@ -247,7 +249,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         conntrack: conntrack_tables,
         pressure: pressure_sample,
     };
-    let evaluator = tokio::spawn(evaluator::run(incidents.clone(), inputs, subscribers, stop_intake.clone()));
+    let evaluator =
+        tokio::spawn(evaluator::run(incidents.clone(), inputs, triggers, subscribers, stop_intake.clone()));
     symbols::refresh(loaded.decoding.symbols.clone()).await;
     let symbols = tokio::spawn(symbols::keep_current(loaded.decoding.symbols.clone(), stop_intake.clone()));
     let (states_tx, states_rx) = mpsc::channel(1);
@@ -457,13 +460,33 @@ fn history_written(dir: PathBuf, metrics: Arc<Metrics>) -> impl Fn(&std::io::Res
     }
 }
 
+/// What acts on incidents as they fire: the captures `--capture-on` asks for, whose end the
+/// engine hears of (each incident's `capture` evidence then says complete or failed).
+fn capture_triggers(
+    captures: &Result<Arc<crate::capture::service::Captures>, String>,
+    engine: &Arc<Mutex<Engine>>,
+) -> Vec<Box<dyn evaluator::Trigger>> {
+    let Ok(captures) = captures else { return Vec::new() };
+    let engine = engine.clone();
+    captures.on_end(Box::new(move |incidents, entry| {
+        let mut engine = engine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for id in incidents {
+            engine.annotate(id, crate::incidents::engine::CAPTURE, entry.clone());
+        }
+    }));
+    crate::capture::trigger::OnIncident::new(captures.clone())
+        .map(|t| Box::new(t) as Box<dyn evaluator::Trigger>)
+        .into_iter()
+        .collect()
+}
+
 /// The captures under `<state>/captures`, or why there are none (no state dir, or it cannot be
 /// made: one warning, and the agent runs on without them).
 fn captures(config: &Config) -> Result<Arc<crate::capture::service::Captures>, String> {
     let Some(dir) = &config.state_dir else {
         return Err(crate::capture::service::OFF.to_string());
     };
-    crate::capture::service::Captures::open(&dir.join("captures"), config.captures, &config.node_name)
+    crate::capture::service::Captures::open(&dir.join("captures"), config.captures.clone(), &config.node_name)
         .map(Arc::new)
         .map_err(|e| {
             tracing::warn!(error = %e, "captures are off");

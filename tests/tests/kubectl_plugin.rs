@@ -14,8 +14,13 @@ fn plugin(args: &[&str]) -> (Option<i32>, String, Vec<String>) {
 /// has two incidents, node-b's does not answer, node-c's has none.
 fn plugin_out(args: &[&str]) -> (Option<i32>, String, String, Vec<String>) {
     let dir = tempfile::tempdir().unwrap();
-    let calls = dir.path().join("calls");
-    let fake = dir.path().join("kubectl");
+    plugin_in(dir.path(), args)
+}
+
+/// As [`plugin_out`], run in `dir` (where the fake kubectl and its calls are kept too).
+fn plugin_in(dir: &Path, args: &[&str]) -> (Option<i32>, String, String, Vec<String>) {
+    let calls = dir.join("calls");
+    let fake = dir.join("kubectl");
     std::fs::write(
         &fake,
         format!(
@@ -34,6 +39,12 @@ case "$*" in
   "get --raw /api/v1/namespaces/kstall/pods/kstall-b:9700/proxy/api/v1/incidents?format=tsv"*)
     echo "Error from server (ServiceUnavailable): the server is currently unable to handle the request" >&2; exit 1 ;;
   "get --raw /api/v1/namespaces/kstall/pods/kstall-c:9700/proxy/api/v1/incidents?format=tsv"*) ;;
+  "exec -i --namespace kstall kstall-x7k2p -- kstall capture get cap-ok -o -")
+    printf 'bundle'; echo "cap-ok: 6 B (sha256 $(printf bundle | sha256sum | cut -d' ' -f1), sent)" >&2 ;;
+  "exec -i --namespace kstall kstall-x7k2p -- kstall capture get cap-cut -o -")
+    printf 'bun'; echo "cap-cut: 6 B (sha256 $(printf bundle | sha256sum | cut -d' ' -f1), sent)" >&2 ;;
+  "exec -i --namespace kstall kstall-x7k2p -- kstall capture get cap-none -o -")
+    echo "kstall capture get: capture cap-none: no such capture on this node (kstall capture list)" >&2; exit 1 ;;
   exec*) ;;
   *) echo "Error from server (NotFound)" >&2; exit 1 ;;
 esac
@@ -46,7 +57,8 @@ esac
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubectl-kstall");
     let out = Command::new(script)
         .args(args)
-        .env("PATH", format!("{}:/usr/bin:/bin", dir.path().display()))
+        .env("PATH", format!("{}:/usr/bin:/bin", dir.display()))
+        .current_dir(dir)
         .output()
         .expect("run kubectl-kstall");
     let calls = std::fs::read_to_string(&calls).unwrap_or_default().lines().map(String::from).collect();
@@ -82,7 +94,7 @@ fn all_nodes_is_one_table_of_every_agents_incidents_and_names_the_nodes_that_did
         (code, stderr.trim_end()),
         (
             Some(64),
-            "kubectl kstall: --all-nodes is for incidents (kubectl kstall <trace|incidents|explain|status> [--pod NAME [-n NS] | --node NODE] ...)"
+            "kubectl kstall: --all-nodes is for incidents (kubectl kstall <trace|incidents|explain|status|capture> [--pod NAME [-n NS] | --node NODE] ...)"
         )
     );
 }
@@ -121,4 +133,55 @@ fn says_what_is_missing() {
         assert!(stderr.lines().any(|l| l.contains(expect)), "{args:?}: {stderr}");
         assert!(!calls.iter().any(|c| c.starts_with("exec")), "{args:?}: nothing run: {calls:?}");
     }
+}
+
+#[test]
+fn capture_get_brings_the_bundle_here_and_keeps_it_only_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, stderr, calls) =
+        plugin_in(dir.path(), &["capture", "get", "cap-ok", "--pod", "web-1", "-n", "shop"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let got = dir.path().join("cap-ok.tar.gz");
+    assert_eq!(std::fs::read(&got).unwrap(), b"bundle");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&got).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(stderr.starts_with("cap-ok.tar.gz: 6 bytes from node node-a (sha256 "), "{stderr}");
+    assert!(
+        calls.iter().any(|c| c
+            == "exec -i --namespace kstall kstall-x7k2p -- kstall capture get cap-ok -o - -n shop"
+            || c.starts_with("exec -i --namespace kstall kstall-x7k2p -- kstall capture get cap-ok -o -")),
+        "{calls:?}"
+    );
+
+    // Never over a file; -o names another.
+    let (code, _, stderr, _) = plugin_in(dir.path(), &["capture", "get", "cap-ok", "--node", "node-a"]);
+    assert_eq!(
+        (code, stderr.as_str()),
+        (Some(64), "kubectl kstall: capture get: cap-ok.tar.gz exists: give -o or remove it\n")
+    );
+    let (code, _, stderr, _) =
+        plugin_in(dir.path(), &["capture", "get", "cap-ok", "-o", "case-1.tar.gz", "--node", "node-a"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(std::fs::read(dir.path().join("case-1.tar.gz")).unwrap(), b"bundle");
+
+    // Cut on the way: nothing is kept, and it says so.
+    let (code, _, stderr, _) = plugin_in(dir.path(), &["capture", "get", "cap-cut", "--node", "node-a"]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.starts_with("kubectl kstall: capture cap-cut: sha256 mismatch (got "), "{stderr}");
+    assert!(stderr.ends_with("): the download is incomplete, try again\n"), "{stderr}");
+    // The agent's refusal, as it said it.
+    let (code, _, stderr, _) = plugin_in(dir.path(), &["capture", "get", "cap-none", "--node", "node-a"]);
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            Some(1),
+            "kstall capture get: capture cap-none: no such capture on this node (kstall capture list)\n"
+        )
+    );
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".part") || n.starts_with("cap-cut") || n.starts_with("cap-none"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }

@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use crate::setting::{Invalid, bytes, count, duration};
+use crate::{
+    incidents::signatures::NAMES,
+    setting::{Invalid, bytes, count, duration},
+};
 
 #[derive(Debug, Default, clap::Args, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -31,10 +34,18 @@ pub struct Flags {
     /// Captures running at once on the node: at least 1 [default: 2].
     #[arg(long, env = "KSTALL_CAPTURE_RUNNING", value_name = "N")]
     pub capture_running: Option<String>,
+    /// Signatures whose firing starts a capture of the incident's pod at once, bounded as above
+    /// and filtered to the incident's peers and ports: one at a time per pod, one per pod in 10
+    /// minutes, at most --capture-per-hour on the node. E.g. nfs-sidecar-redirect [default: none].
+    #[arg(long, env = "KSTALL_CAPTURE_ON", value_name = "SIGNATURES", value_delimiter = ',')]
+    pub capture_on: Option<Vec<String>>,
+    /// Captures incidents may start on the node in an hour: at least 1 [default: 6].
+    #[arg(long, env = "KSTALL_CAPTURE_PER_HOUR", value_name = "N")]
+    pub capture_per_hour: Option<String>,
 }
 
 /// What the agent's captures may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     pub duration: Duration,
     pub max_bytes: u64,
@@ -42,6 +53,9 @@ pub struct Settings {
     pub keep: usize,
     pub disk: u64,
     pub running: usize,
+    /// The signatures whose incidents start a capture.
+    pub on: Vec<&'static str>,
+    pub per_hour: usize,
 }
 
 impl Settings {
@@ -59,6 +73,8 @@ impl Default for Settings {
             keep: 20,
             disk: 512 << 20,
             running: 2,
+            on: Vec::new(),
+            per_hour: 6,
         }
     }
 }
@@ -107,6 +123,20 @@ impl Flags {
         if let Some(text) = self.capture_running {
             s.running = count("capture_running", &text, 1)? as usize;
         }
+        for name in self.capture_on.iter().flatten().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+            let Some(known) = NAMES.iter().find(|k| **k == name) else {
+                return Err((
+                    "capture_on",
+                    format!("unknown signature {name:?} (known: {})", NAMES.join(", ")),
+                ));
+            };
+            if !s.on.contains(known) {
+                s.on.push(known);
+            }
+        }
+        if let Some(text) = self.capture_per_hour {
+            s.per_hour = count("capture_per_hour", &text, 1)? as usize;
+        }
         Ok(s)
     }
 }
@@ -125,12 +155,15 @@ mod tests {
             capture_keep: Some("3".into()),
             capture_disk: Some("16M".into()),
             capture_running: Some("1".into()),
+            capture_on: Some(vec!["nfs-sidecar-redirect".into(), " pod-termination-blocked".into()]),
+            capture_per_hour: Some("2".into()),
         };
         let s = set.settings().unwrap();
         assert_eq!(
-            (s.duration, s.max_bytes, s.max_packets, s.keep, s.disk, s.running),
-            (Duration::from_secs(120), 8 << 20, 1000, 3, 16 << 20, 1)
+            (s.duration, s.max_bytes, s.max_packets, s.keep, s.disk, s.running, s.per_hour),
+            (Duration::from_secs(120), 8 << 20, 1000, 3, 16 << 20, 1, 2)
         );
+        assert_eq!(s.on, ["nfs-sidecar-redirect", "pod-termination-blocked"]);
         let bad = |flags: Flags| flags.settings().unwrap_err();
         let e = bad(Flags { capture_duration: Some("20m".into()), ..Default::default() });
         assert_eq!(e, ("capture_duration", "\"20m\": a capture lasts 1 s to 10 min".into()));
@@ -142,6 +175,17 @@ mod tests {
         assert_eq!(
             bad(Flags { capture_running: Some("0".into()), ..Default::default() }).0,
             "capture_running"
+        );
+        let e = bad(Flags { capture_on: Some(vec!["nfs-sidcar-redirect".into()]), ..Default::default() });
+        assert_eq!(e.0, "capture_on");
+        assert!(
+            e.1.starts_with("unknown signature \"nfs-sidcar-redirect\" (known: nfs-sidecar-redirect, "),
+            "{}",
+            e.1
+        );
+        assert_eq!(
+            bad(Flags { capture_per_hour: Some("0".into()), ..Default::default() }).0,
+            "capture_per_hour"
         );
     }
 }

@@ -34,7 +34,9 @@ pub mod runner;
 pub mod service;
 pub mod sockets;
 pub mod store;
+pub mod target;
 pub mod tasks;
+pub mod trigger;
 
 /// What grants a capture's capabilities (NET_RAW, NET_ADMIN, SYS_ADMIN), as a refusal names it.
 pub const GRANTED_BY: &str = "deploy/components/capture (Helm: --set capture.enabled=true)";

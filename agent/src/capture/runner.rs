@@ -1,10 +1,15 @@
-//! One capture from start to bundle, the same for `kstall capture start --standalone` and (later)
-//! the agent: room reserved in the store, the conntrack listener and the state at the start, the
+//! One capture from start to bundle, the same for `kstall capture start --standalone` and the
+//! agent: room reserved in the store, the conntrack listener and the state at the start, the
 //! packet sockets, the packets until a bound or a stop, the state at the end, the processes' NFS
 //! mounts and stuck tasks, then the staging dir packed as `<id>.tar.gz` with its manifest. A
 //! failure leaves no staging dir behind.
 
-use std::{fs::File, io::BufWriter, path::Path, sync::atomic::AtomicBool};
+use std::{
+    fs::File,
+    io::BufWriter,
+    path::Path,
+    sync::{Arc, Mutex, PoisonError, atomic::AtomicBool},
+};
 
 use super::{
     FileNote, FileStatus,
@@ -37,8 +42,13 @@ pub struct Plan {
     pub snap: Snaplen,
     pub bounds: Bounds,
     pub trigger: Trigger,
+    /// Incidents of the pod that fired while it ran: the manifest names them beside the
+    /// trigger's.
+    pub joined: Joined,
     pub requested: Time,
 }
+
+pub type Joined = Arc<Mutex<Vec<String>>>;
 
 /// A capture done: its bundle and what it found.
 pub struct Outcome {
@@ -152,7 +162,13 @@ fn collect(
         node: node.to_string(),
         kernel: kernel::release(),
         kstall: env!("CARGO_PKG_VERSION").to_string(),
-        trigger: plan.trigger.clone(),
+        trigger: {
+            let mut trigger = plan.trigger.clone();
+            trigger
+                .incidents
+                .extend(plan.joined.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned());
+            trigger
+        },
         pod: target.pod.clone(),
         times: Times { requested: plan.requested, started, packets_ended, ended: now() },
         limits: Limits {

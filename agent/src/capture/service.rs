@@ -4,10 +4,11 @@
 //! node. Nothing here blocks for long: the API's async tasks call it and poll [`Captures::info`].
 
 use std::{
+    collections::VecDeque,
     fs::File,
     path::PathBuf,
     sync::{
-        Arc, Mutex, MutexGuard, PoisonError,
+        Arc, Mutex, MutexGuard, OnceLock, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
     time::Duration,
@@ -20,7 +21,7 @@ use super::{
     filter::{Link, Snaplen},
     flags::{Settings, check_duration},
     packets::{Bounds, size},
-    runner::{self, Plan, Target},
+    runner::{self, Joined, Plan, Target},
     store::{self, Retention, Store, Summary},
 };
 
@@ -30,6 +31,12 @@ pub const OFF: &str =
 
 /// Failed captures remembered for `kstall capture list` (they have no bundle).
 const FAILED_KEPT: usize = 16;
+
+/// An incident starts at most one capture of its pod in this long: a flapping incident does not
+/// fill the disk with one case.
+const PER_POD_EVERY: Duration = Duration::from_secs(600);
+
+const HOUR: Duration = Duration::from_secs(3600);
 
 /// A capture as the API shows it: running, done (with its bundle's summary) or failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,13 +103,28 @@ pub struct Ask {
 struct Running {
     info: Info,
     stop: Arc<AtomicBool>,
+    /// The incidents it is the capture of: the one that started it, those that joined.
+    incidents: Joined,
+}
+
+/// A capture an incident started: when, of which pod.
+struct Started {
+    at_ns: u64,
+    pod: String,
+    id: String,
 }
 
 #[derive(Default)]
 struct Book {
     running: Vec<Running>,
     failed: Vec<Info>,
+    /// Those of the last hour.
+    triggered: VecDeque<Started>,
 }
+
+/// Told when a capture that incidents asked for ends: their ids, and the capture's evidence
+/// entry as it now stands.
+pub type OnEnd = Box<dyn Fn(&[String], serde_json::Value) + Send + Sync>;
 
 pub struct Captures {
     store: Store,
@@ -110,6 +132,7 @@ pub struct Captures {
     node: String,
     proc: PathBuf,
     book: Arc<Mutex<Book>>,
+    on_end: OnceLock<OnEnd>,
 }
 
 fn lock(book: &Mutex<Book>) -> MutexGuard<'_, Book> {
@@ -181,7 +204,14 @@ impl Captures {
             node: node.to_string(),
             proc: PathBuf::from("/proc"),
             book: Arc::default(),
+            on_end: OnceLock::new(),
         })
+    }
+
+    /// Who hears of the end of captures that incidents asked for (the engine, to update their
+    /// evidence). Set once.
+    pub fn on_end(&self, told: OnEnd) {
+        let _ = self.on_end.set(told);
     }
 
     pub fn settings(&self) -> &Settings {
@@ -193,10 +223,92 @@ impl Captures {
         let (bounds, snap) = bounds(ask, &self.settings)?;
         let filter = ask.filter.as_deref().map(str::trim).filter(|f| !f.is_empty()).map(str::to_string);
         super::filter::compile(filter.as_deref(), Link::Ethernet, snap).map_err(|e| e.to_string())?;
-        let requested = Time(crate::kernel::unix_now_ns());
         let mut book = lock(&self.book);
         let running: Vec<Info> = book.running.iter().map(|r| r.info.clone()).collect();
         admit(&running, target.pod.netns, &target.label.replace("pod ", ""), self.settings.running)?;
+        let how = How {
+            filter_from: if filter.is_some() { FilterFrom::Given } else { FilterFrom::None },
+            filter,
+            snap,
+            snaplen: ask.snaplen.clone().unwrap_or_else(|| "headers".into()),
+            bounds,
+            trigger: Trigger {
+                kind: TriggerKind::Manual,
+                incidents: vec![],
+                signature: None,
+                requested_by: "socket".into(),
+            },
+        };
+        self.launch(&mut book, target, how)
+    }
+
+    /// What incident `incident` (of `signature`, firing now) makes of a capture of its pod
+    /// `target`, with `filter` (its peers and ports): started, joined to the pod's running one,
+    /// or skipped; as the incident's evidence entry.
+    pub fn start_triggered(
+        self: &Arc<Self>,
+        target: Target,
+        incident: &str,
+        signature: &str,
+        filter: Option<String>,
+    ) -> serde_json::Value {
+        let now = crate::kernel::unix_now_ns();
+        let pod = target.label.trim_start_matches("pod ").to_string();
+        let mut book = lock(&self.book);
+        match decide(&mut book, now, &pod, target.pod.netns, &self.settings) {
+            Decision::Join(running) => {
+                let running = &book.running[running];
+                lock_ids(&running.incidents).push(incident.to_string());
+                let mut entry = self.capturing(&running.info);
+                entry["joined"] = true.into();
+                return entry;
+            }
+            Decision::Skip(why) => return skipped(why),
+            Decision::Start => {}
+        }
+        let snap = Snaplen::Headers;
+        // The incident's own filter, or (should libpcap refuse it) the pod's every packet.
+        let filter = filter.filter(|f| super::filter::compile(Some(f), Link::Ethernet, snap).is_ok());
+        let how = How {
+            filter_from: if filter.is_some() { FilterFrom::Incident } else { FilterFrom::None },
+            filter,
+            snap,
+            snaplen: "headers".into(),
+            bounds: Bounds {
+                duration: self.settings.duration,
+                max_bytes: self.settings.max_bytes,
+                max_packets: self.settings.max_packets,
+            },
+            trigger: Trigger {
+                kind: TriggerKind::Incident,
+                incidents: vec![incident.to_string()],
+                signature: Some(signature.to_string()),
+                requested_by: "incident".into(),
+            },
+        };
+        match self.launch(&mut book, target, how) {
+            Ok(info) => {
+                book.triggered.push_back(Started { at_ns: now, pod, id: info.id.clone() });
+                self.capturing(&info)
+            }
+            Err(refused) => skipped(refused),
+        }
+    }
+
+    /// A running capture as an incident's evidence names it.
+    fn capturing(&self, info: &Info) -> serde_json::Value {
+        serde_json::json!({
+            "id": info.id,
+            "path": self.store.dir().join(format!("{}.tar.gz", info.id)),
+            "state": "capturing",
+            "until_unix_ns": info.until.map(|t| t.0),
+            "filter": info.filter,
+        })
+    }
+
+    /// Starts the capture's thread, the book locked.
+    fn launch(self: &Arc<Self>, book: &mut Book, target: Target, how: How) -> Result<Info, String> {
+        let requested = Time(crate::kernel::unix_now_ns());
         let pod = match (&target.pod.namespace, &target.pod.name) {
             (Some(ns), Some(name)) => Some((ns.as_str(), name.as_str())),
             _ => None,
@@ -208,26 +320,24 @@ impl Captures {
             target: target.label.trim_start_matches("pod ").to_string(),
             netns: target.pod.netns,
             started: requested,
-            until: Some(Time(requested.0.saturating_add(bounds.duration.as_nanos() as u64))),
-            filter: filter.clone(),
-            duration_secs: bounds.duration.as_secs(),
-            max_bytes: bounds.max_bytes,
-            max_packets: bounds.max_packets,
-            snaplen: ask.snaplen.clone().unwrap_or_else(|| "headers".into()),
+            until: Some(Time(requested.0.saturating_add(how.bounds.duration.as_nanos() as u64))),
+            filter: how.filter.clone(),
+            duration_secs: how.bounds.duration.as_secs(),
+            max_bytes: how.bounds.max_bytes,
+            max_packets: how.bounds.max_packets,
+            snaplen: how.snaplen,
             error: None,
             summary: None,
         };
+        let incidents = Joined::default();
+        lock_ids(&incidents).extend(how.trigger.incidents.iter().cloned());
         let plan = Plan {
-            filter_from: if filter.is_some() { FilterFrom::Given } else { FilterFrom::None },
-            filter,
-            snap,
-            bounds,
-            trigger: Trigger {
-                kind: TriggerKind::Manual,
-                incidents: vec![],
-                signature: None,
-                requested_by: "socket".into(),
-            },
+            filter: how.filter,
+            filter_from: how.filter_from,
+            snap: how.snap,
+            bounds: how.bounds,
+            trigger: Trigger { incidents: vec![], ..how.trigger },
+            joined: incidents.clone(),
             requested,
         };
         let stop = Arc::new(AtomicBool::new(false));
@@ -238,7 +348,7 @@ impl Captures {
             .name("kstall-capture".into())
             .spawn(move || this.run(&thread_id, &target, &plan, &thread_stop))
             .map_err(|e| format!("capture refused: cannot start its thread: {e}"))?;
-        book.running.push(Running { info: info.clone(), stop });
+        book.running.push(Running { info: info.clone(), stop, incidents });
         Ok(info)
     }
 
@@ -246,25 +356,36 @@ impl Captures {
         let outcome = runner::run(&self.store, id, &self.node, target, plan, stop, &self.proc);
         let mut book = lock(&self.book);
         let Some(at) = book.running.iter().position(|r| r.info.id == id) else { return };
-        let mut info = book.running.remove(at).info;
-        match outcome {
+        let Running { mut info, incidents, .. } = book.running.remove(at);
+        let entry = match outcome {
             Ok(outcome) => {
-                tracing::info!(
-                    id,
-                    bytes = outcome.summary.bytes,
-                    packets = outcome.summary.packets,
-                    "capture done"
-                );
+                let s = &outcome.summary;
+                tracing::info!(id, bytes = s.bytes, packets = s.packets, "capture done");
+                serde_json::json!({
+                    "id": id,
+                    "path": self.store.dir().join(&s.file),
+                    "state": "complete",
+                    "bytes": s.bytes,
+                    "sha256": s.sha256,
+                    "packets": s.packets,
+                    "cut": s.cut,
+                })
             }
             Err(e) => {
                 tracing::warn!(id, error = %e, "capture failed");
                 info.state = "failed".into();
-                info.error = Some(e);
+                info.error = Some(e.clone());
                 info.until = None;
                 book.failed.push(info);
                 let excess = book.failed.len().saturating_sub(FAILED_KEPT);
                 book.failed.drain(..excess);
+                serde_json::json!({"id": id, "state": "failed", "error": e})
             }
+        };
+        drop(book);
+        let incidents = lock_ids(&incidents).clone();
+        if let (false, Some(told)) = (incidents.is_empty(), self.on_end.get()) {
+            told(&incidents, entry);
         }
     }
 
@@ -320,6 +441,66 @@ impl Captures {
     pub fn running(&self) -> usize {
         lock(&self.book).running.len()
     }
+}
+
+enum Decision {
+    /// The pod's capture running now (its index in the book).
+    Join(usize),
+    Skip(String),
+    Start,
+}
+
+/// Whether an incident of `pod` (namespace `netns`), firing at `now`, joins the pod's running
+/// capture, is skipped (the pod captured less than 10 min ago, the hour's triggered captures
+/// reached, the node's running limit), or starts one. Forgets what is more than an hour old.
+fn decide(book: &mut Book, now: u64, pod: &str, netns: u64, settings: &Settings) -> Decision {
+    if let Some(running) = book.running.iter().position(|r| r.info.netns == netns) {
+        return Decision::Join(running);
+    }
+    let hour_ago = now.saturating_sub(HOUR.as_nanos() as u64);
+    while book.triggered.front().is_some_and(|s| s.at_ns < hour_ago) {
+        book.triggered.pop_front();
+    }
+    let cooled = now.saturating_sub(PER_POD_EVERY.as_nanos() as u64);
+    if let Some(last) = book.triggered.iter().rev().find(|s| s.pod == pod && s.at_ns >= cooled) {
+        let ago = crate::incidents::signatures::human_secs((now - last.at_ns) / 1_000_000_000);
+        return Decision::Skip(format!(
+            "{pod} was captured {ago} ago ({}): one triggered capture per pod in 10 min",
+            last.id
+        ));
+    }
+    if book.triggered.len() >= settings.per_hour {
+        return Decision::Skip(format!(
+            "{} triggered captures in the last hour (--capture-per-hour {})",
+            book.triggered.len(),
+            settings.per_hour
+        ));
+    }
+    let running: Vec<Info> = book.running.iter().map(|r| r.info.clone()).collect();
+    match admit(&running, netns, pod, settings.running) {
+        Ok(()) => Decision::Start,
+        Err(refused) => Decision::Skip(refused),
+    }
+}
+
+/// How a capture runs, decided before it starts.
+struct How {
+    filter: Option<String>,
+    filter_from: FilterFrom,
+    snap: Snaplen,
+    /// As asked (`headers`, `full`, a number).
+    snaplen: String,
+    bounds: Bounds,
+    trigger: Trigger,
+}
+
+fn lock_ids(ids: &Joined) -> MutexGuard<'_, Vec<String>> {
+    ids.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// An incident's capture entry when none was started.
+fn skipped(why: String) -> serde_json::Value {
+    serde_json::json!({ "skipped": why })
 }
 
 pub fn no_such(id: &str) -> String {
@@ -382,6 +563,60 @@ mod tests {
             admit(&two, 9, "shop/web-3", 2).unwrap_err(),
             "capture refused: 2 captures are running on this node (--capture-running 2)"
         );
+    }
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn triggered(book: &mut Book, at_ns: u64, pod: &str, id: &str) {
+        book.triggered.push_back(Started { at_ns, pod: pod.into(), id: id.into() });
+    }
+
+    #[test]
+    fn an_incident_joins_its_pods_capture_and_the_pod_and_hour_caps_hold() {
+        let settings = Settings { per_hour: 3, running: 2, ..Settings::default() };
+        let mut book = Book::default();
+        let now = 10_000 * SEC;
+        assert!(matches!(decide(&mut book, now, "shop/web-1", 7, &settings), Decision::Start));
+
+        // A capture of the pod runs (started by another incident or by hand): joined.
+        book.running.push(Running {
+            info: running("cap-a", 7),
+            stop: Arc::default(),
+            incidents: Joined::default(),
+        });
+        assert!(matches!(decide(&mut book, now, "shop/web-1", 7, &settings), Decision::Join(0)));
+
+        // Captured 3 min ago by an incident: skipped, naming the capture.
+        book.running.clear();
+        triggered(&mut book, now - 180 * SEC, "shop/web-1", "cap-a");
+        let Decision::Skip(why) = decide(&mut book, now, "shop/web-1", 7, &settings) else { panic!() };
+        assert_eq!(why, "shop/web-1 was captured 3 min ago (cap-a): one triggered capture per pod in 10 min");
+        // Another pod may; after 10 min, this one may again.
+        assert!(matches!(decide(&mut book, now, "shop/web-2", 8, &settings), Decision::Start));
+        assert!(matches!(decide(&mut book, now + 421 * SEC, "shop/web-1", 7, &settings), Decision::Start));
+
+        // Three in the last hour: the fourth pod waits; an hour on, the oldest is forgotten.
+        triggered(&mut book, now - 100 * SEC, "shop/web-2", "cap-b");
+        triggered(&mut book, now - 50 * SEC, "shop/web-3", "cap-c");
+        let Decision::Skip(why) = decide(&mut book, now, "shop/web-4", 9, &settings) else { panic!() };
+        assert_eq!(why, "3 triggered captures in the last hour (--capture-per-hour 3)");
+        let later = now - 180 * SEC + 3601 * SEC;
+        assert!(matches!(decide(&mut book, later, "shop/web-4", 9, &settings), Decision::Start));
+        assert_eq!(book.triggered.len(), 2, "the capture of an hour ago is forgotten");
+
+        // The node's running limit.
+        book.running.push(Running {
+            info: running("cap-x", 1),
+            stop: Arc::default(),
+            incidents: Joined::default(),
+        });
+        book.running.push(Running {
+            info: running("cap-y", 2),
+            stop: Arc::default(),
+            incidents: Joined::default(),
+        });
+        let Decision::Skip(why) = decide(&mut book, later, "shop/web-5", 10, &settings) else { panic!() };
+        assert_eq!(why, "capture refused: 2 captures are running on this node (--capture-running 2)");
     }
 
     #[test]

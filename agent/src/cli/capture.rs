@@ -249,6 +249,7 @@ fn capture(dir: &Path, plan: Plan) -> Result<(), String> {
             signature: None,
             requested_by: "standalone".into(),
         },
+        joined: runner::Joined::default(),
         requested,
     };
     let id = store::new_id(requested.0, None, plan.netns_inode);
@@ -606,14 +607,19 @@ mod agent {
         })();
         match fetched {
             Ok(summary) => {
-                if let Some(f) = file {
-                    f.sync_all().map_err(|e| fail(format!("{}: {e}", path.display())))?;
-                    eprintln!(
-                        "{}: {} (sha256 {}, checked)",
-                        path.display(),
-                        size(summary.bytes),
-                        summary.sha256
-                    );
+                match file {
+                    Some(f) => {
+                        f.sync_all().map_err(|e| fail(format!("{}: {e}", path.display())))?;
+                        eprintln!(
+                            "{}: {} (sha256 {}, checked)",
+                            path.display(),
+                            size(summary.bytes),
+                            summary.sha256
+                        );
+                    }
+                    // What a receiver at the other end of a pipe (`kubectl kstall capture get`)
+                    // checks its copy against.
+                    None => eprintln!("{id}: {} (sha256 {}, sent)", size(summary.bytes), summary.sha256),
                 }
                 Ok(())
             }

@@ -7,7 +7,7 @@ use super::{EXIT_RUNTIME, status::request};
 use crate::{
     api::{IncidentsReport, Request},
     config::DEFAULT_API_SOCKET,
-    incidents::{Incident, State},
+    incidents::{Incident, State, engine::CAPTURE},
 };
 
 #[derive(Debug, clap::Args)]
@@ -80,6 +80,7 @@ pub fn render(incidents: &[&Incident], hidden: usize, now: u64) -> String {
         ));
         out.push_str(&wrap(&i.summary, "  "));
         out.push_str(&evidence(&i.evidence));
+        out.push_str(&capture(&i.evidence[CAPTURE], &i.node));
         if !i.related.is_empty() {
             out.push_str(&format!("  explained by: {}\n", i.related.join(", ")));
         }
@@ -100,6 +101,39 @@ pub fn render(incidents: &[&Incident], hidden: usize, now: u64) -> String {
     out
 }
 
+/// The incident's capture (`--capture-on`) on a line of its own: where its bundle is and how to
+/// fetch it, or why there is none.
+fn capture(c: &serde_json::Value, node: &str) -> String {
+    if let Some(why) = c["skipped"].as_str() {
+        return wrap(&format!("capture: none ({why})"), "  ");
+    }
+    let (Some(id), Some(state)) = (c["id"].as_str(), c["state"].as_str()) else { return String::new() };
+    let path = c["path"].as_str().unwrap_or(id);
+    let how = match state {
+        "capturing" => match c["until_unix_ns"].as_u64() {
+            Some(until) => format!("capturing until {}", &time(until)[11..]),
+            None => "capturing".into(),
+        },
+        "complete" => {
+            let mut how = format!(
+                "complete, {}, {} packets",
+                crate::capture::packets::size(c["bytes"].as_u64().unwrap_or(0)),
+                c["packets"].as_u64().unwrap_or(0)
+            );
+            for cut in c["cut"].as_array().into_iter().flatten().filter_map(|c| c.as_str()) {
+                how.push_str(&format!("; {cut}"));
+            }
+            how
+        }
+        "failed" => {
+            return wrap(&format!("capture: {id} failed: {}", c["error"].as_str().unwrap_or("?")), "  ");
+        }
+        other => other.to_string(),
+    };
+    wrap(&format!("capture: {path} ({how})"), "  ")
+        + &format!("    $ kubectl kstall capture get {id} --node {node}\n")
+}
+
 /// The evidence's scalar facts on one line, then one line per stuck task.
 fn evidence(e: &serde_json::Value) -> String {
     let Some(map) = e.as_object() else { return String::new() };
@@ -108,6 +142,7 @@ fn evidence(e: &serde_json::Value) -> String {
     for (k, v) in map {
         match v {
             serde_json::Value::Null => {}
+            _ if k == CAPTURE => {}
             serde_json::Value::Array(items) if k == "stuck_tasks" => {
                 for t in items {
                     let stack: Vec<&str> = t["stack"]
@@ -213,6 +248,34 @@ FIRING  CRITICAL  nfs-sidecar-redirect  shop/web-1 (Deployment/web)  on node-a
 
 ";
         assert_eq!(text, expected);
+
+        let mut captured = incident.clone();
+        let id = "20261130T043214Z-shop-web-1-4026532177-7f3a";
+        let path = format!("/var/lib/kstall/captures/{id}.tar.gz");
+        captured.evidence["capture"] = serde_json::json!({"id": id, "path": path, "state": "capturing",
+            "until_unix_ns": now + 50_000_000_000u64, "filter": "tcp and (host 10.55.0.1 or port 2049)"});
+        let text = render(&[&captured], 0, now);
+        let lines = format!(
+            "nfs4_file_flush+0x6e\n  capture: {path} (capturing\n    until 04:42:52 UTC)\n    $ kubectl kstall capture get {id} --node node-a\n  fix: "
+        );
+        assert!(text.contains(&lines), "{text}");
+        assert!(!text.contains("evidence: capture"), "{text}");
+        captured.evidence["capture"] = serde_json::json!({"id": id, "path": path, "state": "complete",
+            "bytes": 1_258_291, "packets": 340, "cut": ["packets: the byte cap (1 MiB) was reached"]});
+        let text = render(&[&captured], 0, now);
+        assert!(
+            text.contains(
+                "(complete,\n    1.2 MiB, 340 packets; packets: the byte cap (1 MiB) was reached)\n"
+            ),
+            "{text}"
+        );
+        captured.evidence["capture"] = serde_json::json!({"skipped": "capture refused: 2 captures are running on this node (--capture-running 2)"});
+        let text = render(&[&captured], 0, now);
+        assert!(
+            text.contains("\n  capture: none (capture refused: 2 captures are running on this node (--capture-running 2))\n"),
+            "{text}"
+        );
+
         assert_eq!(
             render(&[], 2, now),
             "No incident firing (2 resolved recently: kstall incidents --all).\n"

@@ -27,6 +27,9 @@ use crate::attribution::Attributed;
 /// Resolved incidents kept for the API.
 const HISTORY: usize = 1000;
 
+/// The evidence key of an incident's capture (`--capture-on`).
+pub const CAPTURE: &str = "capture";
+
 /// How long an incident that fired before a restart stays firing without its signature finding
 /// it again: the signatures start empty, and the slowest evidence to come back (an NFS client's
 /// reconnects, backing off to minutes) needs this long.
@@ -39,6 +42,9 @@ pub struct Engine {
     resolved: VecDeque<Incident>,
     /// Incidents restored as firing, until when they stay so unless found again.
     carried_over: HashMap<String, u64>,
+    /// What others added to a firing incident's evidence (its capture), kept across evaluations:
+    /// the signatures rebuild the evidence each time.
+    annotations: HashMap<String, serde_json::Map<String, serde_json::Value>>,
 }
 
 /// What one evaluation changed.
@@ -77,6 +83,7 @@ impl Engine {
             firing: HashMap::new(),
             resolved: VecDeque::new(),
             carried_over: HashMap::new(),
+            annotations: HashMap::new(),
         }
     }
 
@@ -116,6 +123,11 @@ impl Engine {
                 Some(known) => {
                     incident.first_seen_unix_ns = known.first_seen_unix_ns.min(incident.first_seen_unix_ns);
                     incident.fired_unix_ns = known.fired_unix_ns;
+                    if let (Some(added), Some(evidence)) =
+                        (self.annotations.get(&id), incident.evidence.as_object_mut())
+                    {
+                        evidence.extend(added.clone());
+                    }
                 }
                 None => changes.fired.push(incident.clone()),
             }
@@ -137,6 +149,7 @@ impl Engine {
     }
 
     fn resolve(&mut self, mut incident: Incident, now_unix_ns: u64, changes: &mut Changes) {
+        self.annotations.remove(&incident.id);
         incident.state = State::Resolved;
         incident.resolved_unix_ns = Some(now_unix_ns);
         changes.resolved.push(incident.clone());
@@ -144,6 +157,32 @@ impl Engine {
             self.resolved.pop_back();
         }
         self.resolved.push_front(incident);
+    }
+
+    /// Adds `key: value` to incident `id`'s evidence, now and at every evaluation while it fires:
+    /// the firing incident if its `key` is unset or about the same `value["id"]`, else the newest
+    /// resolved one that is (a capture that ends after its incident). False when there is none.
+    pub fn annotate(&mut self, id: &str, key: &str, value: serde_json::Value) -> bool {
+        let same = |incident: &Incident| {
+            let had = &incident.evidence[key];
+            had.is_null() || had.get("id").is_some_and(|had| Some(had) == value.get("id"))
+        };
+        if let Some(incident) = self.firing.get_mut(id).filter(|i| same(i)) {
+            if let Some(evidence) = incident.evidence.as_object_mut() {
+                evidence.insert(key.to_string(), value.clone());
+            }
+            self.annotations.entry(id.to_string()).or_default().insert(key.to_string(), value);
+            return true;
+        }
+        match self.resolved.iter_mut().find(|i| i.id == id && same(i)) {
+            Some(incident) => {
+                if let Some(evidence) = incident.evidence.as_object_mut() {
+                    evidence.insert(key.to_string(), value);
+                }
+                true
+            }
+            None => false,
+        }
     }
 
     /// Firing incidents first (most severe, then oldest), then resolved ones, newest first.
@@ -175,8 +214,17 @@ impl Engine {
     /// from when they first fired) and resolve after it otherwise.
     pub fn restore(&mut self, saved: Saved, now_unix_ns: u64) {
         let until = now_unix_ns.saturating_add(super::ns(CARRIED_OVER_FOR));
-        for incident in saved.firing {
+        for mut incident in saved.firing {
             self.carried_over.insert(incident.id.clone(), until);
+            if let Some(capture) = incident.evidence.get_mut(CAPTURE) {
+                // A capture running at the last exit was cut with it, and its staging removed.
+                if capture["state"] == "capturing" {
+                    capture["state"] = "failed".into();
+                    capture["error"] = "the agent stopped before the capture ended".into();
+                }
+                let kept = serde_json::Map::from_iter([(CAPTURE.to_string(), capture.clone())]);
+                self.annotations.insert(incident.id.clone(), kept);
+            }
             self.firing.insert(incident.id.clone(), incident);
         }
         self.resolved.extend(saved.resolved.into_iter().take(HISTORY - self.resolved.len().min(HISTORY)));
@@ -300,6 +348,58 @@ mod tests {
         assert_eq!(changes.fired[0].fired_unix_ns, Some(114 * SEC), "fired anew");
         assert_eq!(changes.fired[0].evidence["resets_total"], 2, "not the first pod's resets");
         assert_eq!((changes.resolved.len(), changes.resolved[0].pod.as_str()), (1, "export-1"));
+    }
+
+    #[test]
+    fn the_names_flags_are_checked_against_are_the_engines_signatures() {
+        let engine = Engine::new("node-a".into(), &Settings::default());
+        let names: Vec<&str> = engine.signatures.iter().map(|s| s.name()).collect();
+        assert_eq!(names, crate::incidents::signatures::NAMES);
+    }
+
+    /// `--capture-on`: the capture's entry stays in the evidence the signature rebuilds each
+    /// second, is updated when the capture ends (after its incident resolved, too), and does not
+    /// pass to the incident that fires anew with the same id.
+    #[test]
+    fn a_capture_annotation_lasts_as_long_as_its_incident_and_follows_it_into_history() {
+        let mut engine = Engine::new("node-a".into(), &Settings::default());
+        let who = pod("u1", "web-1");
+        let quiet = crate::stuck::StuckSet::default();
+        engine.observe(&redirected_reset(101 * SEC, 2049, &who));
+        engine.observe(&redirected_reset(104 * SEC, 2049, &who));
+        let fired = engine.evaluate(105 * SEC, &node(&quiet)).fired;
+        let id = fired[0].id.clone();
+        let capturing = serde_json::json!({"id": "cap-1", "state": "capturing"});
+        assert!(engine.annotate(&id, CAPTURE, capturing.clone()));
+        // Another capture's entry does not overwrite it while it fires.
+        assert!(!engine.annotate(&id, CAPTURE, serde_json::json!({"id": "cap-2", "state": "complete"})));
+        engine.observe(&redirected_reset(107 * SEC, 2049, &who));
+        engine.evaluate(108 * SEC, &node(&quiet));
+        let firing = engine.firing().next().unwrap();
+        assert_eq!(firing.evidence[CAPTURE], capturing, "kept across evaluations");
+        assert_eq!(firing.evidence["resets_total"], 3, "beside the signature's own evidence");
+
+        // Resolved while capturing; then the capture completes.
+        let resolved = engine.evaluate(300 * SEC, &node(&quiet)).resolved;
+        assert_eq!(resolved[0].evidence[CAPTURE], capturing);
+        let complete = serde_json::json!({"id": "cap-1", "state": "complete", "bytes": 4096});
+        assert!(engine.annotate(&id, CAPTURE, complete.clone()));
+        assert_eq!(engine.incidents()[0].evidence[CAPTURE], complete, "the history says complete");
+
+        // The same id fires anew: no capture of its own yet.
+        engine.observe(&redirected_reset(400 * SEC, 2049, &who));
+        engine.observe(&redirected_reset(403 * SEC, 2049, &who));
+        let again = engine.evaluate(404 * SEC, &node(&quiet)).fired;
+        assert_eq!(again[0].id, id);
+        assert!(again[0].evidence[CAPTURE].is_null(), "{:#}", again[0].evidence);
+
+        // Saved while a capture runs, restored after a restart: that capture was cut.
+        assert!(engine.annotate(&id, CAPTURE, serde_json::json!({"id": "cap-3", "state": "capturing"})));
+        let mut after = Engine::new("node-a".into(), &Settings::default());
+        after.restore(engine.saved(405 * SEC), 500 * SEC);
+        let restored = after.firing().next().unwrap();
+        assert_eq!(restored.evidence[CAPTURE]["state"], "failed");
+        assert_eq!(restored.evidence[CAPTURE]["error"], "the agent stopped before the capture ended");
     }
 
     #[test]

@@ -52,6 +52,13 @@ pub trait Subscriber: Send {
     fn stopping(&mut self, _history: &Arc<Saved>) {}
 }
 
+/// Acts when an incident fires (a capture of its pod, `--capture-on`), and says what it did as
+/// one evidence entry, which the incident carries from then on — in the very evaluation the
+/// subscribers see. Called under the engine's lock: it decides and hands off, never waits.
+pub trait Trigger: Send {
+    fn fired(&mut self, incident: &Incident, index: &Index) -> Option<(&'static str, serde_json::Value)>;
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -65,10 +72,12 @@ pub struct Inputs {
     pub pressure: watch::Receiver<Arc<pressure::Sample>>,
 }
 
-/// Evaluates once a second until `stop`, publishing each evaluation to every subscriber.
+/// Evaluates once a second until `stop`, running the triggers on what fired and publishing each
+/// evaluation to every subscriber.
 pub async fn run(
     engine: Arc<Mutex<Engine>>,
     inputs: Inputs,
+    mut triggers: Vec<Box<dyn Trigger>>,
     mut subscribers: Vec<Box<dyn Subscriber>>,
     stop: CancellationToken,
 ) {
@@ -103,8 +112,17 @@ pub async fn run(
             nfs_mount_ports: &index.nfs_mount_ports,
             pressure: &pressure,
         };
-        let changes = engine.evaluate(now, &node);
+        let mut changes = engine.evaluate(now, &node);
         drop(stuck);
+        for incident in &mut changes.fired {
+            for trigger in &mut triggers {
+                let Some((key, value)) = trigger.fired(incident, &index) else { continue };
+                engine.annotate(&incident.id, key, value.clone());
+                if let Some(evidence) = incident.evidence.as_object_mut() {
+                    evidence.insert(key.to_string(), value);
+                }
+            }
+        }
         for i in &changes.fired {
             tracing::warn!(id = %i.id, severity = i.severity.as_str(), namespace = %i.namespace, pod = %i.pod, summary = %i.summary, "incident firing");
         }

@@ -103,10 +103,21 @@ fn notice(incident: &Incident, node: &str) -> Option<Notice> {
     } else {
         format!("; kstall explain pod {}", incident.pod)
     };
-    let mut note = format!(
-        "{} (kstall incident {}{explain}; runbook docs/runbooks/{}.md)",
-        incident.summary, incident.id, incident.signature
+    let capture = &incident.evidence[crate::incidents::engine::CAPTURE];
+    let capture = match (capture["path"].as_str(), capture["id"].as_str()) {
+        (Some(path), Some(id)) => {
+            format!("; capture {path}: kubectl kstall capture get {id} --node {}", incident.node)
+        }
+        _ => String::new(),
+    };
+    let pointers = format!(
+        " (kstall incident {}{explain}{capture}; runbook docs/runbooks/{}.md)",
+        incident.id, incident.signature
     );
+    // The summary gives way to the limit, never where to look next.
+    let mut note = incident.summary.clone();
+    truncate(&mut note, NOTE_BYTES.saturating_sub(pointers.len()).max('…'.len_utf8()));
+    note.push_str(&pointers);
     truncate(&mut note, NOTE_BYTES);
     Some(Notice { regarding, reason: reason(&incident.signature), note })
 }

@@ -18,7 +18,7 @@ use opentelemetry_proto::tonic::{
 
 use crate::{
     export::stream::{Body, Record, SCHEMA, Transition},
-    incidents::Severity,
+    incidents::{Severity, engine::CAPTURE},
 };
 
 /// Whom records are about: a pod, or the node itself (all empty).
@@ -77,17 +77,24 @@ impl Batch {
             }
         };
         let body = serde_json::to_value(&record.body).map(|v| any(&v)).ok();
+        let mut attributes = vec![
+            string("kstall.schema", SCHEMA),
+            string("kstall.record", record.body.record()),
+            int("kstall.seq", record.seq as i64),
+        ];
+        // Where the incident's capture is (`--capture-on`): a query finds it without the body.
+        if let Body::Incident { incident, .. } = &record.body
+            && let Some(path) = incident.evidence[CAPTURE]["path"].as_str()
+        {
+            attributes.push(string("kstall.capture.path", path));
+        }
         let log = LogRecord {
             time_unix_nano: record.time_unix_ns,
             observed_time_unix_nano: observed_unix_ns,
             severity_number: severity as i32,
             severity_text: severity.as_str_name().trim_start_matches("SEVERITY_NUMBER_").to_string(),
             body,
-            attributes: vec![
-                string("kstall.schema", SCHEMA),
-                string("kstall.record", record.body.record()),
-                int("kstall.seq", record.seq as i64),
-            ],
+            attributes,
             event_name: name,
             ..Default::default()
         };
@@ -244,5 +251,24 @@ mod tests {
             panic!("the record as a map: {:?}", fired.body)
         };
         assert!(body.values.iter().any(|kv| kv.key == "incident"), "{body:?}");
+        assert!(!fired.attributes.iter().any(|a| a.key == "kstall.capture.path"), "no capture, no path");
+    }
+
+    #[test]
+    fn an_incident_with_a_capture_names_its_bundle_in_an_attribute() {
+        let mut captured = incident(None);
+        let path = "/var/lib/kstall/captures/20261207T031500Z-shop-web-1-1a2b.tar.gz";
+        captured.evidence =
+            serde_json::json!({"capture": {"id": "20261207T031500Z-shop-web-1-1a2b", "path": path}});
+        let mut batch = Batch::default();
+        let body = Body::Incident { transition: Transition::Fired, incident: Box::new(captured) };
+        batch.push(&Record { seq: 1, time_unix_ns: 5, body }, 9);
+        let request = batch.into_request("node-a", "kstall", &[]);
+        let record = &request.resource_logs[0].scope_logs[0].log_records[0];
+        let attribute = record.attributes.iter().find(|a| a.key == "kstall.capture.path").expect("the path");
+        assert_eq!(
+            attribute.value.as_ref().and_then(|v| v.value.clone()),
+            Some(Value::StringValue(path.into()))
+        );
     }
 }

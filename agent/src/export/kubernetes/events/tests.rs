@@ -85,10 +85,33 @@ fn a_long_note_is_cut_to_the_apis_limit_on_a_character() {
     let mut incident = pod_incident();
     incident.summary = "é".repeat(2000);
     let note = notice(&incident, "node-a").unwrap().note;
-    assert!(note.len() <= NOTE_BYTES && note.ends_with('…'), "{} bytes", note.len());
+    assert!(note.len() <= NOTE_BYTES, "{} bytes", note.len());
+    assert!(note.contains("é… (kstall incident "), "the summary is cut, not where to look next: {note}");
+    assert!(note.ends_with("; runbook docs/runbooks/nfs-sidecar-redirect.md)"), "{note}");
     // A pod kstall cannot name (no UID) gets no Event.
     incident.pod_uid = None;
     assert_eq!(notice(&incident, "node-a"), None);
+}
+
+#[test]
+fn a_captured_incident_says_where_its_bundle_is_and_how_to_get_it() {
+    let mut incident = pod_incident();
+    incident.evidence["capture"] = json!({
+        "id": "20261207T031500Z-shop-tenant-api-5d8c-1a2b",
+        "path": "/var/lib/kstall/captures/20261207T031500Z-shop-tenant-api-5d8c-1a2b.tar.gz",
+        "state": "capturing",
+    });
+    let note = notice(&incident, "node-a").unwrap().note;
+    assert!(
+        note.contains(
+            "; capture /var/lib/kstall/captures/20261207T031500Z-shop-tenant-api-5d8c-1a2b.tar.gz: \
+             kubectl kstall capture get 20261207T031500Z-shop-tenant-api-5d8c-1a2b --node node-a; runbook "
+        ),
+        "{note}"
+    );
+    // Skipped: nothing to get.
+    incident.evidence["capture"] = json!({"skipped": "capture refused: 2 captures are running on this node"});
+    assert!(!notice(&incident, "node-a").unwrap().note.contains("capture"));
 }
 
 #[tokio::test]
