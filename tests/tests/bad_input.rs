@@ -102,7 +102,7 @@ fn every_bad_flag_or_environment_value_exits_64_naming_it() {
     let fifo = fifo.to_str().unwrap();
     // Each named as the user gave it: its flag, or its variable.
     let events_fifo = format!("file:{fifo}");
-    let cases: [(&[&str], (&str, &str), &str); 12] = [
+    let cases: [(&[&str], (&str, &str), &str); 16] = [
         (&["--max-series-per-metric", "0"], ("", ""), "--max-series-per-metric"),
         (&["--metric-ports", "http"], ("", ""), "--metric-ports"),
         (&[], ("KSTALL_STATE_DIR", "relative/dir"), "KSTALL_STATE_DIR"),
@@ -113,6 +113,11 @@ fn every_bad_flag_or_environment_value_exits_64_naming_it() {
         // Writing to a FIFO nobody reads would block: refused at start, not at the first event.
         (&["--export-events", &events_fifo], ("", ""), "--export-events"),
         (&[], ("KSTALL_EXPORT_EVENTS", "file:/nonexistent/dir/events.jsonl"), "KSTALL_EXPORT_EVENTS"),
+        // Captures: a signature misspelt, one with nowhere to keep its bundles, bounds.
+        (&["--capture-on", "nfs-sidecar-redirect,nfs-sidcar-redirect"], ("", ""), "--capture-on"),
+        (&["--capture-on", "pod-termination-blocked", "--state-dir", "none"], ("", ""), "--capture-on"),
+        (&[], ("KSTALL_CAPTURE_PER_HOUR", "0"), "KSTALL_CAPTURE_PER_HOUR"),
+        (&["--capture-disk", "64M"], ("", ""), "--capture-disk"),
         // OTLP is configured as the OpenTelemetry SDKs are: the variable is named.
         (
             &["--export-otlp", "on"],
@@ -143,6 +148,12 @@ fn every_bad_flag_or_environment_value_exits_64_naming_it() {
         assert!(stderr.contains(&format!("invalid configuration: {field}:")), "{stderr}");
         if args.contains(&fifo) || args.contains(&"/dev/zero") || args.contains(&events_fifo.as_str()) {
             assert!(stderr.contains("not a regular file"), "{stderr}");
+        }
+        if args.contains(&"nfs-sidecar-redirect,nfs-sidcar-redirect") {
+            assert!(
+                stderr.contains("unknown signature \"nfs-sidcar-redirect\" (known: nfs-sidecar-redirect, "),
+                "{stderr}"
+            );
         }
     }
 }
