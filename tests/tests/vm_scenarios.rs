@@ -19,6 +19,7 @@ use kstall_tests::{
     },
     bpf::{ProgramRuns, program_runs_of},
     bpftrace::Bpftrace,
+    capture::{CaptureDisk, ports, tcpdump, unpacked},
     cgroup::Cgroup,
     dashboards::{self, Key, Panels, Selection},
     host::{Sysctl, cpu_ticks, wait_for},
@@ -45,11 +46,16 @@ fn agent_for(pods: &[&NfsPod], extra: &[&str]) -> (Agent, tempfile::TempDir) {
 
 /// An agent that names `pods` from a pods file, the hung-task detector left as it is.
 fn agent_with(pods: &[&NfsPod], extra: &[&str]) -> (Agent, tempfile::TempDir) {
+    agent_in(pods, None, extra)
+}
+
+/// An agent that names `pods` from a pods file, its state (and captures) in `state` or its own.
+fn agent_in(pods: &[&NfsPod], state: Option<&std::path::Path>, extra: &[&str]) -> (Agent, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let pods_file = dir.path().join("pods.json");
     write_pods_file(&pods_file, &pods.iter().map(|p| p.json()).collect::<Vec<_>>());
     let args = [&["--pods-file", pods_file.to_str().unwrap()][..], extra].concat();
-    (Agent::start(&args), dir)
+    (Agent::start_with_state(state, &args), dir)
 }
 
 fn firing(signature: &'static str) -> impl Fn(&Value) -> bool {
@@ -845,7 +851,24 @@ fn nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it() {
     let mut pod = NfsPod::new(1, "tenant-api-5d8c7b9f4-q7x2m");
     pod.add_sidecar_redirect();
     pod.start_sidecar();
-    let (agent, dir) = agent_for(&[&pod], &["--quiet-window", "5s", "--termination-blocked-after", "5s"]);
+    // Both incidents capture the pod (one capture: the second joins), into a disk of the test's.
+    let captures = CaptureDisk::new();
+    let (agent, dir) = agent_in(
+        &[&pod],
+        Some(&captures.path().join("state")),
+        &[
+            "--hung-task-timeout-secs",
+            "5",
+            "--quiet-window",
+            "5s",
+            "--termination-blocked-after",
+            "5s",
+            "--capture-on",
+            "nfs-sidecar-redirect,pod-termination-blocked",
+            "--capture-duration",
+            "10m",
+        ],
+    );
     let events = agent.subscribe();
     pod.mount();
     let mut writer = Writer::start(&pod, "report.csv");
@@ -933,6 +956,10 @@ fn nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it() {
     });
     assert!(refused.is_some(), "{}", agent.metrics());
 
+    // The capture the redirect started when it fired, and the blocked pod's incident joined, is
+    // the whole case while the mount hangs.
+    let bundle = the_whole_case(&agent, &events, &pod, &incident, &blocked, &writer, captures.path());
+
     // The break-glass steps, run as the incident prints them: three checks, then the deletion.
     let commands = break_glass_commands(&incident);
     let sh = run_as_printed;
@@ -1008,8 +1035,8 @@ fn nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it() {
     println!(
         "vm-scenario sidecar-redirect: nfs-sidecar-redirect fired for Terminating pod shop/{} (server {}:2049 -> \
          15001, {} resets seen by {}, {} refused reconnects, exiting {} pid {} stuck in {} <- do_exit) {:.0} s into \
-         the scenario, pod-termination-blocked linked to it; the printed break-glass steps let the app exit and both \
-         resolved {:.0} s later; {} redirect resets sent in full, {} of the proxy's own not counted",
+         the scenario, pod-termination-blocked linked to it; {bundle}; the printed break-glass steps let the app \
+         exit and both resolved {:.0} s later; {} redirect resets sent in full, {} of the proxy's own not counted",
         pod.name,
         nfs::SERVER,
         evidence["resets_total"],
@@ -1023,6 +1050,101 @@ fn nfs_through_a_dead_sidecar_is_named_and_the_break_glass_steps_free_it() {
         redirected.len(),
         proxys_own.len(),
     );
+}
+
+/// `--capture-on`: the redirect's incident started a capture of the pod in the evaluation it fired
+/// in, filtered to its server and ports; the blocked pod's joined it. Once a redirected reconnect
+/// has come and gone after it started, it is stopped and its bundle read while the mount still
+/// hangs: the SYN to the server's 2049 on loopback to 15001 and its RST, the conntrack events
+/// tying the two ports, the REDIRECT, the app's stuck task, the NFS mount — every file in the
+/// manifest, whole. Returns what the scenario's line says of it.
+fn the_whole_case(
+    agent: &Agent,
+    events: &EventStream,
+    pod: &NfsPod,
+    incident: &Value,
+    blocked: &Value,
+    writer: &Writer,
+    captures: &std::path::Path,
+) -> String {
+    let capture = &incident["evidence"]["capture"];
+    let id = capture["id"].as_str().unwrap_or_else(|| panic!("no capture started: {incident:#}")).to_string();
+    let filter = text(&capture["filter"]);
+    for term in [format!("host {}", nfs::SERVER), "port 2049".into(), "port 15001".into()] {
+        assert!(filter.contains(&term), "the incident's filter has {term}: {filter}");
+    }
+    let joined = &blocked["evidence"]["capture"];
+    assert_eq!((text(&joined["id"]), &joined["joined"]), (id.as_str(), &Value::Bool(true)), "{blocked:#}");
+    // A reconnect refused after the capture began (its SYN and RST are in it): the next reset
+    // without a socket from the proxy's port. The client backs off, up to minutes on a long stall.
+    let redirected =
+        |e: &Value| e["kind"] == "tcp_reset" && e["local_port"] == 15001 && e["has_socket"] == false;
+    let before = events.collect(redirected, 0, Duration::ZERO).len();
+    let seen = events.wait_until(Duration::from_secs(200), |all| {
+        (all.iter().filter(|e| redirected(e)).count() > before).then_some(())
+    });
+    assert!(seen.is_some(), "no reconnect refused during the capture\n{}", kernel_log());
+    let stop = Command::new(kstall_tests::agent::agent_binary())
+        .args(["capture", "stop", &id, "--api-socket"])
+        .arg(&agent.socket)
+        .output()
+        .expect("kstall capture stop");
+    assert!(stop.status.success(), "{}", String::from_utf8_lossy(&stop.stderr));
+    let complete = agent
+        .wait_incident(
+            |i| i["id"] == incident["id"] && i["evidence"]["capture"]["state"] == "complete",
+            Duration::from_secs(30),
+        )
+        .unwrap_or_else(|| panic!("{}", no_incident("the capture never completed", agent)));
+    let path = std::path::PathBuf::from(text(&complete["evidence"]["capture"]["path"]));
+    assert!(path.starts_with(captures), "{}", path.display());
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
+    // Whole: every file in the manifest, its size and sha256 (kstall_tests::capture::unpacked).
+    let top = unpacked(copy.path());
+    let read = |name: &str| std::fs::read_to_string(top.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let manifest: Value = serde_json::from_str(&read("manifest.json")).unwrap();
+    let incidents: Vec<&str> =
+        manifest["trigger"]["incidents"].as_array().unwrap().iter().map(text).collect();
+    assert_eq!(incidents, [text(&incident["id"]), text(&blocked["id"])], "{manifest:#}");
+    let (lines, _) = tcpdump(&top.join("packets.pcapng"));
+    let syns = ports(&lines, &format!("IP {}.", pod.ip), " > 127.0.0.1.15001: Flags [S],");
+    let rsts = ports(&lines, &format!("IP {}.2049 > {}.", nfs::SERVER, pod.ip), ": Flags [R.],");
+    assert!(!syns.is_empty(), "the redirected SYNs:\n{lines}");
+    assert!(syns.iter().all(|p| rsts.contains(p)), "each SYN reset:\n{lines}");
+    let conntrack = read("net/conntrack.txt");
+    for port in &syns {
+        let orig = format!("src={} dst={} sport={port} dport=2049 ", pod.ip, nfs::SERVER);
+        let reply = format!("src=127.0.0.1 dst={} sport=15001 dport={port}", pod.ip);
+        assert!(
+            conntrack.lines().any(|l| l.contains("[NEW]") && l.contains(&orig) && l.contains(&reply)),
+            "no [NEW] with {orig}and {reply}:\n{conntrack}"
+        );
+    }
+    let rules = read("net/rules.txt");
+    assert!(rules.contains("-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001"), "{rules}");
+    let stuck = read("tasks/stuck.txt");
+    let app = format!("pid {} tid {} comm \"python3\" state D ", writer.pid(), writer.pid());
+    let mut frames = stuck.lines().skip_while(|l| !l.starts_with(&app));
+    assert!(frames.next().is_some(), "no line for the app:\n{stuck}");
+    assert!(frames.take_while(|l| l.starts_with("    ")).any(|f| f.contains("nfs")), "{stuck}");
+    let mounted = manifest["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| text(&f["path"]).starts_with("nfs/") && f["status"] == "complete");
+    assert!(mounted, "the pod's NFS mount: {manifest:#}");
+    let started = manifest["times"]["started"]["unix_ns"].as_u64().unwrap_or(0);
+    let fired = incident["fired_unix_ns"].as_u64().unwrap_or(0);
+    format!(
+        "its capture (started {:.1} s after it fired, joined by pod-termination-blocked) read back while the mount \
+         hung: {} redirected SYNs with their RSTs and conntrack events, the REDIRECT, the app's stack, {} files, \
+         {} bytes",
+        started.saturating_sub(fired) as f64 / 1e9,
+        syns.len(),
+        manifest["files"].as_array().map_or(0, Vec::len),
+        complete["evidence"]["capture"]["bytes"],
+    )
 }
 
 /// Incident 3 as it happened. Two pods' volumes of one server, mounted by the kubelet from the
