@@ -50,6 +50,7 @@ pub mod otlp;
 pub mod sidecar;
 pub mod soak;
 pub mod storms;
+pub mod stuck_pod;
 pub mod tls;
 pub mod writeback;
 

@@ -11,10 +11,9 @@ use std::{collections::BTreeSet, process::Command, time::Duration};
 use kstall_tests::{
     agent::{Agent, agent_binary, pod_json, write_pods_file},
     capture::{CaptureDisk, ports, tcpdump, unpacked},
-    cgroup::{Cgroup, PodProcess},
     host::{Sysctl, wait_for},
     kernel_tests_can_run,
-    netns::{NetNs, NfsReconnects},
+    stuck_pod::RedirectedStuckPod,
     writeback::FreezableDisk,
 };
 use serde_json::Value;
@@ -60,13 +59,8 @@ fn two_incidents_of_one_pod_make_one_capture_that_their_evidence_names() {
         ],
     );
 
-    let container = Cgroup::kubepods_container("burstable", UID, CONTAINER);
-    let netns = NetNs::new("capon");
-    let _sandbox = PodProcess::start(&netns, &container.procs());
-    netns.redirect_tcp("iptables", 2049, 15001);
-    let mut client = NfsReconnects::start(&netns);
-    disk.freeze();
-    let writer = disk.start_writer(&container.procs());
+    let mut pod = RedirectedStuckPod::start("capon", UID, CONTAINER, &mut disk);
+    let writer = pod.writer;
 
     let redirect = agent
         .wait_incident(firing("nfs-sidecar-redirect"), Duration::from_secs(15))
@@ -132,7 +126,7 @@ fn two_incidents_of_one_pod_make_one_capture_that_their_evidence_names() {
         .expect("kstall capture list");
     let list: Value = serde_json::from_slice(&list.stdout).expect("capture list -o json");
     assert_eq!(list["captures"].as_array().map(Vec::len), Some(1), "one capture: {list:#}");
-    assert!(client.stop() >= 3, "the client's connects were refused");
+    assert!(pod.client.stop() >= 3, "the client's connects were refused");
 
     // The bundle: both incidents, the incident's filter, the redirect on the wire, the writer.
     let copy = tempfile::tempdir().unwrap();

@@ -11,11 +11,11 @@ use std::time::Duration;
 use kstall_tests::{
     agent::{Agent, pod_json, write_pods_file},
     alerting,
-    cgroup::{Cgroup, PodProcess, v1_memory_limit},
+    cgroup::{Cgroup, v1_memory_limit},
     host::{Sysctl, wait_for},
     kernel_tests_can_run,
-    netns::{NetNs, NfsReconnects},
     oom::oom_kill,
+    stuck_pod::RedirectedStuckPod,
     writeback::FreezableDisk,
 };
 use serde_json::Value;
@@ -55,19 +55,11 @@ fn sidecar_redirect_and_stuck_writer_fire_alert_and_resolve() {
         "5s",
     ]);
 
-    // The pod: a container cgroup in the systemd driver's layout, its own network namespace with
-    // the sidecar's rule, a process in both.
-    let container = Cgroup::kubepods_container("burstable", UID, CONTAINER);
-    let netns = NetNs::new("incident");
-    let _sandbox = PodProcess::start(&netns, &container.procs());
-    netns.redirect_tcp("iptables", 2049, 15001);
-
-    // The hard-mounted NFS client's reconnects, every half second until the rule is deleted:
-    // SYNs to 2049, redirected to 15001, reset.
-    let mut client = NfsReconnects::start(&netns);
-    // And a task of the pod that cannot finish its flush.
-    disk.freeze();
-    let writer = disk.start_writer(&container.procs());
+    // The pod with the sidecar's rule, its hard-mounted NFS client's reconnects (every half
+    // second until the rule is deleted: SYNs to 2049, redirected to 15001, reset), and a task of
+    // the pod that cannot finish its flush.
+    let mut pod = RedirectedStuckPod::start("incident", UID, CONTAINER, &mut disk);
+    let (netns, writer) = (&pod.netns, pod.writer);
 
     let redirect = agent
         .wait_incident(is("nfs-sidecar-redirect", "firing"), Duration::from_secs(15))
@@ -191,8 +183,8 @@ fn sidecar_redirect_and_stuck_writer_fire_alert_and_resolve() {
     assert!(from_prometheus.is_some(), "Alertmanager: {:#?}\n{}", am_alerts(true), prometheus.log());
 
     // The break-glass step and the release: both resolve.
-    assert!(client.stop() >= 3, "the client's connects were refused");
-    netns.exec(
+    assert!(pod.client.stop() >= 3, "the client's connects were refused");
+    pod.netns.exec(
         "iptables",
         &[
             "-t",
