@@ -197,11 +197,17 @@ impl Agent {
 
     /// Body of an HTTP GET on the agent's metrics address.
     pub fn get(&self, path: &str) -> String {
+        self.get_with_status(path).1
+    }
+
+    /// Status code and body of an HTTP GET on the agent's metrics address.
+    pub fn get_with_status(&self, path: &str) -> (u16, String) {
         let mut stream = TcpStream::connect(self.listen).expect("metrics port");
         write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
-        response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+        let status = response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        (status, response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
     }
 
     pub fn metrics(&self) -> String {

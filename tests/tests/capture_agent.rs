@@ -151,6 +151,16 @@ fn a_capture_through_the_agent_is_the_whole_case() {
         text(&again.stderr),
         format!("kstall capture get: {id}.tar.gz exists: give -o or remove it\n")
     );
+    // Never on the metrics port.
+    for path in [format!("/api/v1/captures/{id}"), "/api/v1/captures".into()] {
+        let (status, body) = agent.get_with_status(&path);
+        assert_eq!(status, 403, "{path}: {body}");
+        assert!(
+            body.starts_with(
+                "captures are not served on the metrics port: on the node, kstall capture get ID"
+            )
+        );
+    }
     let unknown = kstall(&agent, &bundles, &["get", "20261130T000000Z-none-0000"]);
     assert_eq!(unknown.status.code(), Some(1));
     assert_eq!(

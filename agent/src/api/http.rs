@@ -42,6 +42,8 @@ pub async fn serve(
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/api/v1/incidents", get(incidents_handler))
+        .route("/api/v1/captures", get(captures_refused))
+        .route("/api/v1/captures/{id}", get(captures_refused))
         .layer(middleware::from_fn_with_state(web.clone(), authenticate))
         // The readiness probe's: it tells nothing, and a kubelet probe carries no credentials.
         .route("/healthz", get(|| async { "ok\n" }))
@@ -189,6 +191,16 @@ async fn add_headers(State(web): State<Option<Arc<Current>>>, request: Request, 
         }
     }
     response
+}
+
+/// Capture bundles hold a pod's packets and its network's state: they leave the node only through
+/// its API socket (`kstall capture get`, which `kubectl kstall capture get` runs over `kubectl
+/// exec`), never on this port, with or without TLS.
+pub const CAPTURES_REFUSED: &str = "captures are not served on the metrics port: on the node, kstall capture get ID; \
+     from a workstation, kubectl kstall capture get ID --node NODE\n";
+
+async fn captures_refused() -> impl IntoResponse {
+    (StatusCode::FORBIDDEN, CAPTURES_REFUSED)
 }
 
 async fn metrics_handler(State(state): State<Arc<AgentState>>) -> impl IntoResponse {
