@@ -125,7 +125,7 @@ fn two_incidents_of_one_pod_make_one_capture_that_their_evidence_names() {
         .output()
         .expect("kstall capture list");
     let list: Value = serde_json::from_slice(&list.stdout).expect("capture list -o json");
-    assert_eq!(list["captures"].as_array().map(Vec::len), Some(1), "one capture: {list:#}");
+    assert_eq!(list.as_array().map(Vec::len), Some(1), "one capture: {list:#}");
     assert!(pod.client.stop() >= 3, "the client's connects were refused");
 
     // The bundle: both incidents, the incident's filter, the redirect on the wire, the writer.
@@ -142,13 +142,12 @@ fn two_incidents_of_one_pod_make_one_capture_that_their_evidence_names() {
     assert_eq!(manifest["limits"]["filter_from"], "incident", "{manifest:#}");
     let (lines, _) = tcpdump(&top.join("packets.pcapng"));
     let syns = ports(&lines, "IP 127.0.0.1.", " > 127.0.0.1.15001: Flags [S],");
-    let rsts = ports(&lines, "IP 127.0.0.1.15001 > 127.0.0.1.", ": Flags [R.],");
-    assert!(!syns.is_empty(), "redirected SYNs:\n{lines}");
-    assert_eq!(
-        syns.iter().collect::<BTreeSet<_>>(),
-        rsts.iter().collect::<BTreeSet<_>>(),
-        "each answered by a reset:\n{lines}"
-    );
+    // The reset leaves 15001; conntrack has undone the redirect by the time loopback shows it.
+    let rsts = ports(&lines, "IP 127.0.0.1.2049 > 127.0.0.1.", ": Flags [R.],");
+    // Each reset answers a SYN; each SYN is answered, but the last may have been cut by the stop.
+    let answered = syns.iter().filter(|p| rsts.contains(p)).count();
+    assert!(!rsts.is_empty() && rsts.iter().all(|p| syns.contains(p)), "{lines}");
+    assert!(answered + 1 >= syns.len(), "{answered} of {} SYNs reset:\n{lines}", syns.len());
     let stuck = std::fs::read_to_string(top.join("tasks/stuck.txt")).expect("tasks/stuck.txt");
     let mut lines = stuck
         .lines()

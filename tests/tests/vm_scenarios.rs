@@ -1111,7 +1111,10 @@ fn the_whole_case(
     let syns = ports(&lines, &format!("IP {}.", pod.ip), " > 127.0.0.1.15001: Flags [S],");
     let rsts = ports(&lines, &format!("IP {}.2049 > {}.", nfs::SERVER, pod.ip), ": Flags [R.],");
     assert!(!syns.is_empty(), "the redirected SYNs:\n{lines}");
-    assert!(syns.iter().all(|p| rsts.contains(p)), "each SYN reset:\n{lines}");
+    // Each reset answers a SYN; each SYN is answered, but the last may have been cut by the stop.
+    let answered = syns.iter().filter(|p| rsts.contains(p)).count();
+    assert!(!rsts.is_empty() && rsts.iter().all(|p| syns.contains(p)), "{lines}");
+    assert!(answered + 1 >= syns.len(), "{answered} of {} SYNs reset:\n{lines}", syns.len());
     let conntrack = read("net/conntrack.txt");
     for port in &syns {
         let orig = format!("src={} dst={} sport={port} dport=2049 ", pod.ip, nfs::SERVER);
