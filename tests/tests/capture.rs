@@ -287,6 +287,62 @@ fn the_byte_cap_ends_the_capture_under_it_and_says_so() {
     assert!(lines.lines().count() > 400, "{}", lines.lines().count());
 }
 
+/// A fast flow — one TCP stream from the pod to the server as fast as the veth takes it, well past
+/// 1 Gbit/s here — reaches the byte cap within a moment: the capture ends under it, and the
+/// manifest says what cut it and marks the packets partial. Prints the flow's rate.
+#[test]
+fn a_fast_flow_is_cut_at_the_byte_cap_and_the_manifest_says_so() {
+    if !kernel_tests_can_run("a_fast_flow_is_cut_at_the_byte_cap_and_the_manifest_says_so") {
+        return;
+    }
+    let (pod, server) = pod_and_server();
+    let listener = server.run_inside(|| std::net::TcpListener::bind("10.0.0.1:5001").expect("listen"));
+    let sink = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().expect("accept");
+        let mut buf = vec![0u8; 1 << 20];
+        while std::io::Read::read(&mut stream, &mut buf).is_ok_and(|n| n > 0) {}
+    });
+    let dir = CaptureDisk::new();
+    let out = dir.path().join("capture");
+    let mut capture = capture(&pod, &["--duration", "60s", "--max-bytes", "256K"], &out);
+    let mut stream =
+        pod.run_inside(|| std::net::TcpStream::connect("10.0.0.1:5001").expect("connect the flow"));
+    let chunk = vec![0x5au8; 1 << 20];
+    let (started, mut sent) = (Instant::now(), 0u64);
+    // The flow runs until the capture has ended on its own.
+    while capture.0.try_wait().expect("wait").is_none() {
+        std::io::Write::write_all(&mut stream, &chunk).expect("the flow");
+        sent += chunk.len() as u64;
+        assert!(started.elapsed() < Duration::from_secs(30), "the capture never reached its byte cap");
+    }
+    let took = started.elapsed();
+    drop(stream);
+    sink.join().unwrap();
+    let said = capture.ended(Duration::ZERO);
+    assert!(said.contains("\ncut: byte cap 256 KiB reached after "), "{said}");
+    let bundle = unpacked(&out);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("manifest.json")).unwrap()).unwrap();
+    let cut = manifest["cut"].as_array().expect("cut");
+    assert!(
+        cut.len() == 1
+            && cut[0].as_str().is_some_and(|c| c.starts_with("packets: byte cap 256 KiB reached after ")),
+        "{manifest:#}"
+    );
+    let packets =
+        manifest["files"].as_array().unwrap().iter().find(|f| f["path"] == "packets.pcapng").unwrap();
+    assert_eq!(packets["status"], "partial", "{packets:#}");
+    let size = std::fs::metadata(bundle.join("packets.pcapng")).unwrap().len();
+    assert!(size <= 256 << 10, "{size} bytes");
+    println!(
+        "fast flow: {:.1} Gbit/s for {:.2} s ({} MiB) until the byte cap cut the capture at {} packets, {size} bytes",
+        sent as f64 * 8.0 / took.as_secs_f64() / 1e9,
+        took.as_secs_f64(),
+        sent >> 20,
+        manifest["packets"]["written"],
+    );
+}
+
 /// Ctrl-C (SIGINT) ends a capture at once, with its files whole and its sockets closed.
 #[test]
 fn an_interrupted_capture_ends_whole() {
