@@ -151,9 +151,11 @@ fn collect(
     }
     let packets_ended = now();
     notes.extend(recorder.finish(staging)?);
-    // After the packets: what is stuck at the end is what the capture was for.
-    let nfs = nfs::collect(proc, &target.pids, staging)?;
-    let stuck = tasks::collect(proc, &target.pids, staging)?;
+    // After the packets: what is stuck at the end is what the capture was for, in the processes
+    // of the start and those in the namespace now.
+    let pids = super::target::processes_in(proc, target.pod.netns, &target.pids);
+    let nfs = nfs::collect(proc, &pids, staging)?;
+    let stuck = tasks::collect(proc, &pids, staging)?;
     notes.extend(nfs.notes);
     notes.extend(stuck.notes);
     let failed_files = notes.iter().filter(|n| n.status == FileStatus::Failed).count();
@@ -201,7 +203,7 @@ fn collect(
     let found = Found {
         packets: report,
         skipped_links,
-        processes: target.pids.len(),
+        processes: pids.len(),
         nfs_mounts: nfs.mounts,
         stuck_tasks: stuck.stuck,
         failed_files,

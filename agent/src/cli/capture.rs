@@ -27,11 +27,12 @@ use crate::{
         bounded,
         bundle::{FilterFrom, Pod, Time, Trigger, TriggerKind},
         filter::{Link, Snaplen},
-        namespace_of, nfs,
+        nfs,
         packets::{Bounds, size, thousands},
         runner::{self, Outcome, Target},
         service::{Ask, Info},
         store::{self, Retention, Store},
+        target,
     },
     config::DEFAULT_API_SOCKET,
     setting,
@@ -234,7 +235,7 @@ fn capture(dir: &Path, plan: Plan) -> Result<(), String> {
     let proc = Path::new("/proc");
     let target = Target {
         pod: Pod { netns: plan.netns_inode, ..Pod::default() },
-        pids: processes(proc, plan.netns_inode, &plan.pids),
+        pids: target::processes_in(proc, plan.netns_inode, &plan.pids),
         label: format!("netns {}", plan.netns_inode),
         netns: plan.netns,
     };
@@ -296,22 +297,6 @@ fn capture(dir: &Path, plan: Plan) -> Result<(), String> {
         found.processes, found.nfs_mounts, found.stuck_tasks
     );
     Ok(())
-}
-
-/// The pod's processes: every process in the network namespace `netns` (by the `readlink` of
-/// its `ns/net`, nothing opened), and `extra`; in order, each once.
-fn processes(proc: &Path, netns: u64, extra: &[u32]) -> Vec<u32> {
-    let mut pids: Vec<u32> = std::fs::read_dir(proc)
-        .map(|dir| {
-            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .filter(|pid| namespace_of(&proc.join(format!("{pid}/ns/net"))) == Some(netns))
-                .collect()
-        })
-        .unwrap_or_default();
-    pids.extend_from_slice(extra);
-    pids.sort_unstable();
-    pids.dedup();
-    pids
 }
 
 /// The commands that go through the agent's socket.
