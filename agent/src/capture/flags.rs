@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::{
-    incidents::signatures::NAMES,
+    incidents::engine::NAMES,
     setting::{Invalid, bytes, count, duration},
 };
 

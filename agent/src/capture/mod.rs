@@ -95,7 +95,41 @@ fn create_new(path: &Path) -> Result<std::fs::File, String> {
 /// The inode of a namespace link (`/proc/<pid>/ns/mnt` reads `mnt:[4026531841]`), by `readlink`
 /// only: nothing is opened.
 pub fn namespace_of(link: &Path) -> Option<u64> {
-    let target = std::fs::read_link(link).ok()?;
-    let target = target.to_str()?;
-    target.split_once(":[")?.1.strip_suffix(']')?.parse().ok()
+    let points_to = std::fs::read_link(link).ok()?;
+    points_to.to_str()?.split_once(":[")?.1.strip_suffix(']')?.parse().ok()
+}
+
+/// Every process in network namespace `netns` now (by the `readlink` of its `ns/net`: nothing
+/// opened), and `known`; in order, each once. A process stuck in its exit's last flush is here
+/// even where its cgroup no longer lists it (7.3's `cgroup.procs` leaves exiting processes out).
+pub fn processes_in(proc: &Path, netns: u64, known: &[u32]) -> Vec<u32> {
+    let mut pids: Vec<u32> = std::fs::read_dir(proc)
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .filter(|pid| namespace_of(&proc.join(format!("{pid}/ns/net"))) == Some(netns))
+                .collect()
+        })
+        .unwrap_or_default();
+    pids.extend_from_slice(known);
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_processes_in_a_namespace_are_found_by_their_link_and_joined_to_the_known() {
+        let proc = tempfile::tempdir().unwrap();
+        for (pid, link) in [(10, "net:[4026532999]"), (11, "net:[4026531840]"), (12, "net:[4026532999]")] {
+            let ns = proc.path().join(format!("{pid}/ns"));
+            std::fs::create_dir_all(&ns).unwrap();
+            std::os::unix::fs::symlink(link, ns.join("net")).unwrap();
+        }
+        std::fs::create_dir_all(proc.path().join("13/ns")).unwrap(); // no link: a kernel thread's
+        std::fs::create_dir_all(proc.path().join("self")).unwrap();
+        assert_eq!(processes_in(proc.path(), 4026532999, &[12, 7]), [7, 10, 12]);
+    }
 }

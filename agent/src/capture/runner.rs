@@ -153,7 +153,7 @@ fn collect(
     notes.extend(recorder.finish(staging)?);
     // After the packets: what is stuck at the end is what the capture was for, in the processes
     // of the start and those in the namespace now.
-    let pids = super::target::processes_in(proc, target.pod.netns, &target.pids);
+    let pids = super::processes_in(proc, target.pod.netns, &target.pids);
     let nfs = nfs::collect(proc, &pids, staging)?;
     let stuck = tasks::collect(proc, &pids, staging)?;
     notes.extend(nfs.notes);

@@ -67,23 +67,6 @@ pub fn of_pod(index: &Index, pod: &Attribution, proc: &Path) -> Result<Target, S
     })
 }
 
-/// Every process in network namespace `netns` now (by the `readlink` of its `ns/net`: nothing
-/// opened), and `known`; in order, each once. A process stuck in its exit's last flush is here
-/// even where its cgroup no longer lists it (7.3's `cgroup.procs` leaves exiting processes out).
-pub fn processes_in(proc: &Path, netns: u64, known: &[u32]) -> Vec<u32> {
-    let mut pids: Vec<u32> = std::fs::read_dir(proc)
-        .map(|dir| {
-            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .filter(|pid| super::namespace_of(&proc.join(format!("{pid}/ns/net"))) == Some(netns))
-                .collect()
-        })
-        .unwrap_or_default();
-    pids.extend_from_slice(known);
-    pids.sort_unstable();
-    pids.dedup();
-    pids
-}
-
 /// The processes of a pod's cgroup and of its containers' (one level down), by their
 /// `cgroup.procs`.
 fn pod_processes(pod_cgroup: &Path) -> Vec<u32> {
@@ -101,19 +84,6 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-
-    #[test]
-    fn the_processes_in_a_namespace_are_found_by_their_link_and_joined_to_the_known() {
-        let proc = tempfile::tempdir().unwrap();
-        for (pid, link) in [(10, "net:[4026532999]"), (11, "net:[4026531840]"), (12, "net:[4026532999]")] {
-            let ns = proc.path().join(format!("{pid}/ns"));
-            std::fs::create_dir_all(&ns).unwrap();
-            std::os::unix::fs::symlink(link, ns.join("net")).unwrap();
-        }
-        std::fs::create_dir_all(proc.path().join("13/ns")).unwrap(); // no link: a kernel thread's
-        std::fs::create_dir_all(proc.path().join("self")).unwrap();
-        assert_eq!(processes_in(proc.path(), 4026532999, &[12, 7]), [7, 10, 12]);
-    }
 
     #[test]
     fn a_host_network_pod_is_refused_naming_the_way_to_capture_it() {

@@ -24,7 +24,7 @@ use std::{
 use super::{EXIT_RUNTIME, EXIT_USAGE};
 use crate::{
     capture::{
-        bounded,
+        self, bounded,
         bundle::{FilterFrom, Pod, Time, Trigger, TriggerKind},
         filter::{Link, Snaplen},
         nfs,
@@ -32,7 +32,6 @@ use crate::{
         runner::{self, Outcome, Target},
         service::{Ask, Info},
         store::{self, Retention, Store},
-        target,
     },
     config::DEFAULT_API_SOCKET,
     setting,
@@ -235,7 +234,7 @@ fn capture(dir: &Path, plan: Plan) -> Result<(), String> {
     let proc = Path::new("/proc");
     let target = Target {
         pod: Pod { netns: plan.netns_inode, ..Pod::default() },
-        pids: target::processes_in(proc, plan.netns_inode, &plan.pids),
+        pids: capture::processes_in(proc, plan.netns_inode, &plan.pids),
         label: format!("netns {}", plan.netns_inode),
         netns: plan.netns,
     };

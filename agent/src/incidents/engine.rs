@@ -8,24 +8,41 @@ use super::{
     Finding, Incident, NodeView, Settings, Signature, State,
     saved::Saved,
     signatures::{
-        conntrack_table_full::ConntrackTableFull,
-        container_oom_loop::ContainerOomLoop,
-        cpu_soft_lockup::CpuSoftLockup,
-        kubelet_degraded::KubeletDegraded,
-        memory_pressure::MemoryPressure,
-        network_policy_drops::NetworkPolicyDrops,
-        nfs_node_wide_stall::NfsNodeWideStall,
-        nfs_server_unreachable::NfsServerUnreachable,
-        nfs_sidecar_redirect::NfsSidecarRedirect,
-        nfs_slow::NfsSlow,
+        conntrack_table_full::{self, ConntrackTableFull},
+        container_oom_loop::{self, ContainerOomLoop},
+        cpu_soft_lockup::{self, CpuSoftLockup},
+        kubelet_degraded::{self, KubeletDegraded},
+        memory_pressure::{self, MemoryPressure},
+        network_policy_drops::{self, NetworkPolicyDrops},
+        nfs_node_wide_stall::{self, NfsNodeWideStall},
+        nfs_server_unreachable::{self, NfsServerUnreachable},
+        nfs_sidecar_redirect::{self, NfsSidecarRedirect},
+        nfs_slow::{self, NfsSlow},
         pod_termination_blocked::{self, PodTerminationBlocked},
-        system_oom::SystemOom,
+        system_oom::{self, SystemOom},
     },
 };
 use crate::attribution::Attributed;
 
 /// Resolved incidents kept for the API.
 const HISTORY: usize = 1000;
+
+/// Every signature's name, in the engine's order: what flags naming signatures are checked
+/// against.
+pub const NAMES: [&str; 12] = [
+    nfs_sidecar_redirect::NAME,
+    nfs_server_unreachable::NAME,
+    nfs_node_wide_stall::NAME,
+    nfs_slow::NAME,
+    pod_termination_blocked::NAME,
+    system_oom::NAME,
+    cpu_soft_lockup::NAME,
+    network_policy_drops::NAME,
+    conntrack_table_full::NAME,
+    memory_pressure::NAME,
+    container_oom_loop::NAME,
+    kubelet_degraded::NAME,
+];
 
 /// The evidence key of an incident's capture (`--capture-on`).
 pub const CAPTURE: &str = "capture";
@@ -354,7 +371,7 @@ mod tests {
     fn the_names_flags_are_checked_against_are_the_engines_signatures() {
         let engine = Engine::new("node-a".into(), &Settings::default());
         let names: Vec<&str> = engine.signatures.iter().map(|s| s.name()).collect();
-        assert_eq!(names, crate::incidents::signatures::NAMES);
+        assert_eq!(names, NAMES);
     }
 
     /// `--capture-on`: the capture's entry stays in the evidence the signature rebuilds each

@@ -16,23 +16,6 @@ pub mod system_oom;
 
 use crate::attribution::Attribution;
 
-/// Every signature's name, in the engine's order: what flags naming signatures are checked
-/// against.
-pub const NAMES: [&str; 12] = [
-    nfs_sidecar_redirect::NAME,
-    nfs_server_unreachable::NAME,
-    nfs_node_wide_stall::NAME,
-    nfs_slow::NAME,
-    pod_termination_blocked::NAME,
-    system_oom::NAME,
-    cpu_soft_lockup::NAME,
-    network_policy_drops::NAME,
-    conntrack_table_full::NAME,
-    memory_pressure::NAME,
-    container_oom_loop::NAME,
-    kubelet_degraded::NAME,
-];
-
 /// A signature's evidence as incidents carry it: each signature's own typed struct, serialized
 /// here, where it leaves the signature.
 pub fn evidence(typed: &impl serde::Serialize) -> serde_json::Value {
