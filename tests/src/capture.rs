@@ -9,25 +9,41 @@ use std::{
 
 use crate::netns::NetNs;
 
-/// A 256 MiB tmpfs on a temporary directory, unmounted and removed on drop: the captures' output
-/// or state directory. kstall refuses a capture on a filesystem with less than 5% free, so a test
-/// writing to the host's disk would pass or fail with how full the machine is.
-pub struct CaptureDisk(tempfile::TempDir);
+/// A 256 MiB tmpfs on a temporary directory (or a directory of the test's choosing), unmounted on
+/// drop: the captures' output or state directory. kstall refuses a capture on a filesystem with
+/// less than 5% free, so a test writing to the host's disk would pass or fail with how full the
+/// machine is.
+pub struct CaptureDisk {
+    path: PathBuf,
+    /// Removed after the unmount (fields drop after `Drop::drop`).
+    _temporary: Option<tempfile::TempDir>,
+}
 
 impl CaptureDisk {
     pub fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
+        Self::mounted(dir.path().to_path_buf(), Some(dir))
+    }
+
+    /// On `path`, made if missing and left there (empty) on drop: where a DaemonSet's hostPath
+    /// puts the agent's captures.
+    pub fn at(path: &Path) -> Self {
+        std::fs::create_dir_all(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        Self::mounted(path.to_path_buf(), None)
+    }
+
+    fn mounted(path: PathBuf, temporary: Option<tempfile::TempDir>) -> Self {
         let mounted = Command::new("mount")
             .args(["-t", "tmpfs", "-o", "size=256m,mode=0700", "kstall-capture-test"])
-            .arg(dir.path())
+            .arg(&path)
             .status()
             .expect("mount");
-        assert!(mounted.success(), "mount -t tmpfs on {}", dir.path().display());
-        CaptureDisk(dir)
+        assert!(mounted.success(), "mount -t tmpfs on {}", path.display());
+        CaptureDisk { path, _temporary: temporary }
     }
 
     pub fn path(&self) -> &Path {
-        self.0.path()
+        &self.path
     }
 }
 
@@ -40,7 +56,7 @@ impl Default for CaptureDisk {
 impl Drop for CaptureDisk {
     fn drop(&mut self) {
         // Detached: a capture still writing (a failed test) does not keep the mount.
-        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
     }
 }
 

@@ -23,6 +23,9 @@ use serde_json::{Value, json};
 
 // The Helm chart's install, upgrade, test and uninstall, the kubectl plugin from krew's layout,
 // and explain pod's opt-in read of pods' rules, on this cluster (tests/tests/cluster/).
+// `kubectl kstall capture` with deploy/overlays/capture: a pod's bundle brought here.
+#[path = "cluster/capture_get.rs"]
+mod capture_get;
 #[path = "cluster/helm_chart.rs"]
 mod helm_chart;
 #[path = "cluster/krew_plugin.rs"]

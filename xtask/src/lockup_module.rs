@@ -4,7 +4,9 @@
 //! Built in a chroot of the Debian release the kernel comes from (mmdebstrap): the headers need
 //! that release's compiler (5.10: gcc-10, 7.3: gcc-14) and their build tools (objtool, modpost)
 //! are linked against its C library, which this machine's may be older than. The chroot is thrown
-//! away; the module is kept in `target/vm/lockup-module/<version>/` until its source changes.
+//! away; the module is kept outside the clone, in `/var/cache/kstall/lockup-module/<version>/`
+//! beside a copy of the sources it was built from (every clone and CI run on this machine shares
+//! it, and a changed source builds anew), and copied into `target/vm/lockup-module/<version>/`.
 
 use std::{
     path::{Path, PathBuf},
@@ -24,18 +26,39 @@ fn path(vm_dir: &Path, version: &str) -> PathBuf {
     vm_dir.join("lockup-module").join(version).join(MODULE)
 }
 
-/// Builds the module for kernel `version` unless it is up to date; `release` is the Debian suite
-/// the kernel's headers are in and `sources` the apt lines that reach them.
+/// Where a built module is kept with the sources it was built from: outside the clone, as the
+/// cluster's build is (a clean clone would otherwise spend minutes on a chroot per kernel).
+fn cache_dir(version: &str) -> PathBuf {
+    Path::new("/var/cache/kstall/lockup-module").join(version)
+}
+
+/// Builds the module for kernel `version` unless the cache holds one built from these very
+/// sources; `release` is the Debian suite the kernel's headers are in and `sources` the apt lines
+/// that reach them.
 pub fn build(vm_dir: &Path, version: &str, release: &str, sources: &[&str]) -> anyhow::Result<()> {
     let source_dir = build::workspace_root().join("tests/lockup-module");
-    let module = path(vm_dir, version);
-    if is_newer_than_sources(&module, &source_dir) {
-        return Ok(());
+    let cache = cache_dir(version);
+    if !is_built_from(&cache, &source_dir) {
+        build_into(&cache, &source_dir, version, release, sources)?;
     }
+    let module = path(vm_dir, version);
     let dir = module.parent().expect("module directory");
-    let root = dir.join("root");
-    let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    std::fs::copy(cache.join(MODULE), &module)
+        .with_context(|| format!("copy the module to {}", module.display()))?;
+    Ok(())
+}
+
+fn build_into(
+    cache: &Path,
+    source_dir: &Path,
+    version: &str,
+    release: &str,
+    sources: &[&str],
+) -> anyhow::Result<()> {
+    let root = cache.join("root");
+    let _ = std::fs::remove_dir_all(cache);
+    std::fs::create_dir_all(cache).with_context(|| format!("create {}", cache.display()))?;
     println!("vm-test: building the soft-lockup test module for {version} in a {release} chroot");
     let headers = format!("linux-headers-{version}");
     // The headers pull in their compiler, not always its assembler (7.3's gcc-14-for-host).
@@ -58,20 +81,27 @@ pub fn build(vm_dir: &Path, version: &str, release: &str, sources: &[&str]) -> a
         )).arg(&root),
         &format!("make the test module against {headers}"),
     );
+    // The sources go in last, from the chroot's copies: they mark the module as built from them.
     let made = made.and_then(|()| {
-        std::fs::copy(build_dir.join(MODULE), &module).with_context(|| format!("keep {}", module.display()))
+        std::fs::copy(build_dir.join(MODULE), cache.join(MODULE)).context("keep the module")?;
+        SOURCES.iter().try_for_each(|f| {
+            std::fs::copy(build_dir.join(f), cache.join(f)).map(drop).with_context(|| format!("keep {f}"))
+        })
     });
     let removed = std::fs::remove_dir_all(&root).with_context(|| format!("remove {}", root.display()));
     made?;
     removed?;
-    if !is_newer_than_sources(&module, &source_dir) {
-        bail!("{} is older than its sources after building it", module.display());
+    if !is_built_from(cache, source_dir) {
+        bail!("{}: the sources changed while the module was built", cache.display());
     }
     Ok(())
 }
 
-fn is_newer_than_sources(module: &Path, source_dir: &Path) -> bool {
-    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let Some(built) = modified(module) else { return false };
-    SOURCES.iter().all(|f| modified(&source_dir.join(f)).is_some_and(|m| m <= built))
+/// Whether `cache` holds a module built from the sources as they are in `source_dir` now.
+fn is_built_from(cache: &Path, source_dir: &Path) -> bool {
+    cache.join(MODULE).is_file()
+        && SOURCES.iter().all(|f| {
+            let kept = std::fs::read(cache.join(f));
+            kept.is_ok_and(|kept| std::fs::read(source_dir.join(f)).is_ok_and(|now| now == kept))
+        })
 }
