@@ -122,6 +122,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let shown_index = if loaded.events.is_some() { applied_index } else { attribution.index.clone() };
     let captures = captures(&config);
     let triggers = capture_triggers(&captures, &incidents);
+    let recent = capture_context(&captures, &incidents);
     let state = Arc::new(AgentState {
         started: Instant::now(),
         kernel: kernel_release,
@@ -270,6 +271,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             stuck,
             incidents,
             events: events_tx,
+            recent,
             record_raw,
             held: Default::default(),
             count_keys: Default::default(),
@@ -478,6 +480,19 @@ fn capture_triggers(
         .map(|t| Box::new(t) as Box<dyn evaluator::Trigger>)
         .into_iter()
         .collect()
+}
+
+/// The ring of the node's last events that bundles take their pod's from, kept only where the
+/// agent can capture; the bundles' incidents come from the engine.
+fn capture_context(
+    captures: &Result<Arc<crate::capture::service::Captures>, String>,
+    engine: &Arc<Mutex<Engine>>,
+) -> Option<Arc<crate::capture::context::Recent>> {
+    use crate::capture::context::{Context, EVENTS_KEPT, Recent};
+    let captures = captures.as_ref().ok()?;
+    let recent = Arc::new(Recent::new(EVENTS_KEPT));
+    captures.with_context(Context { recent: recent.clone(), incidents: engine.clone() });
+    Some(recent)
 }
 
 /// The captures under `<state>/captures`, or why there are none (no state dir, or it cannot be

@@ -61,6 +61,8 @@ pub struct Pipeline {
     pub stuck: Arc<Mutex<StuckSet>>,
     pub incidents: Arc<Mutex<Engine>>,
     pub events: broadcast::Sender<Arc<Attributed>>,
+    /// The node's last events, for captures' bundles (only where the agent can capture).
+    pub recent: Option<Arc<crate::capture::context::Recent>>,
     /// `--record-raw`: every record as received, for replaying a decoder bug.
     pub record_raw: Option<std::io::BufWriter<std::fs::File>>,
     pub held: Held,
@@ -338,8 +340,12 @@ impl Pipeline {
         lock(&self.incidents).observe(&attributed);
         // A count is news to a trace only for what it did not see: the suppressed events.
         if count.is_none_or(|suppressed| suppressed > 0) {
+            let attributed = Arc::new(attributed);
+            if let Some(recent) = &self.recent {
+                recent.keep(&attributed);
+            }
             // No subscriber is not an error.
-            let _ = self.events.send(Arc::new(attributed));
+            let _ = self.events.send(attributed);
         }
     }
 
@@ -658,6 +664,7 @@ mod tests {
             stuck: Arc::default(),
             incidents: Arc::new(Mutex::new(Engine::new("node-a".into(), &Settings::default()))),
             events: events_tx,
+            recent: None,
             record_raw: None,
             held: Held::default(),
             count_keys: Default::default(),

@@ -117,7 +117,9 @@ fn packets_show_the_syn_to_15001_and_the_rst_from_2049_and_no_socket_is_left() {
     let listener = pod.run_inside(|| std::net::TcpListener::bind("10.0.0.2:0").expect("listen"));
     let listening = listener.local_addr().unwrap();
     let started = Instant::now();
-    let mut capture = capture(&pod, &["--duration", "4s"], &out);
+    // This process holds it from outside the namespace: named to the capture as the pod's.
+    let holder = std::process::id().to_string();
+    let mut capture = capture(&pod, &["--duration", "4s", "--pid", &holder], &out);
     let nfs: SocketAddr = "10.0.0.1:2049".parse().unwrap();
     pod.run_inside(move || refused_connects(nfs, CONNECTS));
     assert!(started.elapsed() < Duration::from_secs(3), "the connects ran past the capture's duration");
@@ -199,10 +201,10 @@ fn packets_show_the_syn_to_15001_and_the_rst_from_2049_and_no_socket_is_left() {
     );
     let sockets = read("net/sockets.txt");
     assert!(
-        sockets
-            .lines()
-            .any(|l| l.starts_with("tcp LISTEN ") && l.contains(&format!(" {listening} 0.0.0.0:* "))),
-        "{listening}:\n{sockets}"
+        sockets.lines().any(|l| l.starts_with("tcp LISTEN ")
+            && l.contains(&format!(" {listening} 0.0.0.0:* "))
+            && l.contains(&format!(",pid={holder},fd="))),
+        "{listening} held by {holder}:\n{sockets}"
     );
     drop(listener);
     let addresses = read("net/addresses.txt");

@@ -159,6 +159,28 @@ fn two_incidents_of_one_pod_make_one_capture_that_their_evidence_names() {
             .any(|f| f.contains("folio_wait") || f.contains("writeback")),
         "no writeback wait in the writer's stack:\n{stuck}"
     );
+    // What kstall knew of the pod: both incidents with their evidence, and its resets — those
+    // before the capture began (the incident's lead-up) among them.
+    let known: Value = serde_json::from_slice(
+        &std::fs::read(top.join("kstall/incidents.json")).expect("kstall/incidents.json"),
+    )
+    .unwrap();
+    let ids: BTreeSet<&str> =
+        known["incidents"].as_array().unwrap().iter().filter_map(|i| i["id"].as_str()).collect();
+    assert_eq!(ids, both, "{known:#}");
+    assert!(known["incidents"].as_array().unwrap().iter().all(|i| i["pod"] == POD), "{known:#}");
+    let events = std::fs::read_to_string(top.join("kstall/events.jsonl")).expect("kstall/events.jsonl");
+    let resets: Vec<Value> = events
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("one JSON event a line"))
+        .filter(|e| e["kind"] == "tcp_reset" && e["local_port"] == 15001)
+        .collect();
+    let began = manifest["times"]["started"]["unix_ns"].as_u64().expect("the capture's start");
+    assert!(
+        resets.iter().any(|e| e["time_unix_ns"].as_u64() < Some(began)),
+        "no reset from before the capture in:\n{events}"
+    );
+    assert!(resets.iter().all(|e| e["pod"] == POD), "{events}");
 
     disk.thaw();
     disk.wait_writers(Duration::from_secs(30));

@@ -8,6 +8,7 @@
 //! NFS mounts and the client's counters, per mount and network namespace) and `tasks.rs` (their
 //! tasks in D state, with the kernel's stacks), every `/proc` file read through `bounded.rs`, which
 //! gives up on a read after a second: nothing under a mount point is ever opened or `stat`ed.
+//! `context.rs` adds what kstall knows of the pod: its incidents and its recent events.
 //! `bundle.rs` packs a capture's files with a manifest and a README into one `.tar.gz`;
 //! `store.rs` keeps the bundles under `<state>/captures/`: staging, retention (count, disk budget,
 //! the filesystem's last 5%), ids, summaries.
@@ -20,6 +21,7 @@ use std::{
 
 pub mod bounded;
 pub mod bundle;
+pub mod context;
 pub mod ct;
 pub mod filter;
 pub mod flags;

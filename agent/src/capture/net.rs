@@ -1,15 +1,16 @@
 //! A network namespace's state around a capture, beside its packets: `conntrack.txt` (the table
 //! at the start and the end, and the `NEW`/`DESTROY` events in between), `rules.txt`,
-//! `sockets.txt` (start and end), `addresses.txt` and `routes.txt`. The netlink sockets are made
-//! on a thread inside the namespace ([`enter::in_netns`]) and used from the caller's; the rules
-//! are read by the namespace's own iptables tools. What cannot be read is said in the file it
-//! belongs to, in one line: it never fails the capture.
+//! `sockets.txt` (start and end, each socket with the processes of the namespace holding it),
+//! `addresses.txt` and `routes.txt`. The netlink sockets are made on a thread inside the
+//! namespace ([`enter::in_netns`]) and used from the caller's, which reads the holders in the
+//! agent's `/proc`; the rules are read by the namespace's own iptables tools. What cannot be read
+//! is said in the file it belongs to, in one line: it never fails the capture.
 
 use std::{
     fmt::Write as _,
     fs::File,
     os::fd::OwnedFd,
-    path::Path,
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -49,6 +50,22 @@ pub struct Recorder {
     routes: String,
     rules: String,
     sockets_start: String,
+    holders: Holders,
+}
+
+/// Where the holders of the namespace's sockets are looked for: the processes of `proc` (the
+/// agent's, host PID namespace) in the namespace of inode `netns`, and `known`.
+struct Holders {
+    proc: PathBuf,
+    netns: u64,
+    known: Vec<u32>,
+}
+
+impl Holders {
+    /// The sockets' holders now.
+    fn now(&self) -> sockets::Owners {
+        sockets::owners(&self.proc, &super::processes_in(&self.proc, self.netns, &self.known))
+    }
 }
 
 struct Conntrack {
@@ -101,9 +118,10 @@ fn said<T>(what: &str, r: std::io::Result<T>) -> Result<T, String> {
 }
 
 impl Recorder {
-    /// Opens the sockets inside `netns`, starts recording conntrack events, and reads the
-    /// namespace's state at the start.
-    pub fn open(netns: &File) -> Result<Recorder, String> {
+    /// Opens the sockets inside `netns` (inode `netns_inode`), starts recording conntrack events,
+    /// and reads the namespace's state at the start; the sockets' holders are looked for in
+    /// `proc` among the processes of the namespace and `known`.
+    pub fn open(netns: &File, netns_inode: u64, proc: &Path, known: &[u32]) -> Result<Recorder, String> {
         let opened = enter::in_netns(netns, || {
             let sysctl = std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_events")
                 .ok()
@@ -147,8 +165,18 @@ impl Recorder {
         let addresses = dumped(&opened.route, |fd| rtnl::addresses(fd, &names));
         let routes = dumped(&opened.route, |fd| rtnl::routes(fd, &names));
         let rules = rules::save(netns, opened.legacy, Instant::now() + enter::READ_DEADLINE);
-        let sockets_start = dumped(&opened.diag, sockets::dump);
-        Ok(Recorder { route: opened.route, diag: opened.diag, ct, addresses, routes, rules, sockets_start })
+        let holders = Holders { proc: proc.to_path_buf(), netns: netns_inode, known: known.to_vec() };
+        let sockets_start = dumped(&opened.diag, |fd| sockets::dump(fd, &holders.now()));
+        Ok(Recorder {
+            route: opened.route,
+            diag: opened.diag,
+            ct,
+            addresses,
+            routes,
+            rules,
+            sockets_start,
+            holders,
+        })
     }
 
     /// Stops recording, reads the state at the end, and writes the files into `dir/net/` (0600,
@@ -171,11 +199,12 @@ impl Recorder {
                 let _ = write!(conntrack, "# at end\n{}", dumped(&ct.dump, ct::dump));
             }
         }
-        let columns = "# protocol state recv-q send-q local peer uid inode\n";
+        let columns =
+            "# protocol state recv-q send-q local peer uid inode [users:((\"comm\",pid=N,fd=M),...)]\n";
         let sockets = format!(
             "{columns}# at start\n{}# at end\n{}",
             self.sockets_start,
-            dumped(&self.diag, sockets::dump)
+            dumped(&self.diag, |fd| sockets::dump(fd, &self.holders.now()))
         );
         let mut notes = Vec::new();
         for (name, what, text) in [
@@ -189,7 +218,11 @@ impl Recorder {
                 "the namespace's iptables rules (nft and legacy), as its own iptables-save prints them",
                 self.rules,
             ),
-            ("sockets.txt", "TCP and UDP sockets at the start and the end (sock_diag)", sockets),
+            (
+                "sockets.txt",
+                "TCP and UDP sockets at the start and the end (sock_diag), with the processes holding each (ss -p)",
+                sockets,
+            ),
             ("addresses.txt", "the interfaces and their addresses", self.addresses),
             ("routes.txt", "the routes of every table", self.routes),
         ] {

@@ -14,6 +14,7 @@ use std::{
 use super::{
     FileNote, FileStatus,
     bundle::{FilterFrom, Interface, Limits, Manifest, Packets, Pod, Time, Times, Trigger},
+    context::{self, Context},
     filter::{Link, Snaplen},
     net::Recorder,
     nfs,
@@ -67,22 +68,29 @@ pub struct Found {
     pub failed_files: usize,
 }
 
+/// What the node gives every capture: its name, its `/proc`, and what the agent knows of its pods
+/// (the standalone CLI knows nothing).
+#[derive(Clone, Copy)]
+pub struct Node<'a> {
+    pub name: &'a str,
+    pub proc: &'a Path,
+    pub context: Option<&'a Context>,
+}
+
 /// Captures `target` into the store as bundle `id`; `stop` ends the packets early, as a cut.
 pub fn run(
     store: &Store,
     id: &str,
-    node: &str,
+    node: &Node,
     target: &Target,
     plan: &Plan,
     stop: &AtomicBool,
-    proc: &Path,
 ) -> Result<Outcome, String> {
     let reservation = store.reserve(plan.bounds.max_bytes)?;
     let staging = store.staging(id)?;
-    let captured =
-        collect(&staging, id, node, target, plan, stop, proc).and_then(|(manifest, notes, found)| {
-            store.finish(reservation, &staging, &manifest, &notes).map(|summary| Outcome { summary, found })
-        });
+    let captured = collect(&staging, id, node, target, plan, stop).and_then(|(manifest, notes, found)| {
+        store.finish(reservation, &staging, &manifest, &notes).map(|summary| Outcome { summary, found })
+    });
     if captured.is_err() {
         // What was staged is no evidence anyone can find: gone, as a crash's would be at the
         // next start.
@@ -94,16 +102,16 @@ pub fn run(
 fn collect(
     staging: &Path,
     id: &str,
-    node: &str,
+    node: &Node,
     target: &Target,
     plan: &Plan,
     stop: &AtomicBool,
-    proc: &Path,
 ) -> Result<(Manifest, Vec<FileNote>, Found), String> {
+    let Node { name: node, proc, context } = *node;
     let started = now();
     // Conntrack events are listened to before a packet socket opens: a connection the capture
     // sees has its events.
-    let recorder = Recorder::open(&target.netns)?;
+    let recorder = Recorder::open(&target.netns, target.pod.netns, proc, &target.pids)?;
     let describe = |name: &str| format!("{} {name}, netns {}, node {node}", target.label, target.pod.netns);
     let taps = match packets::open(&target.netns, plan.filter.as_deref(), plan.snap, &describe) {
         Ok(taps) => taps,
@@ -158,6 +166,9 @@ fn collect(
     let stuck = tasks::collect(proc, &pids, staging)?;
     notes.extend(nfs.notes);
     notes.extend(stuck.notes);
+    if let Some(context) = context {
+        notes.extend(context::write(context, target.pod.uid.as_deref(), staging)?);
+    }
     let failed_files = notes.iter().filter(|n| n.status == FileStatus::Failed).count();
     let manifest = Manifest {
         id: id.to_string(),

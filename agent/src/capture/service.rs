@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     bundle::{FilterFrom, Pod, Time, Trigger, TriggerKind},
+    context::Context,
     filter::{Link, Snaplen},
     flags::{Settings, check_duration},
     packets::{Bounds, size},
@@ -133,6 +134,8 @@ pub struct Captures {
     proc: PathBuf,
     book: Arc<Mutex<Book>>,
     on_end: OnceLock<OnEnd>,
+    /// What the agent knows of a pod, for its bundle (the standalone CLI has none).
+    context: OnceLock<Context>,
 }
 
 fn lock(book: &Mutex<Book>) -> MutexGuard<'_, Book> {
@@ -205,7 +208,13 @@ impl Captures {
             proc: PathBuf::from("/proc"),
             book: Arc::default(),
             on_end: OnceLock::new(),
+            context: OnceLock::new(),
         })
+    }
+
+    /// Where bundles find the pod's incidents and recent events.
+    pub fn with_context(&self, context: Context) {
+        let _ = self.context.set(context);
     }
 
     /// Who hears of the end of captures that incidents asked for (the engine, to update their
@@ -353,7 +362,8 @@ impl Captures {
     }
 
     fn run(&self, id: &str, target: &Target, plan: &Plan, stop: &AtomicBool) {
-        let outcome = runner::run(&self.store, id, &self.node, target, plan, stop, &self.proc);
+        let node = runner::Node { name: &self.node, proc: &self.proc, context: self.context.get() };
+        let outcome = runner::run(&self.store, id, &node, target, plan, stop);
         let mut book = lock(&self.book);
         let Some(at) = book.running.iter().position(|r| r.info.id == id) else { return };
         let Running { mut info, incidents, .. } = book.running.remove(at);

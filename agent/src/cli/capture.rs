@@ -253,8 +253,9 @@ fn capture(dir: &Path, plan: Plan) -> Result<(), String> {
         requested,
     };
     let id = store::new_id(requested.0, None, plan.netns_inode);
-    let Outcome { summary, found } =
-        runner::run(&store, &id, &crate::attribution::flags::hostname(), &target, &run_plan, &STOP, proc)?;
+    let hostname = crate::attribution::flags::hostname();
+    let node = runner::Node { name: &hostname, proc, context: None };
+    let Outcome { summary, found } = runner::run(&store, &id, &node, &target, &run_plan, &STOP)?;
     let per: Vec<String> = found
         .packets
         .interfaces
