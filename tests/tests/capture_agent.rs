@@ -193,3 +193,44 @@ fn an_agent_holds_no_packet_socket_until_asked() {
     assert!(started.status.success(), "{}", text(&started.stderr));
     assert_eq!(packet_sockets(&pod), 0, "a packet socket after the capture");
 }
+
+/// A capture running when the agent is told to stop (SIGTERM, as the kubelet sends it) is ended
+/// and written before the agent exits: its bundle whole, its packets so far in it, its cut saying
+/// why; no packet socket left in the pod's namespace.
+#[test]
+fn a_capture_running_at_shutdown_is_written_before_the_agent_exits() {
+    if !kernel_tests_can_run("a_capture_running_at_shutdown_is_written_before_the_agent_exits") {
+        return;
+    }
+    let dir = CaptureDisk::new();
+    let (mut agent, pod, _server, _container, _process) = agent_and_pod(dir.path());
+    let started = kstall(&agent, dir.path(), &["start", "--pod", POD, "--duration", "60s"]);
+    let said = text(&started.stdout);
+    assert!(started.status.success(), "{said}{}", text(&started.stderr));
+    let id = said
+        .lines()
+        .find_map(|l| l.strip_prefix("capture ")?.split_once(' ').map(|(id, _)| id.to_string()))
+        .unwrap_or_else(|| panic!("no capture id in:\n{said}"));
+    let up = wait_for(Duration::from_secs(10), || (packet_sockets(&pod) == 2).then_some(()));
+    assert!(up.is_some(), "the capture's sockets never opened:\n{}", agent.log());
+    let nfs: SocketAddr = "10.0.0.1:2049".parse().unwrap();
+    pod.run_inside(move || refused_connects(nfs, CONNECTS));
+
+    assert_eq!(agent.stop(), Some(0), "{}", agent.log());
+    assert_eq!(packet_sockets(&pod), 0, "a packet socket after the agent stopped");
+    let bundle = dir.path().join(format!("state/captures/{id}.tar.gz"));
+    assert!(bundle.is_file(), "no {} after the agent stopped:\n{}", bundle.display(), agent.log());
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::copy(&bundle, copy.path().join(bundle.file_name().unwrap())).unwrap();
+    let top = unpacked(copy.path());
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(top.join("manifest.json")).unwrap()).unwrap();
+    let cut: Vec<&str> = manifest["cut"].as_array().unwrap().iter().filter_map(|c| c.as_str()).collect();
+    assert!(cut.len() == 1 && cut[0].starts_with("packets: the agent shut down after "), "{manifest:#}");
+    let (lines, _) = tcpdump(&top.join("packets.pcapng"));
+    assert_eq!(
+        ports(&lines, "IP 10.0.0.2.", " > 127.0.0.1.15001: Flags [S],").len(),
+        CONNECTS,
+        "the connects before the shutdown:\n{lines}"
+    );
+}

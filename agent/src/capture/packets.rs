@@ -12,7 +12,7 @@ use std::{
     io::Write,
     mem::{size_of, zeroed},
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-    sync::atomic::{AtomicBool, Ordering},
+    sync::atomic::{AtomicU8, Ordering},
     time::{Duration, Instant},
 };
 
@@ -314,13 +314,51 @@ struct AuxData {
 const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
 const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
 
+/// Why a capture ends before its bounds: asked (`kstall capture stop`, the CLI's SIGINT), or the
+/// agent shutting down. One atomic, as a signal handler sets it.
+pub struct Stop(AtomicU8);
+
+const RUNNING: u8 = 0;
+const ASKED: u8 = 1;
+const SHUTDOWN: u8 = 2;
+
+impl Stop {
+    pub const fn new() -> Self {
+        Stop(AtomicU8::new(RUNNING))
+    }
+
+    pub fn ask(&self) {
+        let _ = self.0.compare_exchange(RUNNING, ASKED, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    pub fn shutting_down(&self) {
+        let _ = self.0.compare_exchange(RUNNING, SHUTDOWN, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// The cut a stop after `elapsed` makes, if one was asked for.
+    fn cut(&self, elapsed: Duration) -> Option<String> {
+        let secs = elapsed.as_secs_f64();
+        match self.0.load(Ordering::Relaxed) {
+            RUNNING => None,
+            SHUTDOWN => Some(format!("the agent shut down after {secs:.1} s")),
+            _ => Some(format!("stopped after {secs:.1} s")),
+        }
+    }
+}
+
+impl Default for Stop {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Reads `taps` into `outputs` until `bounds` or `stop`; writes each interface's statistics block;
 /// closes the sockets.
 pub fn run<W: Write>(
     taps: Taps,
     outputs: &mut Outputs<'_, W>,
     bounds: Bounds,
-    stop: &AtomicBool,
+    stop: &Stop,
 ) -> std::io::Result<PacketsReport> {
     let started = Instant::now();
     let start_ns = crate::kernel::unix_now_ns();
@@ -349,8 +387,8 @@ pub fn run<W: Write>(
         if elapsed >= bounds.duration {
             break;
         }
-        if stop.load(Ordering::Relaxed) {
-            report.cut = Some(format!("stopped after {:.1} s", elapsed.as_secs_f64()));
+        if let Some(cut) = stop.cut(elapsed) {
+            report.cut = Some(cut);
             break;
         }
         let wait = (bounds.duration - elapsed).min(Duration::from_millis(100));

@@ -8,7 +8,7 @@ use std::{
     fs::File,
     io::BufWriter,
     path::Path,
-    sync::{Arc, Mutex, PoisonError, atomic::AtomicBool},
+    sync::{Arc, Mutex, PoisonError},
 };
 
 use super::{
@@ -18,7 +18,7 @@ use super::{
     filter::{Link, Snaplen},
     net::Recorder,
     nfs,
-    packets::{self, Bounds, OpenError, Outputs, PacketsReport},
+    packets::{self, Bounds, OpenError, Outputs, PacketsReport, Stop},
     pcapng::{Section, Writer},
     store::{Store, Summary},
     tasks,
@@ -84,7 +84,7 @@ pub fn run(
     node: &Node,
     target: &Target,
     plan: &Plan,
-    stop: &AtomicBool,
+    stop: &Stop,
 ) -> Result<Outcome, String> {
     let reservation = store.reserve(plan.bounds.max_bytes)?;
     let staging = store.staging(id)?;
@@ -105,7 +105,7 @@ fn collect(
     node: &Node,
     target: &Target,
     plan: &Plan,
-    stop: &AtomicBool,
+    stop: &Stop,
 ) -> Result<(Manifest, Vec<FileNote>, Found), String> {
     let Node { name: node, proc, context } = *node;
     let started = now();

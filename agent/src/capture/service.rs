@@ -7,11 +7,8 @@ use std::{
     collections::VecDeque,
     fs::File,
     path::PathBuf,
-    sync::{
-        Arc, Mutex, MutexGuard, OnceLock, PoisonError,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
+    sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError},
+    time::{Duration, Instant},
 };
 
 use serde::{Deserialize, Serialize};
@@ -21,7 +18,7 @@ use super::{
     context::Context,
     filter::{Link, Snaplen},
     flags::{Settings, check_duration},
-    packets::{Bounds, size},
+    packets::{Bounds, Stop, size},
     runner::{self, Joined, Plan, Target},
     store::{self, Retention, Store, Summary},
 };
@@ -103,7 +100,7 @@ pub struct Ask {
 
 struct Running {
     info: Info,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Stop>,
     /// The incidents it is the capture of: the one that started it, those that joined.
     incidents: Joined,
 }
@@ -133,6 +130,8 @@ pub struct Captures {
     node: String,
     proc: PathBuf,
     book: Arc<Mutex<Book>>,
+    /// Told each time a capture leaves the book (the agent's shutdown waits on it).
+    ended: Condvar,
     on_end: OnceLock<OnEnd>,
     /// What the agent knows of a pod, for its bundle (the standalone CLI has none).
     context: OnceLock<Context>,
@@ -207,6 +206,7 @@ impl Captures {
             node: node.to_string(),
             proc: PathBuf::from("/proc"),
             book: Arc::default(),
+            ended: Condvar::new(),
             on_end: OnceLock::new(),
             context: OnceLock::new(),
         })
@@ -349,7 +349,7 @@ impl Captures {
             joined: incidents.clone(),
             requested,
         };
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(Stop::new());
         let this = self.clone();
         let thread_stop = stop.clone();
         let thread_id = id.clone();
@@ -361,7 +361,7 @@ impl Captures {
         Ok(info)
     }
 
-    fn run(&self, id: &str, target: &Target, plan: &Plan, stop: &AtomicBool) {
+    fn run(&self, id: &str, target: &Target, plan: &Plan, stop: &Stop) {
         let node = runner::Node { name: &self.node, proc: &self.proc, context: self.context.get() };
         let outcome = runner::run(&self.store, id, &node, target, plan, stop);
         let mut book = lock(&self.book);
@@ -397,6 +397,8 @@ impl Captures {
         if let (false, Some(told)) = (incidents.is_empty(), self.on_end.get()) {
             told(&incidents, entry);
         }
+        // After the engine has heard: a shutdown waiting on this then saves what it says.
+        self.ended.notify_all();
     }
 
     /// Every capture: the bundles kept (oldest first), the failed ones, then those running.
@@ -432,9 +434,28 @@ impl Captures {
     pub fn stop(&self, id: &str) -> Result<Info, String> {
         let info = self.info(id)?;
         if let Some(r) = lock(&self.book).running.iter().find(|r| r.info.id == id) {
-            r.stop.store(true, Ordering::Relaxed);
+            r.stop.ask();
         }
         Ok(info)
+    }
+
+    /// At the agent's shutdown: ends every running capture (each bundle is kept, its cut saying
+    /// the agent shut down) and waits up to `within` for them to be written. The ids of those
+    /// still running then, which the next start marks failed.
+    pub fn end_all(&self, within: Duration) -> Vec<String> {
+        let deadline = Instant::now() + within;
+        let mut book = lock(&self.book);
+        for running in &book.running {
+            running.stop.shutting_down();
+        }
+        while !book.running.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            book = self.ended.wait_timeout(book, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        book.running.iter().map(|r| r.info.id.clone()).collect()
     }
 
     /// A finished capture's bundle, opened, with its summary.

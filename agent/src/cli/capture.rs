@@ -17,7 +17,6 @@ use std::{
     os::unix::{fs::MetadataExt as _, fs::OpenOptionsExt as _, net::UnixStream},
     path::{Path, PathBuf},
     process::ExitCode,
-    sync::atomic::{AtomicBool, Ordering},
     time::Duration,
 };
 
@@ -28,7 +27,7 @@ use crate::{
         bundle::{FilterFrom, Pod, Time, Trigger, TriggerKind},
         filter::{Link, Snaplen},
         nfs,
-        packets::{Bounds, size, thousands},
+        packets::{Bounds, Stop, size, thousands},
         runner::{self, Outcome, Target},
         service::{Ask, Info},
         store::{self, Retention, Store},
@@ -196,10 +195,10 @@ fn validate(args: &StartArgs) -> Result<Plan, String> {
     Ok(Plan { netns, netns_inode, filter, snap, bounds, pids: args.pids.clone() })
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
+static STOP: Stop = Stop::new();
 
 extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
+    STOP.ask();
 }
 
 fn start(args: StartArgs) -> ExitCode {
