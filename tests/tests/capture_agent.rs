@@ -234,3 +234,115 @@ fn a_capture_running_at_shutdown_is_written_before_the_agent_exits() {
         "the connects before the shutdown:\n{lines}"
     );
 }
+
+/// `--netns`: a namespace of no pod by its inode (the server's), and the node's own with a
+/// filter; the manifest names the namespace and no pod. A name that is neither is a usage error.
+#[test]
+fn a_network_namespace_is_captured_by_its_inode_and_the_nodes_as_host() {
+    if !kernel_tests_can_run("a_network_namespace_is_captured_by_its_inode_and_the_nodes_as_host") {
+        return;
+    }
+    let dir = CaptureDisk::new();
+    let (agent, _pod, server, _container, _process) = agent_and_pod(dir.path());
+    // A process of the server's namespace, which the agent finds it through (no pod's).
+    let _resident = Resident(
+        Command::new("nsenter")
+            .arg(format!("--net={}", server.path().display()))
+            .args(["sleep", "600"])
+            .spawn()
+            .expect("nsenter sleep"),
+    );
+    let inode = server.inode().to_string();
+    let by_inode = kstall(&agent, dir.path(), &["start", "--netns", &inode, "--duration", "1s", "--wait"]);
+    let said = text(&by_inode.stdout);
+    assert!(by_inode.status.success(), "{said}{}", text(&by_inode.stderr));
+    assert!(said.starts_with(&format!("capturing netns {inode} (netns {inode}) for 1 s")), "{said}");
+    let host = kstall(
+        &agent,
+        dir.path(),
+        &["start", "--netns", "host", "--filter", "tcp port 9", "--duration", "1s", "--wait"],
+    );
+    let said = text(&host.stdout);
+    assert!(host.status.success(), "{said}{}", text(&host.stderr));
+    assert!(said.contains(" (the node's) "), "{said}");
+    let list = kstall(&agent, dir.path(), &["list", "-o", "json"]);
+    let list: serde_json::Value = serde_json::from_slice(&list.stdout).expect("capture list -o json");
+    let bundles = dir.path().join("state/captures");
+    let first = list[0]["id"].as_str().expect("the first capture");
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::copy(bundles.join(format!("{first}.tar.gz")), copy.path().join(format!("{first}.tar.gz")))
+        .unwrap();
+    let top = unpacked(copy.path());
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(top.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["pod"], serde_json::json!({"netns": server.inode(), "ips": []}), "{manifest:#}");
+
+    let bad = kstall(&agent, dir.path(), &["start", "--netns", "web"]);
+    assert_eq!(bad.status.code(), Some(64));
+    assert_eq!(
+        text(&bad.stderr),
+        "kstall: --netns web: a network namespace's inode (kstall explain pod shows a pod's) or host\n"
+    );
+}
+
+/// `--incident ID`: the incident's pod, filtered to the peers and ports of its evidence, the
+/// manifest naming it, and the incident's evidence following the capture to its end.
+#[test]
+fn a_capture_of_an_incident_is_of_its_pod_filtered_to_its_evidence() {
+    if !kernel_tests_can_run("a_capture_of_an_incident_is_of_its_pod_filtered_to_its_evidence") {
+        return;
+    }
+    let dir = CaptureDisk::new();
+    let (agent, pod, _server, _container, _process) = agent_and_pod(dir.path());
+    let nfs: SocketAddr = "10.0.0.1:2049".parse().unwrap();
+    let redirect = |i: &serde_json::Value| i["signature"] == "nfs-sidecar-redirect" && i["pod"] == POD;
+    let incident = wait_for(Duration::from_secs(30), || {
+        pod.run_inside(move || refused_connects(nfs, 1));
+        agent.incidents().into_iter().find(|i| redirect(i))
+    })
+    .unwrap_or_else(|| panic!("no nfs-sidecar-redirect: {:#?}\n{}", agent.incidents(), agent.log()));
+    let id = incident["id"].as_str().unwrap().to_string();
+    let started = kstall(&agent, dir.path(), &["start", "--incident", &id, "--duration", "2s"]);
+    let said = text(&started.stdout);
+    assert!(started.status.success(), "{said}{}", text(&started.stderr));
+    assert!(
+        said.contains(&format!("{POD} (netns {}) for 2 s, headers only, filter \"tcp and (host 10.0.0.1 or port 2049 or port 15001)\"", pod.inode())),
+        "{said}"
+    );
+    let done = wait_for(Duration::from_secs(30), || {
+        pod.run_inside(move || refused_connects(nfs, 1));
+        agent
+            .incidents()
+            .into_iter()
+            .find(|i| i["id"] == id.as_str() && i["evidence"]["capture"]["state"] == "complete")
+    })
+    .unwrap_or_else(|| {
+        panic!("the incident's capture never completed: {:#?}\n{}", agent.incidents(), agent.log())
+    });
+    let bundle = std::path::PathBuf::from(done["evidence"]["capture"]["path"].as_str().unwrap());
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::copy(&bundle, copy.path().join(bundle.file_name().unwrap())).unwrap();
+    let top = unpacked(copy.path());
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(top.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["trigger"]["incidents"], serde_json::json!([id]), "{manifest:#}");
+    assert_eq!(manifest["trigger"]["signature"], "nfs-sidecar-redirect", "{manifest:#}");
+    assert_eq!(manifest["limits"]["filter_from"], "incident", "{manifest:#}");
+
+    let unknown = kstall(&agent, dir.path(), &["start", "--incident", "nfs-x/node-a/p"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert_eq!(
+        text(&unknown.stderr),
+        "kstall: no incident \"nfs-x/node-a/p\" on this node (kstall incidents --all lists them)\n"
+    );
+}
+
+/// A child killed and reaped when the test ends, passed or not.
+struct Resident(std::process::Child);
+
+impl Drop for Resident {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -7,10 +7,16 @@ use std::{path::Path, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
+use std::sync::{Arc, Mutex};
+
 use super::explain;
 use crate::{
     attribution::Index,
-    capture::{self, runner::Target, service::Info},
+    capture::{
+        self,
+        service::{About, Ask, Captures, Info},
+    },
+    incidents::engine::{CAPTURE, Engine},
 };
 
 /// `{"capture": …}`: one capture.
@@ -28,10 +34,62 @@ pub struct CapturesReply {
 /// How often a wait looks again.
 pub const POLL: Duration = Duration::from_millis(250);
 
-/// What is captured of pod `query` (name or UID, in `namespace` when given): see
-/// [`capture::target::of_pod`]; or the one line saying why not.
-pub fn target(index: &Index, query: &str, namespace: Option<&str>, proc: &Path) -> Result<Target, String> {
-    capture::target::of_pod(index, explain::find(index, query, namespace)?, proc)
+/// What `kstall capture start` names.
+pub enum What {
+    /// By name or UID, in `namespace` when given.
+    Pod { pod: String, namespace: Option<String> },
+    /// An inode, or `host`.
+    Netns(String),
+    /// An incident's id: its pod, filtered to its peers and ports.
+    Incident(String),
+}
+
+pub const SAY_WHAT: &str = "say what to capture: a pod (--pod), a network namespace (--netns) or an incident (--incident), one of them";
+
+/// Starts the capture `what` names: its target found in the index (an incident's pod through the
+/// engine), the capture handed to the service; or the one line saying why not.
+pub fn start(
+    service: &Arc<Captures>,
+    index: &Index,
+    engine: &Mutex<Engine>,
+    what: What,
+    ask: &Ask,
+    proc: &Path,
+) -> Result<Info, String> {
+    match what {
+        What::Pod { pod, namespace } => {
+            let target =
+                capture::target::of_pod(index, explain::find(index, &pod, namespace.as_deref())?, proc)?;
+            service.start(target, ask, None)
+        }
+        What::Netns(netns) => service.start(capture::target::of_netns(index, &netns, proc)?, ask, None),
+        What::Incident(id) => {
+            let incident = lock(engine).incidents().into_iter().find(|i| i.id == id).ok_or_else(|| {
+                format!("no incident {id:?} on this node (kstall incidents --all lists them)")
+            })?;
+            let uid = incident.pod_uid.as_deref().ok_or_else(|| {
+                format!(
+                    "incident {id} is node-wide (no pod): capture the node with --netns host and a --filter"
+                )
+            })?;
+            let pod = capture::target::known_pod(index, uid)
+                .ok_or_else(|| format!("incident {id}: kstall no longer knows its pod {uid}"))?;
+            let target = capture::target::of_pod(index, pod, proc)?;
+            let about = About {
+                id: incident.id.clone(),
+                signature: incident.signature.clone(),
+                filter: capture::trigger::default_filter(&incident.evidence),
+            };
+            let info = service.start(target, ask, Some(&about))?;
+            // The incident's evidence follows it from now, as a triggered capture's does.
+            lock(engine).annotate(&incident.id, CAPTURE, service.capturing(&info));
+            Ok(info)
+        }
+    }
+}
+
+fn lock(engine: &Mutex<Engine>) -> std::sync::MutexGuard<'_, Engine> {
+    engine.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -40,7 +98,7 @@ mod tests {
 
     #[test]
     fn an_unknown_pod_is_refused_naming_what_is_known() {
-        let e = target(&Index::default(), "web-2", None, Path::new("/proc")).err().unwrap();
+        let e = explain::find(&Index::default(), "web-2", None).err().unwrap();
         assert_eq!(e, "kstall knows no pod \"web-2\" on this node (0 pods known)");
     }
 }

@@ -33,12 +33,18 @@ pub enum Request {
         #[serde(default)]
         namespace: Option<String>,
     },
-    /// Starts capturing a pod's network namespace: `{"capture": Info}`, refused in one line
-    /// (`{"error": …}`). With `wait`, a second `{"capture": Info}` when it has ended.
+    /// Starts capturing a pod's network namespace, a namespace by inode (or `host`), or an
+    /// incident's pod — one of the three: `{"capture": Info}`, refused in one line (`{"error":
+    /// …}`). With `wait`, a second `{"capture": Info}` when it has ended.
     CaptureStart {
-        pod: String,
+        #[serde(default)]
+        pod: Option<String>,
         #[serde(default)]
         namespace: Option<String>,
+        #[serde(default)]
+        netns: Option<String>,
+        #[serde(default)]
+        incident: Option<String>,
         #[serde(default)]
         filter: Option<String>,
         #[serde(default)]

@@ -138,6 +138,8 @@ async fn handle(stream: UnixStream, state: Arc<AgentState>, shutdown: Cancellati
         Ok(Request::CaptureStart {
             pod,
             namespace,
+            netns,
+            incident,
             filter,
             duration_secs,
             max_bytes,
@@ -146,7 +148,16 @@ async fn handle(stream: UnixStream, state: Arc<AgentState>, shutdown: Cancellati
             wait,
         }) => {
             let ask = crate::capture::service::Ask { filter, duration_secs, max_bytes, max_packets, snaplen };
-            capture_start(&mut write, &state, &pod, namespace.as_deref(), &ask, wait, &shutdown).await
+            let what = match (pod, netns, incident) {
+                (Some(pod), None, None) => Ok(captures::What::Pod { pod, namespace }),
+                (None, Some(netns), None) => Ok(captures::What::Netns(netns)),
+                (None, None, Some(id)) => Ok(captures::What::Incident(id)),
+                _ => Err(captures::SAY_WHAT.to_string()),
+            };
+            match what {
+                Ok(what) => capture_start(&mut write, &state, what, &ask, wait, &shutdown).await,
+                Err(error) => write_json(&mut write, &ErrorReply { error }).await,
+            }
         }
         Ok(Request::Captures) => match &state.captures {
             Ok(c) => write_json(&mut write, &captures::CapturesReply { captures: c.list() }).await,
@@ -179,8 +190,7 @@ async fn handle(stream: UnixStream, state: Arc<AgentState>, shutdown: Cancellati
 async fn capture_start(
     write: &mut tokio::net::unix::OwnedWriteHalf,
     state: &AgentState,
-    pod: &str,
-    namespace: Option<&str>,
+    what: captures::What,
     ask: &crate::capture::service::Ask,
     wait: bool,
     shutdown: &CancellationToken,
@@ -190,11 +200,11 @@ async fn capture_start(
         Err(error) => return write_json(write, &ErrorReply { error: error.clone() }).await,
     };
     let index = state.attribution.borrow().clone();
+    let engine = state.incidents.clone();
     // Opens /proc files and spawns the capture's thread: short, but off the runtime's workers.
-    let (pod, namespace, ask) = (pod.to_string(), namespace.map(str::to_string), ask.clone());
+    let ask = ask.clone();
     let started = tokio::task::spawn_blocking(move || {
-        let target = captures::target(&index, &pod, namespace.as_deref(), std::path::Path::new("/proc"))?;
-        service.start(target, &ask)
+        captures::start(&service, &index, &engine, what, &ask, std::path::Path::new("/proc"))
     })
     .await
     .unwrap_or_else(|e| Err(format!("capture refused: {e}")));

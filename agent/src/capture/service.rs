@@ -98,6 +98,14 @@ pub struct Ask {
     pub snaplen: Option<String>,
 }
 
+/// The incident a capture asked for by hand is of (`kstall capture start --incident ID`).
+pub struct About {
+    pub id: String,
+    pub signature: String,
+    /// Its peers and ports ([`super::trigger::default_filter`]).
+    pub filter: Option<String>,
+}
+
 struct Running {
     info: Info,
     stop: Arc<Stop>,
@@ -227,24 +235,31 @@ impl Captures {
         &self.settings
     }
 
-    /// Starts capturing `target` as asked, on a thread of its own; refuses in one line.
-    pub fn start(self: &Arc<Self>, target: Target, ask: &Ask) -> Result<Info, String> {
+    /// Starts capturing `target` as asked, on a thread of its own; refuses in one line. `about`,
+    /// an incident the operator named: its peers and ports are the filter unless one is given,
+    /// and its `capture` evidence follows the capture as a triggered one's does.
+    pub fn start(self: &Arc<Self>, target: Target, ask: &Ask, about: Option<&About>) -> Result<Info, String> {
         let (bounds, snap) = bounds(ask, &self.settings)?;
-        let filter = ask.filter.as_deref().map(str::trim).filter(|f| !f.is_empty()).map(str::to_string);
+        let given = ask.filter.as_deref().map(str::trim).filter(|f| !f.is_empty()).map(str::to_string);
+        let (filter, filter_from) = match (given, about.and_then(|a| a.filter.clone())) {
+            (Some(given), _) => (Some(given), FilterFrom::Given),
+            (None, Some(incidents)) => (Some(incidents), FilterFrom::Incident),
+            (None, None) => (None, FilterFrom::None),
+        };
         super::filter::compile(filter.as_deref(), Link::Ethernet, snap).map_err(|e| e.to_string())?;
         let mut book = lock(&self.book);
         let running: Vec<Info> = book.running.iter().map(|r| r.info.clone()).collect();
         admit(&running, target.pod.netns, &target.label.replace("pod ", ""), self.settings.running)?;
         let how = How {
-            filter_from: if filter.is_some() { FilterFrom::Given } else { FilterFrom::None },
+            filter_from,
             filter,
             snap,
             snaplen: ask.snaplen.clone().unwrap_or_else(|| "headers".into()),
             bounds,
             trigger: Trigger {
                 kind: TriggerKind::Manual,
-                incidents: vec![],
-                signature: None,
+                incidents: about.map(|a| vec![a.id.clone()]).unwrap_or_default(),
+                signature: about.map(|a| a.signature.clone()),
                 requested_by: "socket".into(),
             },
         };
@@ -305,7 +320,7 @@ impl Captures {
     }
 
     /// A running capture as an incident's evidence names it.
-    fn capturing(&self, info: &Info) -> serde_json::Value {
+    pub fn capturing(&self, info: &Info) -> serde_json::Value {
         serde_json::json!({
             "id": info.id,
             "path": self.store.dir().join(format!("{}.tar.gz", info.id)),

@@ -67,6 +67,42 @@ pub fn of_pod(index: &Index, pod: &Attribution, proc: &Path) -> Result<Target, S
     })
 }
 
+/// What is captured of a network namespace named by `what`: `host`, the node's (as the attribution
+/// index knows it: pid 1's, or the agent's own), or an inode. A pod's namespace is captured as its
+/// pod (with its metadata); any other through one of its processes, found in `/proc` by their
+/// `ns/net` links.
+pub fn of_netns(index: &Index, what: &str, proc: &Path) -> Result<Target, String> {
+    let host = index.by_netns.iter().find(|(_, a)| a.host).map(|(n, _)| *n);
+    let inode = match what {
+        "host" => host
+            .map(u64::from)
+            .ok_or_else(|| "--netns host: kstall does not know the node's network namespace".to_string())?,
+        _ => what.parse::<u64>().map_err(|_| {
+            format!("--netns {what}: a network namespace's inode (kstall explain pod shows a pod's) or host")
+        })?,
+    };
+    let key =
+        u32::try_from(inode).map_err(|_| format!("--netns {what}: no network namespace has that inode"))?;
+    if let Some(pod) = index.by_netns.get(&key).filter(|a| a.pod_uid.is_some() && !a.host) {
+        return of_pod(index, pod, proc);
+    }
+    let node = host == Some(key);
+    let label = if node { format!("netns {inode} (the node's)") } else { format!("netns {inode}") };
+    // The index's witness for the node's: a scan of every process would open thousands of links.
+    let pids = match index.netns_witness.get(&key) {
+        Some(&witness) if node => vec![witness],
+        _ => super::processes_in(proc, inode, &[]),
+    };
+    let (file, _) = enter::open_netns(&[key], &pids, proc)
+        .ok_or_else(|| format!("--netns {what}: no process of this node is in network namespace {inode}"))?;
+    Ok(Target {
+        netns: file,
+        pod: crate::capture::bundle::Pod { netns: inode, ..Default::default() },
+        pids: if node { Vec::new() } else { pids },
+        label,
+    })
+}
+
 /// The processes of a pod's cgroup and of its containers' (one level down), by their
 /// `cgroup.procs`.
 fn pod_processes(pod_cgroup: &Path) -> Vec<u32> {
@@ -106,5 +142,22 @@ mod tests {
             "pod shop/web-1 shares the node's network namespace (hostNetwork): capture it with --netns host and a --filter"
         );
         assert!(known_pod(&index, "u-2").is_none());
+    }
+
+    #[test]
+    fn a_network_namespace_is_an_inode_or_host_and_one_no_process_is_in_is_refused() {
+        let index = Index::default();
+        let proc = tempfile::tempdir().unwrap();
+        let refused = |what: &str| of_netns(&index, what, proc.path()).err().unwrap();
+        assert_eq!(
+            refused("web"),
+            "--netns web: a network namespace's inode (kstall explain pod shows a pod's) or host"
+        );
+        assert_eq!(refused("host"), "--netns host: kstall does not know the node's network namespace");
+        assert_eq!(refused("99999999999"), "--netns 99999999999: no network namespace has that inode");
+        assert_eq!(
+            refused("4026532999"),
+            "--netns 4026532999: no process of this node is in network namespace 4026532999"
+        );
     }
 }

@@ -93,9 +93,14 @@ pub struct StartArgs {
     /// The pod's namespace.
     #[arg(short = 'n', long, value_name = "NAMESPACE", requires = "pod")]
     pub namespace: Option<String>,
-    /// A network namespace by inode, or host (not yet: use --pod, or --standalone --netns-file).
+    /// A network namespace by inode (a pod's is captured as the pod), or host: the node's (give a
+    /// --filter: every pod's traffic crosses it) (through the agent).
     #[arg(long, value_name = "INODE|host", conflicts_with_all = ["pod", "standalone"])]
     pub netns: Option<String>,
+    /// An incident's pod, filtered to the incident's peers and ports unless --filter says
+    /// otherwise; the incident's evidence names the capture (through the agent).
+    #[arg(long, value_name = "ID", conflicts_with_all = ["pod", "netns", "standalone"])]
+    pub incident: Option<String>,
     /// Wait until the capture has ended, then say what it holds (through the agent).
     #[arg(long, conflicts_with = "standalone")]
     pub wait: bool,
@@ -372,17 +377,17 @@ mod agent {
 
     fn start_(args: StartArgs) -> Result<(), Failure> {
         let usage = Failure::Usage;
-        if let Some(netns) = &args.netns {
-            return Err(usage(format!(
-                "--netns {netns}: not yet: capture a pod with --pod NAME, or a namespace with --standalone --netns-file PATH"
-            )));
-        }
-        let Some(pod) = args.pod.clone() else {
+        if args.pod.is_none() && args.netns.is_none() && args.incident.is_none() {
             return Err(usage(
-                "kstall capture start: say what to capture: --pod NAME [-n NAMESPACE], or --standalone --netns-file PATH -o DIR"
+                "kstall capture start: say what to capture: --pod NAME [-n NAMESPACE], --netns INODE|host, --incident ID, or --standalone --netns-file PATH -o DIR"
                     .into(),
             ));
-        };
+        }
+        if let Some(netns) = args.netns.as_deref().filter(|n| *n != "host" && n.parse::<u64>().is_err()) {
+            return Err(usage(format!(
+                "--netns {netns}: a network namespace's inode (kstall explain pod shows a pod's) or host"
+            )));
+        }
         if !args.pids.is_empty() {
             return Err(usage("--pid: only with --standalone (the agent finds the pod's processes)".into()));
         }
@@ -410,8 +415,10 @@ mod agent {
             snaplen: Some(args.snaplen.clone()),
         };
         let request = Request::CaptureStart {
-            pod,
+            pod: args.pod.clone(),
             namespace: args.namespace.clone(),
+            netns: args.netns.clone(),
+            incident: args.incident.clone(),
             filter: ask.filter,
             duration_secs: ask.duration_secs,
             max_bytes: ask.max_bytes,
