@@ -124,8 +124,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let (applied_tx, applied_index) = watch::channel(attribution.index.borrow().clone());
     let shown_index = if loaded.events.is_some() { applied_index } else { attribution.index.clone() };
     let captures = captures(&config);
-    let triggers = capture_triggers(&captures, &incidents);
-    let recent = capture_context(&captures, &incidents);
+    let (triggers, recent) = wire_captures(&captures, &incidents, &metrics);
     let ending_captures = captures.as_ref().ok().cloned();
     let state = Arc::new(AgentState {
         started: Instant::now(),
@@ -477,37 +476,37 @@ fn history_written(dir: PathBuf, metrics: Arc<Metrics>) -> impl Fn(&std::io::Res
     }
 }
 
-/// What acts on incidents as they fire: the captures `--capture-on` asks for, whose end the
-/// engine hears of (each incident's `capture` evidence then says complete or failed).
-fn capture_triggers(
+/// What acts on incidents as they fire (the captures `--capture-on` asks for), and the ring of
+/// the node's last events that bundles take their pod's from — kept only where the agent can
+/// capture. The captures' end reaches the engine (each incident's `capture` evidence then says
+/// complete or failed) and the metrics; bundles take a pod's incidents from the engine.
+fn wire_captures(
     captures: &Result<Arc<crate::capture::service::Captures>, String>,
     engine: &Arc<Mutex<Engine>>,
-) -> Vec<Box<dyn evaluator::Trigger>> {
-    let Ok(captures) = captures else { return Vec::new() };
-    let engine = engine.clone();
-    captures.on_end(Box::new(move |incidents, entry| {
-        let mut engine = engine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for id in incidents {
-            engine.annotate(id, crate::incidents::engine::CAPTURE, entry.clone());
-        }
-    }));
-    crate::capture::trigger::OnIncident::new(captures.clone())
+    metrics: &Arc<Metrics>,
+) -> (Vec<Box<dyn evaluator::Trigger>>, Option<Arc<crate::capture::context::Recent>>) {
+    use crate::capture::{
+        context::{Context, EVENTS_KEPT, Recent},
+        service::Wiring,
+    };
+    let Ok(captures) = captures else { return (Vec::new(), None) };
+    let recent = Arc::new(Recent::new(EVENTS_KEPT));
+    let annotated = engine.clone();
+    captures.wire(Wiring {
+        on_end: Box::new(move |incidents, entry| {
+            let mut engine = annotated.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for id in incidents {
+                engine.annotate(id, crate::incidents::engine::CAPTURE, entry.clone());
+            }
+        }),
+        context: Context { recent: recent.clone(), incidents: engine.clone() },
+        metrics: metrics.clone(),
+    });
+    let triggers = crate::capture::trigger::OnIncident::new(captures.clone())
         .map(|t| Box::new(t) as Box<dyn evaluator::Trigger>)
         .into_iter()
-        .collect()
-}
-
-/// The ring of the node's last events that bundles take their pod's from, kept only where the
-/// agent can capture; the bundles' incidents come from the engine.
-fn capture_context(
-    captures: &Result<Arc<crate::capture::service::Captures>, String>,
-    engine: &Arc<Mutex<Engine>>,
-) -> Option<Arc<crate::capture::context::Recent>> {
-    use crate::capture::context::{Context, EVENTS_KEPT, Recent};
-    let captures = captures.as_ref().ok()?;
-    let recent = Arc::new(Recent::new(EVENTS_KEPT));
-    captures.with_context(Context { recent: recent.clone(), incidents: engine.clone() });
-    Some(recent)
+        .collect();
+    (triggers, Some(recent))
 }
 
 /// The captures under `<state>/captures`, or why there are none (no state dir, or it cannot be

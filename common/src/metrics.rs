@@ -226,6 +226,20 @@ pub const STATE_WRITES: Metric = node(
     "Writes of the incident history to the state directory (--state-dir), by result: ok, error (the \
      agent's log says why; the history then does not survive a restart).",
 );
+pub const CAPTURES: Metric = node(
+    "kstall_captures_total",
+    Counter,
+    &["trigger", "result"],
+    "Captures (kstall capture) that ended, by what asked for them (manual: kstall capture start; \
+     incident: --capture-on) and result: complete (a bundle kept), failed (none: its entry in kstall \
+     capture list says why).",
+);
+pub const CAPTURES_RUNNING: Metric = node(
+    "kstall_captures_running",
+    Gauge,
+    &[],
+    "Captures running now (at most --capture-running); while none runs, the agent holds no packet socket.",
+);
 pub const KUBERNETES_WRITES: Metric = node(
     "kstall_kubernetes_writes_total",
     Counter,
@@ -453,6 +467,8 @@ pub const ALL: &[&Metric] = &[
     &INCIDENT_STATE_EVICTIONS,
     &ALERTMANAGER_POSTS,
     &STATE_WRITES,
+    &CAPTURES,
+    &CAPTURES_RUNNING,
     &KUBERNETES_WRITES,
     &NODE_MEMORY_LIMIT_OVERCOMMIT,
     &POD_METADATA_UP,

@@ -14,7 +14,7 @@ use std::{
 };
 
 use kstall_tests::{
-    agent::{Agent, agent_binary, pod_json, write_pods_file},
+    agent::{Agent, agent_binary, pod_json, sample_with, write_pods_file},
     capture::{CaptureDisk, packet_sockets, ports, tcpdump, unpacked},
     cgroup::{Cgroup, PodProcess},
     host::wait_for,
@@ -151,6 +151,17 @@ fn a_capture_through_the_agent_is_the_whole_case() {
         text(&again.stderr),
         format!("kstall capture get: {id}.tar.gz exists: give -o or remove it\n")
     );
+    // Counted, by trigger and result; none running now.
+    let metrics = agent.metrics();
+    let captures = |trigger: &str, result: &str| {
+        sample_with(&metrics, "kstall_captures_total", &[("result", result), ("trigger", trigger)])
+    };
+    assert_eq!(
+        (captures("manual", "complete"), captures("manual", "failed"), captures("incident", "complete")),
+        (Some(1.0), Some(0.0), Some(0.0)),
+        "{metrics}"
+    );
+    assert!(metrics.lines().any(|l| l == "kstall_captures_running 0"), "{metrics}");
     // Never on the metrics port.
     for path in [format!("/api/v1/captures/{id}"), "/api/v1/captures".into()] {
         let (status, body) = agent.get_with_status(&path);

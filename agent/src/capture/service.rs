@@ -140,9 +140,16 @@ pub struct Captures {
     book: Arc<Mutex<Book>>,
     /// Told each time a capture leaves the book (the agent's shutdown waits on it).
     ended: Condvar,
-    on_end: OnceLock<OnEnd>,
-    /// What the agent knows of a pod, for its bundle (the standalone CLI has none).
-    context: OnceLock<Context>,
+    wiring: OnceLock<Wiring>,
+}
+
+/// What the agent gives its captures once both are up: who hears of the end of captures that
+/// incidents asked for (the engine, to update their evidence), where bundles find what kstall
+/// knows of a pod, and the metrics.
+pub struct Wiring {
+    pub on_end: OnEnd,
+    pub context: Context,
+    pub metrics: Arc<crate::export::metrics::Metrics>,
 }
 
 fn lock(book: &Mutex<Book>) -> MutexGuard<'_, Book> {
@@ -215,20 +222,13 @@ impl Captures {
             proc: PathBuf::from("/proc"),
             book: Arc::default(),
             ended: Condvar::new(),
-            on_end: OnceLock::new(),
-            context: OnceLock::new(),
+            wiring: OnceLock::new(),
         })
     }
 
-    /// Where bundles find the pod's incidents and recent events.
-    pub fn with_context(&self, context: Context) {
-        let _ = self.context.set(context);
-    }
-
-    /// Who hears of the end of captures that incidents asked for (the engine, to update their
-    /// evidence). Set once.
-    pub fn on_end(&self, told: OnEnd) {
-        let _ = self.on_end.set(told);
+    /// Set once, by the agent.
+    pub fn wire(&self, wiring: Wiring) {
+        let _ = self.wiring.set(wiring);
     }
 
     pub fn settings(&self) -> &Settings {
@@ -373,11 +373,15 @@ impl Captures {
             .spawn(move || this.run(&thread_id, &target, &plan, &thread_stop))
             .map_err(|e| format!("capture refused: cannot start its thread: {e}"))?;
         book.running.push(Running { info: info.clone(), stop, incidents });
+        if let Some(wiring) = self.wiring.get() {
+            wiring.metrics.set_captures_running(book.running.len());
+        }
         Ok(info)
     }
 
     fn run(&self, id: &str, target: &Target, plan: &Plan, stop: &Stop) {
-        let node = runner::Node { name: &self.node, proc: &self.proc, context: self.context.get() };
+        let wiring = self.wiring.get();
+        let node = runner::Node { name: &self.node, proc: &self.proc, context: wiring.map(|w| &w.context) };
         let outcome = runner::run(&self.store, id, &node, target, plan, stop);
         let mut book = lock(&self.book);
         let Some(at) = book.running.iter().position(|r| r.info.id == id) else { return };
@@ -407,10 +411,17 @@ impl Captures {
                 serde_json::json!({"id": id, "state": "failed", "error": e})
             }
         };
+        if let Some(wiring) = wiring {
+            let trigger = match plan.trigger.kind {
+                TriggerKind::Manual => "manual",
+                TriggerKind::Incident => "incident",
+            };
+            wiring.metrics.capture_ended(trigger, entry["state"] == "complete", book.running.len());
+        }
         drop(book);
         let incidents = lock_ids(&incidents).clone();
-        if let (false, Some(told)) = (incidents.is_empty(), self.on_end.get()) {
-            told(&incidents, entry);
+        if let (false, Some(wiring)) = (incidents.is_empty(), wiring) {
+            (wiring.on_end)(&incidents, entry);
         }
         // After the engine has heard: a shutdown waiting on this then saves what it says.
         self.ended.notify_all();

@@ -58,6 +58,8 @@ pub struct Metrics {
     incident_active: IntGaugeVec,
     alertmanager_posts_total: IntCounterVec,
     state_writes_total: IntCounterVec,
+    captures_total: IntCounterVec,
+    captures_running: IntGauge,
     kubernetes_writes_total: IntCounterVec,
     overcommit: prometheus::Gauge,
     incidents_total: IntCounterVec,
@@ -177,6 +179,8 @@ impl Metrics {
             overcommit,
             alertmanager_posts_total: counter_vec(&registry, &catalogue::ALERTMANAGER_POSTS),
             state_writes_total: counter_vec(&registry, &catalogue::STATE_WRITES),
+            captures_total: counter_vec(&registry, &catalogue::CAPTURES),
+            captures_running: gauge(&registry, &catalogue::CAPTURES_RUNNING),
             kubernetes_writes_total: counter_vec(&registry, &catalogue::KUBERNETES_WRITES),
             incidents_total: counter_vec(&registry, &catalogue::INCIDENTS),
             incident_evictions_total: counter_vec(&registry, &catalogue::INCIDENT_STATE_EVICTIONS),
@@ -218,6 +222,11 @@ impl Metrics {
         }
         for result in ["ok", "error"] {
             metrics.state_writes_total.with_label_values(&[result]);
+        }
+        for trigger in ["manual", "incident"] {
+            for result in ["complete", "failed"] {
+                metrics.captures_total.with_label_values(&[trigger, result]);
+            }
         }
         metrics
     }
@@ -480,6 +489,16 @@ impl Metrics {
     /// A write of the incident history to the state directory.
     pub fn state_write(&self, ok: bool) {
         self.state_writes_total.with_label_values(&[if ok { "ok" } else { "error" }]).inc();
+    }
+
+    /// A capture ended (`trigger`: manual or incident; `complete`: a bundle kept), and how many run.
+    pub fn capture_ended(&self, trigger: &str, complete: bool, running: usize) {
+        self.captures_total.with_label_values(&[trigger, if complete { "complete" } else { "failed" }]).inc();
+        self.set_captures_running(running);
+    }
+
+    pub fn set_captures_running(&self, running: usize) {
+        self.captures_running.set(running as i64);
     }
 
     pub fn alertmanager_post(&self, url: &str, ok: bool) {
