@@ -216,6 +216,44 @@ fn packets_show_the_syn_to_15001_and_the_rst_from_2049_and_no_socket_is_left() {
     );
 }
 
+/// A native nftables table in the pod's namespace (made with nft, as kube-proxy's nftables mode or
+/// a CNI would: no iptables-save shows it) is in `net/rules.txt` under `# nft list ruleset`, after
+/// the iptables sections; iptables-nft's own nat table is there too (the whole ruleset, verbatim).
+#[test]
+fn a_native_nft_table_is_in_the_rules_file() {
+    if !kernel_tests_can_run("a_native_nft_table_is_in_the_rules_file") {
+        return;
+    }
+    // In the pod's namespace alone, gone with it.
+    let (pod, _server) = pod_and_server();
+    pod.exec("nft", &["add", "table", "inet", "kstall_test"]);
+    pod.exec(
+        "nft",
+        &["add", "chain", "inet", "kstall_test", "out", "{ type nat hook output priority -100; }"],
+    );
+    pod.exec(
+        "nft",
+        &["add", "rule", "inet", "kstall_test", "out", "tcp", "dport", "2049", "redirect", "to", ":15001"],
+    );
+    let dir = CaptureDisk::new();
+    let out = dir.path().join("capture");
+    capture(&pod, &["--duration", "1s"], &out).ended(Duration::from_secs(10));
+    let bundle = unpacked(&out);
+    let rules = std::fs::read_to_string(bundle.join("net/rules.txt")).unwrap();
+    println!("{rules}");
+    let (iptables, nft) =
+        rules.split_once("\n# nft list ruleset\n").unwrap_or_else(|| panic!("no nft section:\n{rules}"));
+    assert!(iptables.contains("# iptables-nft-save\n") && !iptables.contains("kstall_test"), "{rules}");
+    let table = nft
+        .split_once("table inet kstall_test {\n")
+        .map(|(_, table)| table.split_once("\n}\n").map_or(table, |(table, _)| table))
+        .unwrap_or_else(|| panic!("no table inet kstall_test in the nft section:\n{rules}"));
+    assert!(table.contains("chain out {") && table.contains("type nat hook output priority"), "{rules}");
+    assert!(table.lines().any(|l| l.trim() == "tcp dport 2049 redirect to :15001"), "{rules}");
+    // iptables-nft's REDIRECT (pod_and_server's) is an nf_tables table too: listed whole.
+    assert!(nft.contains("table ip nat {") && nft.contains("redirect to :15001"), "{rules}");
+}
+
 /// The packet cap ends the capture at once, long before its duration, and says so: on stdout
 /// and in the statistics blocks.
 #[test]

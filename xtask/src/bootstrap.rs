@@ -10,13 +10,17 @@ use std::{
 use anyhow::{Context as _, bail};
 
 /// Debian packages: LLVM 22 for bpf-linker; for the kernel tests iptables/iproute2 (resets),
-/// bindfs/e2fsprogs (a writer stuck in writeback), bpftool to inspect loaded programs, libpcap and
-/// tcpdump (kstall capture's filters, its pcapng read back).
+/// nftables (a native nft table in a capture's rules.txt), bindfs/e2fsprogs (a writer stuck in
+/// writeback), bpftool to inspect loaded programs, libpcap and tcpdump (kstall capture's filters,
+/// its pcapng read back).
 const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
     "libzstd-dev",
     "iptables",
+    // nft, for a native nftables table in a pod's namespace (a capture's rules.txt). Installed
+    // only: its service (the host's own ruleset) stays disabled, as the package leaves it.
+    "nftables",
     "iproute2",
     "bpftool",
     "curl",

@@ -1,7 +1,7 @@
 //! `cargo xtask image`: the agent's container image, from what this machine can reach (no base
 //! image from a registry). It stages a build context — the release binary and the shared
-//! libraries it links, Debian's iptables and libpcap (image/debian.rs), nothing else: no shell, no
-//! package manager — and builds it with
+//! libraries it links, Debian's iptables, nftables' nft and libpcap (image/debian.rs), nothing
+//! else: no shell, no package manager — and builds it with
 //! `podman build` from `deploy/image/Containerfile`, the same file a user builds with
 //! `docker build` or `podman build` from that context. Then it saves the image as an OCI archive
 //! (`target/image/kstall-<version>.oci.tar`, for `podman load`, `ctr images import` or a push) and
@@ -24,7 +24,8 @@ mod oci;
 
 /// What building and running the image needs: podman (its pause image needs catatonit), runc
 /// (crun refuses this machine's hybrid cgroups), setcap, mmdebstrap (each architecture's Debian
-/// iptables and libpcap, image/debian.rs); openssl for the container tests' API server certificate.
+/// iptables, nftables and libpcap, image/debian.rs); openssl for the container tests' API server
+/// certificate.
 pub const IMAGE_PACKAGES: &[&str] = &["podman", "runc", "catatonit", "libcap2-bin", "mmdebstrap", "openssl"];
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The name the kustomize base deploys (`images:` in deploy/base/kustomization.yaml).
@@ -136,12 +137,12 @@ pub fn build_image(arches: &[Arch]) -> anyhow::Result<Image> {
             arch.name(),
             build::release_binary_for(*arch).display()
         );
-        // Debian's too: this architecture's iptables programs and dlopened libraries (libpcap), as
-        // staged from its packages.
+        // Debian's too: this architecture's programs (iptables', nft) and dlopened libraries
+        // (libpcap), as staged from its packages.
         let debian = staged
             .programs
             .iter()
-            .map(|p| (p, "iptables"))
+            .map(|(p, package)| (p, *package))
             .chain(staged.dlopened.iter().map(|l| (l, "libpcap")));
         for (file, package) in debian {
             let held = oci::binary_of(&archive, *arch, file, &out.join("check"))?;
@@ -168,9 +169,10 @@ pub fn build_image(arches: &[Arch]) -> anyhow::Result<Image> {
 
 /// The context's `rootfs/` becomes the image's `/`: the binary at /usr/bin/kstall (so
 /// `kubectl exec ... kstall status` finds it on PATH), its dynamic loader and each library it
-/// needs, at their paths; then Debian's iptables, for explain pod's read of a pod's NAT rules, and
-/// libpcap, which capture dlopens, from `debian` (the extracted packages). Returns what
-/// image/debian.rs staged.
+/// needs, at their paths; then Debian's iptables, for explain pod's read of a pod's NAT rules (and a
+/// capture's), nftables' nft, for a capture's read of its native nftables tables, and libpcap,
+/// which capture dlopens, from `debian` (the extracted packages). Returns what image/debian.rs
+/// staged.
 fn stage(binary: &Path, debian: &Path, context: &Path, arch: Arch) -> anyhow::Result<debian::Staged> {
     if context.exists() {
         std::fs::remove_dir_all(context).with_context(|| format!("clean {}", context.display()))?;
@@ -194,8 +196,8 @@ fn stage(binary: &Path, debian: &Path, context: &Path, arch: Arch) -> anyhow::Re
         std::fs::copy(&here, &target).with_context(|| format!("copy {}", here.display()))?;
     }
     let staged = debian::stage(debian, &rootfs, arch)?;
-    // iptables' programs run by the agent's loader: the same path, staged above.
-    for program in &staged.programs {
+    // iptables' programs and nft run by the agent's loader: the same path, staged above.
+    for (program, _) in &staged.programs {
         let headers = readelf(&rootfs.join(program), "--program-headers")?;
         let interpreter =
             program_interpreter(&headers).with_context(|| format!("/{program}: no interpreter"))?;

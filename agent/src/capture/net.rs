@@ -215,7 +215,7 @@ impl Recorder {
             ),
             (
                 "rules.txt",
-                "the namespace's iptables rules (nft and legacy), as its own iptables-save prints them",
+                "the namespace's iptables rules (nft and legacy), as its own iptables-save prints them, and its whole nftables ruleset (nft list ruleset)",
                 self.rules,
             ),
             (

@@ -1,16 +1,19 @@
 //! Debian's files in the image. iptables, for `kstall explain pod`'s read of a meshed pod's own
 //! NAT rules (agent/src/api/nfs_mesh.rs runs `iptables-nft-save` and `iptables-legacy-save`
-//! entered into the pod's network namespace; deploy/components/pod-rules grants what that needs);
+//! entered into the pod's network namespace; deploy/components/pod-rules grants what that needs)
+//! and a capture's `net/rules.txt` (agent/src/capture/rules.rs); nftables' `nft`, which that file
+//! runs too (`nft list ruleset`: the tables made with nft itself, which no iptables-save shows);
 //! and libpcap, which `kstall capture` dlopens (`libpcap.so.0.8`, agent/src/capture/filter.rs) to
 //! compile a capture's filter (deploy/components/capture grants what capturing needs). Debian's
-//! `iptables` and `libpcap0.8` packages of the image's architecture, fetched through apt alone
-//! (mmdebstrap's extract variant: the packages and their dependencies unpacked, nothing run, no
-//! emulation) and kept in target/image/debian-<arch> until its recipe changes. Staged from it: the
-//! two multi-call programs and their `*-save` names under /usr/sbin, the xtables extensions they
-//! dlopen to print a rule's matches and targets, libpcap (dlopened, so named here: it is in no
-//! staged file's `DT_NEEDED`), the libraries all these need, and the copyright file of each Debian
-//! package a staged file comes from (iptables is GPL-2: the image then distributes GPL programs,
-//! with their notices as Debian ships them).
+//! `iptables`, `nftables` and `libpcap0.8` packages of the image's architecture, fetched through
+//! apt alone (mmdebstrap's extract variant: the packages and their dependencies unpacked, nothing
+//! run, no emulation) and kept in target/image/debian-<arch> until its recipe changes. Staged from
+//! it: the two multi-call programs and their `*-save` names and `nft` under /usr/sbin, the xtables
+//! extensions they dlopen to print a rule's matches and targets (nft's libxtables too, for
+//! iptables-nft's rules), libpcap (dlopened, so named here: it is in no staged file's
+//! `DT_NEEDED`), the libraries all these need, and the copyright file of each Debian package a
+//! staged file comes from (iptables and nftables are GPL-2: the image then distributes GPL
+//! programs, with their notices as Debian ships them).
 
 use std::{
     path::{Path, PathBuf},
@@ -22,7 +25,7 @@ use anyhow::{Context as _, bail};
 use crate::{arch::Arch, bootstrap, build};
 
 /// The packages extracted (with their dependencies).
-const PACKAGES: &[&str] = &["iptables", "libpcap0.8"];
+const PACKAGES: &[&str] = &["iptables", "nftables", "libpcap0.8"];
 
 /// The suites the packages come from (the same as the arm64 guests' root).
 const SOURCES: &[&str] = &[
@@ -31,10 +34,13 @@ const SOURCES: &[&str] = &[
     "deb http://deb.debian.org/debian-security bookworm-security main",
 ];
 
-/// The multi-call programs and the names nfs_mesh runs them by (a link each, as Debian's).
-pub const PROGRAMS: &[(&str, &[&str])] = &[
-    ("xtables-nft-multi", &["iptables-nft-save", "ip6tables-nft-save"]),
-    ("xtables-legacy-multi", &["iptables-legacy-save", "ip6tables-legacy-save"]),
+/// The programs kstall runs, under /usr/sbin: the Debian package each comes from, its file, and
+/// the names nfs_mesh and capture run it by where it is a multi-call program (a link each, as
+/// Debian's).
+pub const PROGRAMS: &[(&str, &str, &[&str])] = &[
+    ("iptables", "xtables-nft-multi", &["iptables-nft-save", "ip6tables-nft-save"]),
+    ("iptables", "xtables-legacy-multi", &["iptables-legacy-save", "ip6tables-legacy-save"]),
+    ("nftables", "nft", &[]),
 ];
 
 /// The libraries kstall dlopens, by the name it opens (so not in any staged file's `DT_NEEDED`),
@@ -53,6 +59,15 @@ const LIBRARY_PACKAGES: &[(&str, &str)] = &[
     ("libnftnl.so", "libnftnl11"),
     ("libnfnetlink.so", "libnfnetlink0"),
     ("libnetfilter_conntrack.so", "libnetfilter-conntrack3"),
+    // nft's: libnftables (libmnl, libnftnl and libxtables as above), libedit for its interactive
+    // mode (and libedit's libtinfo, libbsd, libmd), libjansson (JSON), libgmp.
+    ("libnftables.so", "libnftables1"),
+    ("libedit.so", "libedit2"),
+    ("libtinfo.so", "libtinfo6"),
+    ("libbsd.so", "libbsd0"),
+    ("libmd.so", "libmd0"),
+    ("libjansson.so", "libjansson4"),
+    ("libgmp.so", "libgmp10"),
     // libpcap's: libdbus (its D-Bus capture source), through libsystemd.
     ("libpcap.so", "libpcap0.8"),
     ("libdbus-1.so", "libdbus-1-3"),
@@ -65,10 +80,10 @@ const LIBRARY_PACKAGES: &[(&str, &str)] = &[
     ("libzstd.so", "libzstd1"),
 ];
 
-/// What [`stage`] put in the image, as paths in it (without the leading `/`): iptables' programs
-/// and the dlopened libraries, for the image's architecture check.
+/// What [`stage`] put in the image, as paths in it (without the leading `/`): the programs (with
+/// the Debian package of each) and the dlopened libraries, for the image's architecture check.
 pub struct Staged {
-    pub programs: Vec<String>,
+    pub programs: Vec<(String, &'static str)>,
     pub dlopened: Vec<String>,
 }
 
@@ -104,7 +119,7 @@ pub fn extracted(arch: Arch) -> anyhow::Result<PathBuf> {
     Ok(root)
 }
 
-/// Stages iptables and the dlopened libraries from `extracted` into `rootfs` for `arch`, whose
+/// Stages iptables, nft and the dlopened libraries from `extracted` into `rootfs` for `arch`, whose
 /// agent (with its loader and C library) is staged already.
 pub fn stage(extracted: &Path, rootfs: &Path, arch: Arch) -> anyhow::Result<Staged> {
     let dirs = arch.libraries();
@@ -113,10 +128,11 @@ pub fn stage(extracted: &Path, rootfs: &Path, arch: Arch) -> anyhow::Result<Stag
     std::fs::create_dir_all(&sbin).context("stage usr/sbin")?;
     let mut elves = Vec::new();
     let mut programs = Vec::new();
-    for (program, names) in PROGRAMS {
+    let mut packages = Vec::new();
+    for &(package, program, names) in PROGRAMS {
         let here = extracted.join("usr/sbin").join(program);
         std::fs::copy(&here, sbin.join(program)).with_context(|| format!("copy {}", here.display()))?;
-        for name in *names {
+        for name in names {
             // Debian's own link: the name must lead to this program there too.
             let link = extracted.join("usr/sbin").join(name);
             let target =
@@ -127,7 +143,10 @@ pub fn stage(extracted: &Path, rootfs: &Path, arch: Arch) -> anyhow::Result<Stag
             std::os::unix::fs::symlink(program, sbin.join(name)).with_context(|| format!("link {name}"))?;
         }
         elves.push(here);
-        programs.push(format!("usr/sbin/{program}"));
+        programs.push((format!("usr/sbin/{program}"), package));
+        if !packages.contains(&package) {
+            packages.push(package);
+        }
     }
     // libxtables dlopens them from its compiled-in XTABLES_LIBDIR, /usr/lib/<triple>/xtables.
     let modules = Path::new("usr/lib").join(&triple).join("xtables");
@@ -151,7 +170,6 @@ pub fn stage(extracted: &Path, rootfs: &Path, arch: Arch) -> anyhow::Result<Stag
     // The dlopened libraries, as files of the name kstall opens (Debian's is a link to the
     // versioned file), where the loader looks: the image's library directory.
     let libraries = rootfs.join(dirs.in_image.trim_start_matches('/'));
-    let mut packages = vec!["iptables"];
     let mut dlopened = Vec::new();
     for (name, package) in DLOPENED {
         let here = [extracted.join("usr/lib").join(&triple), extracted.join("lib").join(&triple)]
