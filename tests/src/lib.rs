@@ -31,6 +31,7 @@ pub mod alerting;
 pub mod bpf;
 pub mod bpftrace;
 pub mod capture;
+pub mod capture_cost;
 pub mod cgroup;
 pub mod cluster;
 pub mod container;

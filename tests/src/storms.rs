@@ -767,8 +767,21 @@ pub fn oom_storm(kills: usize, side_by_side: bool) -> Row {
     )
 }
 
+/// A row of the table made elsewhere (the capture row: `crate::capture_cost`), in its columns,
+/// and its notes.
+pub struct TableLine {
+    /// `| … |` and its newline.
+    pub row: String,
+    pub notes: Vec<String>,
+}
+
 /// The rows as one markdown table, with each row's programs and notes below it.
 pub fn table(rows: &[Row]) -> String {
+    table_with(rows, &[])
+}
+
+/// [`table`], with `more` rows after the storms' and their notes after theirs.
+pub fn table_with(rows: &[Row], more: &[TableLine]) -> String {
     let mut out = String::from(
         "| storm | driven | counted | events received / lost / suppressed | agent CPU (until counted) | agent RSS (peak of limit) | series | kstall eBPF ns/run | bpftrace ns/run (counted) | kstall ÷ bpftrace |\n\
          |---|---|---|---|---|---|---|---|---|---|\n",
@@ -813,7 +826,11 @@ pub fn table(rows: &[Row]) -> String {
             programs(&r.kstall),
         ));
     }
-    let notes: Vec<&String> = rows.iter().flat_map(|r| &r.notes).collect();
+    for line in more {
+        out.push_str(&line.row);
+    }
+    let notes: Vec<&String> =
+        rows.iter().flat_map(|r| &r.notes).chain(more.iter().flat_map(|l| &l.notes)).collect();
     if !notes.is_empty() {
         out.push('\n');
         for n in notes {
@@ -824,7 +841,7 @@ pub fn table(rows: &[Row]) -> String {
 }
 
 /// 1234567 as "1,234,567".
-fn grouped(n: u64) -> String {
+pub(crate) fn grouped(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {

@@ -89,7 +89,7 @@ enum Command {
     Bench {
         /// Only these rows of the storm table, printed and not written (a partial table would
         /// replace bench/results.md); the other benchmarks are left out [default: everything].
-        #[arg(long = "storm", value_name = "ROW", value_parser = ["idle", "resets", "ports", "hung", "oom"])]
+        #[arg(long = "storm", value_name = "ROW", value_parser = ["idle", "resets", "ports", "drops", "hung", "oom", "capture"])]
         storms: Vec<String>,
     },
     /// Write the Grafana dashboards, deploy/grafana/*.json, from their generator.

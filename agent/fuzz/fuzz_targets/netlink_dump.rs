@@ -28,8 +28,12 @@ fuzz_target!(|data: &[u8]| {
         let _ = ct::entry(message.payload);
         let _ = rtnl::address(message.payload, &names);
         let _ = rtnl::route(message.payload, &names);
-        let _ = sockets::socket("tcp", message.payload);
-        let _ = sockets::socket("udp", message.payload);
+        // Whatever inode the message names is held, by a name that needs escaping.
+        let inode = message.payload.get(68..72).map_or(0, |b| u32::from_ne_bytes(b.try_into().unwrap()));
+        let holder = sockets::Owner { comm: "a\"),(\n\u{7f}".into(), pid: 1, fd: 3 };
+        let owners = sockets::Owners::from([(u64::from(inode), vec![holder])]);
+        let _ = sockets::socket("tcp", message.payload, &owners);
+        let _ = sockets::socket("udp", message.payload, &sockets::Owners::default());
         let _ = netlink::error_of(message.payload);
         walk(message.payload, 4);
     }
