@@ -60,6 +60,29 @@ impl Drop for CaptureDisk {
     }
 }
 
+/// A kept bundle (the agent's, under its state dir) copied into a directory of its own and
+/// unpacked there, checked as [`unpacked`] checks it; the directory goes on drop.
+pub struct Opened {
+    pub top: PathBuf,
+    pub manifest: serde_json::Value,
+    _dir: tempfile::TempDir,
+}
+
+pub fn opened(bundle: &Path) -> Opened {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let name = bundle.file_name().expect("a bundle's file name");
+    std::fs::copy(bundle, dir.path().join(name)).unwrap_or_else(|e| panic!("{}: {e}", bundle.display()));
+    let top = unpacked(dir.path());
+    let manifest = manifest_of(&top);
+    Opened { top, manifest, _dir: dir }
+}
+
+/// The manifest of an unpacked bundle.
+pub fn manifest_of(top: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(top.join("manifest.json")).expect("manifest.json"))
+        .expect("its JSON")
+}
+
 /// The namespace's packet sockets (`/proc/net/packet` read from inside it), header left out.
 pub fn packet_sockets(ns: &NetNs) -> usize {
     ns.exec("cat", &["/proc/net/packet"]).lines().skip(1).filter(|l| !l.trim().is_empty()).count()
@@ -110,8 +133,7 @@ pub fn unpacked(out: &Path) -> PathBuf {
     assert!(untar.success());
     let id = bundle.file_name().unwrap().to_string_lossy().trim_end_matches(".tar.gz").to_string();
     let top = out.join(format!("kstall-capture-{id}"));
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(top.join("manifest.json")).unwrap()).expect("manifest.json");
+    let manifest = manifest_of(&top);
     assert_eq!(manifest["schema"], "kstall.capture/v1");
     assert_eq!(manifest["id"], id.as_str());
     let mut listed = BTreeSet::new();

@@ -15,7 +15,7 @@ use std::{
 
 use kstall_tests::{
     agent::{Agent, agent_binary, pod_json, sample_with, write_pods_file},
-    capture::{CaptureDisk, packet_sockets, ports, tcpdump, unpacked},
+    capture::{CaptureDisk, manifest_of, opened, packet_sockets, ports, tcpdump, unpacked},
     cgroup::{Cgroup, PodProcess},
     host::wait_for,
     kernel_tests_can_run,
@@ -180,8 +180,7 @@ fn a_capture_through_the_agent_is_the_whole_case() {
     );
 
     let top = unpacked(&bundles);
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(top.join("manifest.json")).unwrap()).unwrap();
+    let manifest = manifest_of(&top);
     assert_eq!(manifest["pod"]["name"], POD, "{manifest:#}");
     assert_eq!(manifest["pod"]["uid"], UID, "{manifest:#}");
     let (lines, _) = tcpdump(&top.join("packets.pcapng"));
@@ -231,11 +230,8 @@ fn a_capture_running_at_shutdown_is_written_before_the_agent_exits() {
     assert_eq!(packet_sockets(&pod), 0, "a packet socket after the agent stopped");
     let bundle = dir.path().join(format!("state/captures/{id}.tar.gz"));
     assert!(bundle.is_file(), "no {} after the agent stopped:\n{}", bundle.display(), agent.log());
-    let copy = tempfile::tempdir().unwrap();
-    std::fs::copy(&bundle, copy.path().join(bundle.file_name().unwrap())).unwrap();
-    let top = unpacked(copy.path());
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(top.join("manifest.json")).unwrap()).unwrap();
+    let bundle = opened(&bundle);
+    let (top, manifest) = (&bundle.top, &bundle.manifest);
     let cut: Vec<&str> = manifest["cut"].as_array().unwrap().iter().filter_map(|c| c.as_str()).collect();
     assert!(cut.len() == 1 && cut[0].starts_with("packets: the agent shut down after "), "{manifest:#}");
     let (lines, _) = tcpdump(&top.join("packets.pcapng"));
@@ -280,12 +276,7 @@ fn a_network_namespace_is_captured_by_its_inode_and_the_nodes_as_host() {
     let list: serde_json::Value = serde_json::from_slice(&list.stdout).expect("capture list -o json");
     let bundles = dir.path().join("state/captures");
     let first = list[0]["id"].as_str().expect("the first capture");
-    let copy = tempfile::tempdir().unwrap();
-    std::fs::copy(bundles.join(format!("{first}.tar.gz")), copy.path().join(format!("{first}.tar.gz")))
-        .unwrap();
-    let top = unpacked(copy.path());
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(top.join("manifest.json")).unwrap()).unwrap();
+    let manifest = opened(&bundles.join(format!("{first}.tar.gz"))).manifest;
     assert_eq!(manifest["pod"], serde_json::json!({"netns": server.inode(), "ips": []}), "{manifest:#}");
 
     let bad = kstall(&agent, dir.path(), &["start", "--netns", "web"]);
@@ -331,11 +322,7 @@ fn a_capture_of_an_incident_is_of_its_pod_filtered_to_its_evidence() {
         panic!("the incident's capture never completed: {:#?}\n{}", agent.incidents(), agent.log())
     });
     let bundle = std::path::PathBuf::from(done["evidence"]["capture"]["path"].as_str().unwrap());
-    let copy = tempfile::tempdir().unwrap();
-    std::fs::copy(&bundle, copy.path().join(bundle.file_name().unwrap())).unwrap();
-    let top = unpacked(copy.path());
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(top.join("manifest.json")).unwrap()).unwrap();
+    let manifest = opened(&bundle).manifest;
     assert_eq!(manifest["trigger"]["incidents"], serde_json::json!([id]), "{manifest:#}");
     assert_eq!(manifest["trigger"]["signature"], "nfs-sidecar-redirect", "{manifest:#}");
     assert_eq!(manifest["limits"]["filter_from"], "incident", "{manifest:#}");

@@ -10,7 +10,7 @@ use std::{collections::BTreeSet, process::Command, time::Duration};
 
 use kstall_tests::{
     agent::{Agent, agent_binary, pod_json, write_pods_file},
-    capture::{CaptureDisk, ports, tcpdump, unpacked},
+    capture::{CaptureDisk, opened, ports, tcpdump},
     host::{Sysctl, wait_for},
     kernel_tests_can_run,
     stuck_pod::RedirectedStuckPod,
@@ -129,10 +129,8 @@ fn two_incidents_of_one_pod_make_one_capture_that_their_evidence_names() {
     assert!(pod.client.stop() >= 3, "the client's connects were refused");
 
     // The bundle: both incidents, the incident's filter, the redirect on the wire, the writer.
-    let copy = tempfile::tempdir().unwrap();
-    std::fs::copy(&path, copy.path().join(format!("{id}.tar.gz"))).unwrap();
-    let top = unpacked(copy.path());
-    let manifest: Value = serde_json::from_slice(&std::fs::read(top.join("manifest.json")).unwrap()).unwrap();
+    let bundle = opened(&path);
+    let (top, manifest) = (&bundle.top, &bundle.manifest);
     assert_eq!(manifest["trigger"]["kind"], "incident", "{manifest:#}");
     assert_eq!(manifest["trigger"]["signature"], "nfs-sidecar-redirect", "{manifest:#}");
     let incidents: BTreeSet<&str> =

@@ -19,7 +19,7 @@ use kstall_tests::{
     },
     bpf::{ProgramRuns, program_runs_of},
     bpftrace::Bpftrace,
-    capture::{CaptureDisk, ports, tcpdump, unpacked},
+    capture::{CaptureDisk, opened, ports, tcpdump},
     cgroup::Cgroup,
     dashboards::{self, Key, Panels, Selection},
     host::{Sysctl, cpu_ticks, wait_for},
@@ -1098,12 +1098,10 @@ fn the_whole_case(
         .unwrap_or_else(|| panic!("{}", no_incident("the capture never completed", agent)));
     let path = std::path::PathBuf::from(text(&complete["evidence"]["capture"]["path"]));
     assert!(path.starts_with(captures), "{}", path.display());
-    let copy = tempfile::tempdir().unwrap();
-    std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
     // Whole: every file in the manifest, its size and sha256 (kstall_tests::capture::unpacked).
-    let top = unpacked(copy.path());
+    let bundle = opened(&path);
+    let (top, manifest) = (&bundle.top, &bundle.manifest);
     let read = |name: &str| std::fs::read_to_string(top.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let manifest: Value = serde_json::from_str(&read("manifest.json")).unwrap();
     let incidents: Vec<&str> =
         manifest["trigger"]["incidents"].as_array().unwrap().iter().map(text).collect();
     assert_eq!(incidents, [text(&incident["id"]), text(&blocked["id"])], "{manifest:#}");

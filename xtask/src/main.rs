@@ -128,6 +128,10 @@ enum Command {
         /// What `record` runs.
         #[arg(long, value_enum, default_value = "all")]
         suites: seccomp::Suites,
+        /// With `--suites host`: only these files of tests/tests (a new feature's calls, merged
+        /// into the list in minutes) [default: the whole suite].
+        #[arg(long = "test", value_name = "NAME")]
+        tests: Vec<String>,
     },
     /// A real Kubernetes 1.20 here (root), built once from Debian's packages and run in a network
     /// namespace with no route out: etcd, API server, controller manager, scheduler, containerd,
@@ -185,7 +189,7 @@ fn main() -> ExitCode {
         Command::Fuzz { secs, targets } => fuzz::run(secs, &targets),
         Command::Soak { healthy: false, pods, secs } => soak::run(pods, secs),
         Command::Soak { healthy: true, secs, .. } => soak::healthy(secs),
-        Command::Seccomp { action: SeccompAction::Record, suites } => seccomp::record(suites),
+        Command::Seccomp { action: SeccompAction::Record, suites, tests } => seccomp::record(suites, &tests),
         Command::Seccomp { action: SeccompAction::Profile, .. } => seccomp::profile(),
         Command::Cluster { action } => cluster::run(action),
         Command::VmTest { prepare_only: true, arch, .. } => vm::prepare(&arch.list()),

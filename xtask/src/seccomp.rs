@@ -84,16 +84,19 @@ pub enum Suites {
     Vms,
 }
 
-pub fn record(suites: Suites) -> anyhow::Result<()> {
+pub fn record(suites: Suites, tests: &[String]) -> anyhow::Result<()> {
     if !bootstrap::is_root() {
         bail!("seccomp record: bpftrace and the kernel tests need root");
+    }
+    if !tests.is_empty() && suites != Suites::Host {
+        bail!("seccomp record: --test names host test files: give --suites host");
     }
     let env = bootstrap::run()?;
     bootstrap::apt_install(&["bpftrace", "linux-libc-dev", "linux-libc-dev-arm64-cross"])?;
     let mut seen = BTreeSet::new();
     let mut failed = Vec::new();
     if suites != Suites::Vms {
-        let (names, passed) = record_host(&env)?;
+        let (names, passed) = record_host(&env, tests)?;
         println!("seccomp: the host kernel test suite made {} distinct calls", names.len());
         seen.extend(names);
         if !passed {
@@ -118,8 +121,9 @@ pub fn record(suites: Suites) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The host kernel test suite under the recorder: the names seen, and whether the tests passed.
-fn record_host(env: &bootstrap::BuildEnv) -> anyhow::Result<(BTreeSet<String>, bool)> {
+/// The host kernel test suite (or its files `tests`) under the recorder: the names seen, and
+/// whether the tests passed.
+fn record_host(env: &bootstrap::BuildEnv, tests: &[String]) -> anyhow::Result<(BTreeSet<String>, bool)> {
     build::release(env)?;
     let root = build::workspace_root();
     let dir = root.join("target/seccomp");
@@ -133,8 +137,9 @@ fn record_host(env: &bootstrap::BuildEnv) -> anyhow::Result<(BTreeSet<String>, b
     println!("==> the kernel test suite, with the agent's system calls recorded");
     // bpftrace starts the tests once its probes are attached (-c) and writes the counts when
     // they end; the tests' own exit status is lost there, so the shell keeps it.
+    let files: String = tests.iter().map(|t| format!(" --test {t}")).collect();
     let tests = format!(
-        "cargo test --package kstall-tests --no-fail-fast -- --test-threads=1; echo $? > {}",
+        "cargo test --package kstall-tests --no-fail-fast{files} -- --test-threads=1; echo $? > {}",
         status.display()
     );
     let mut bpftrace = Command::new("bpftrace");

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use kstall_tests::{
-    capture::{CaptureDisk, ports, tcpdump, unpacked},
+    capture::{CaptureDisk, manifest_of, ports, tcpdump, unpacked},
     cluster::{Cluster, NODE},
 };
 use serde_json::Value;
@@ -68,8 +68,7 @@ fn kubectl_kstall_capture_get_brings_a_pods_bundle_and_the_pod_proxy_is_refused_
     let kept = PathBuf::from(CAPTURES_ON_THE_NODE).join(format!("{id}.tar.gz"));
     assert_eq!(std::fs::read(&file).unwrap(), std::fs::read(&kept).unwrap(), "{}", kept.display());
     let top = unpacked(here.path());
-    let manifest: Value =
-        serde_json::from_slice(&std::fs::read(top.join("manifest.json")).unwrap()).expect("manifest.json");
+    let manifest = manifest_of(&top);
     assert_eq!(
         (&manifest["node"], &manifest["pod"]["name"]),
         (&NODE.into(), &name.as_str().into()),
