@@ -46,8 +46,9 @@ fn deployed(cluster: &Cluster) -> Value {
     let pod = cluster.ready_pod("kstall", "app.kubernetes.io/name=kstall");
     let pod = pod.unwrap_or_else(|| {
         panic!(
-            "the DaemonSet's pod is not Ready:\n{}\n{}",
+            "the DaemonSet's pod is not Ready:\n{}\nthe node's events (its disk, its image GC):\n{}\n{}",
             cluster.kubectl(&["-n", "kstall", "describe", "pods"]),
+            cluster.kubectl(&["get", "events", "-A", "--field-selector", "involvedObject.kind=Node"]),
             cluster.agent_logs()
         )
     });

@@ -28,6 +28,9 @@ const PROCESSES: &[&str] =
 /// The host directories the DaemonSet's hostPath volumes create: removed at `down` when `up`
 /// found them missing.
 const HOST_PATHS: &[&str] = &["/run/kstall", "/var/lib/kstall"];
+/// The run state's tmpfs: the images unpacked once per container (the native snapshotter), pods'
+/// volumes and logs, etcd; a full cluster test run ends with 262 MiB in it.
+const RUN_DISK_BYTES: u64 = 6 << 30;
 
 fn netns_path() -> PathBuf {
     Path::new("/run/netns").join(NETNS)
@@ -66,11 +69,30 @@ pub fn up(built: &Built) -> anyhow::Result<()> {
     down()?;
     pki::ensure(&pki_dir())?;
     std::fs::create_dir_all(run_dir())?;
+    mount_own_disk(&run_dir())?;
     let found: Vec<&str> = HOST_PATHS.iter().copied().filter(|p| Path::new(p).exists()).collect();
     std::fs::write(run_dir().join("host-paths-found"), found.join("\n"))?;
     netns()?;
     start_control_plane(built)?;
     start_node(built)?;
+    Ok(())
+}
+
+/// A tmpfs of its own under the run state (containerd's images, the kubelet's root, etcd), so the
+/// kubelet's disk accounting sees the cluster's bytes only. On the host's disk, a CI machine with
+/// under 1% free made the kubelet's image GC (high threshold 100%) and its disk-pressure reclaim
+/// delete every unused image, the pause image among them, before the first pod's sandbox.
+fn mount_own_disk(dir: &Path) -> anyhow::Result<()> {
+    let target = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
+    let options = format!("size={RUN_DISK_BYTES},mode=0755");
+    let options = std::ffi::CString::new(options)?;
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let mounted = unsafe {
+        libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), 0, options.as_ptr().cast())
+    };
+    if mounted != 0 {
+        bail!("cluster: mount a tmpfs on {}: {}", dir.display(), std::io::Error::last_os_error());
+    }
     Ok(())
 }
 
@@ -361,13 +383,14 @@ pub fn down() -> anyhow::Result<()> {
         .arg("-f")
         .arg(format!("containerd-shim-runc-v2 .*-address {}", socket.display()))
         .status();
+    // Read before the run state's tmpfs goes.
+    let found = std::fs::read_to_string(r.join("host-paths-found")).ok();
     unmount_under(&state_dir());
     if netns_path().exists() {
         sh(Command::new("ip").args(["netns", "delete", NETNS]), "ip netns delete")?;
     }
     remove_pod_cgroups();
-    let found = std::fs::read_to_string(r.join("host-paths-found")).unwrap_or_default();
-    if r.join("host-paths-found").exists() {
+    if let Some(found) = found {
         for path in HOST_PATHS.iter().filter(|p| !found.lines().any(|l| l == **p)) {
             let _ = std::fs::remove_dir_all(path);
         }
