@@ -550,16 +550,18 @@ fn connect_storm(ns: &NetNs, secs: u64) -> (u64, Duration) {
 }
 
 /// One connect to each of `ports` distinct closed ports in a fresh network namespace (a port
-/// scan, a misconfigured client), every one kept by number: two series per port.
+/// scan, a misconfigured client), every one kept by number: two series per port. Beside it,
+/// bpftrace keyed by port as kstall is: a new key (a map insert) per port on both sides.
 pub fn distinct_ports(ports: u16, side_by_side: bool) -> Row {
     let ns = NetNs::new("ports");
+    let bpftrace = side_by_side.then_some(RESETS_BY_PORTS_ONE_LINER);
     measure(
-        format!("resets to {ports} distinct ports"),
+        format!("resets to {ports} distinct ports{}", bpftrace.map_or("", |b| b.by)),
         "resets",
         &RESETS,
         // Every port kept by number and room for all: the cost of many live series.
         (&[], &["--metric-ports", "20000-29999", "--max-series-per-metric", "20000"]),
-        side_by_side.then_some(RESETS_ONE_LINER),
+        bpftrace,
         COUNTED_WITHIN,
         || {
             // Every port is closed in a fresh namespace.
@@ -581,18 +583,23 @@ const DROPPING_CONTAINER: &str = "d20bd20bd20bd20bd20bd20bd20bd20bd20bd20bd20bd2
 /// UDP datagrams a pod sends for `secs` from two threads to ports its network policy drops (an
 /// OUTPUT DROP rule in its namespace): to one well-known port, or spread over `ports` ports
 /// outside the ephemeral range (a scan: the series budget's test). Driven is what the rule's own
-/// counter says it dropped. Measured first without the agent, for the slowdown it causes.
+/// counter says it dropped; bpftrace, when given, counts beside the agent (their run times, and
+/// both exact). What the drops cost the sender: with bpftrace given, in rounds of windows with
+/// nothing on the hook, kstall alone and bpftrace alone ([`drop_loss`]); without, one window
+/// without the agent before the storm's.
 pub fn drop_storm(secs: u64, ports: u16, bpftrace: Option<OneLiner>) -> Row {
     let dir = tempfile::tempdir().expect("a folder for the pods file");
     let pods_file = dir.path().join("pods.json");
     write_pods_file(&pods_file, &[pod_json(DROPPING_UID, DROPPING_POD, DROPPING_CONTAINER)]);
+    let agent_args = ["--pods-file", pods_file.to_str().expect("a UTF-8 path")];
     let container = Cgroup::kubepods_container("burstable", DROPPING_UID, DROPPING_CONTAINER);
     let ns = NetNs::new("drops");
     let _sandbox = PodProcess::start(&ns, &container.procs());
     let first = if ports == 1 { DISCARD } else { SCANNED_FROM };
     let range = if ports == 1 { DISCARD.to_string() } else { format!("{first}:{}", first + ports - 1) };
     ns.exec("iptables", &["-A", "OUTPUT", "-p", "udp", "--dport", &range, "-j", "DROP"]);
-    let without = send_storm(&ns, secs, first, ports);
+    let storm = DropStorm { ns: &ns, first, ports };
+    let without = bpftrace.is_none().then(|| storm.rate(secs));
     let mut with = 0.0;
     let scenario = match ports {
         1 => format!(
@@ -601,27 +608,121 @@ pub fn drop_storm(secs: u64, ports: u16, bpftrace: Option<OneLiner>) -> Row {
         ),
         n => format!("drops to {n} distinct ports (one policy rule)"),
     };
-    let mut row = measure(
-        scenario,
-        "drops",
-        &DROPS,
-        (&[], &["--pods-file", pods_file.to_str().expect("a UTF-8 path")]),
-        bpftrace,
-        COUNTED_WITHIN,
-        || {
-            let before = dropped_by_rule(&ns);
-            let (sent, elapsed) = send_storm(&ns, secs, first, ports);
-            with = sent as f64 / elapsed.as_secs_f64();
-            dropped_by_rule(&ns) - before
-        },
-    );
-    let without = without.0 as f64 / without.1.as_secs_f64();
-    row.notes.push(format!(
-        "{}: {without:.0} datagrams/s without the agent, {with:.0} with it: {:.1}% slower",
-        row.scenario,
-        100.0 * (1.0 - with / without)
-    ));
+    let mut row = measure(scenario, "drops", &DROPS, (&[], &agent_args), bpftrace, COUNTED_WITHIN, || {
+        let before = dropped_by_rule(&ns);
+        let (sent, elapsed) = send_storm(&ns, secs, first, ports);
+        with = sent as f64 / elapsed.as_secs_f64();
+        dropped_by_rule(&ns) - before
+    });
+    let note = match (without, bpftrace) {
+        (Some(without), _) => format!(
+            "{}: {without:.0} datagrams/s without the agent, {with:.0} with it: {:.1}% slower",
+            row.scenario,
+            100.0 * (1.0 - with / without)
+        ),
+        (None, Some(one_liner)) => {
+            drop_loss(&storm, &agent_args, one_liner, DROP_LOSS_WINDOW, DROP_LOSS_ROUNDS).line(&row.scenario)
+        }
+        (None, None) => unreachable!("measured without the agent when bpftrace is not given"),
+    };
+    row.notes.push(note);
     row
+}
+
+/// The drop storm's loss rounds: three windows each (nothing, kstall, bpftrace), their order
+/// turned each round, so that each takes each place once; medians, since a busy machine's rate
+/// drifts between windows by as much as the hook costs.
+const DROP_LOSS_ROUNDS: usize = 3;
+const DROP_LOSS_WINDOW: u64 = 5;
+
+/// A pod's datagrams to `ports` ports from `first` on, all dropped by its rule.
+struct DropStorm<'a> {
+    ns: &'a NetNs,
+    first: u16,
+    ports: u16,
+}
+
+impl DropStorm<'_> {
+    /// Datagrams a second over `secs`.
+    fn rate(&self, secs: u64) -> f64 {
+        let (sent, elapsed) = send_storm(self.ns, secs, self.first, self.ports);
+        sent as f64 / elapsed.as_secs_f64()
+    }
+}
+
+/// The sender's rate with nothing on `kfree_skb`, under kstall alone (a fresh agent, started
+/// before its window and stopped after) and under `one_liner` alone, in each round.
+fn drop_loss(
+    storm: &DropStorm,
+    agent_args: &[&str],
+    one_liner: OneLiner,
+    secs: u64,
+    rounds: usize,
+) -> DropLoss {
+    let mut loss = DropLoss { secs, by: one_liner.by, ..DropLoss::default() };
+    for round in 0..rounds {
+        for place in 0..3 {
+            match (round + place) % 3 {
+                0 => loss.nothing.push(storm.rate(secs)),
+                1 => {
+                    let _agent = LimitedAgent::start("drop-loss-agent", agent_args);
+                    loss.kstall.push(storm.rate(secs));
+                }
+                _ => {
+                    let trace = Bpftrace::start(one_liner.script);
+                    loss.bpftrace.push(storm.rate(secs));
+                    trace.stop();
+                }
+            }
+        }
+    }
+    loss
+}
+
+/// Datagrams a second in each window of [`drop_loss`].
+#[derive(Debug, Default)]
+struct DropLoss {
+    secs: u64,
+    by: &'static str,
+    nothing: Vec<f64>,
+    kstall: Vec<f64>,
+    bpftrace: Vec<f64>,
+}
+
+impl DropLoss {
+    /// The note under the storm's row: medians, each one's loss, kstall's above bpftrace's against
+    /// the goal, and every window.
+    fn line(&self, scenario: &str) -> String {
+        let nothing = median(&self.nothing);
+        let loss = |rates: &[f64]| 100.0 * (1.0 - median(rates) / nothing);
+        let (kstall, bpftrace) = (loss(&self.kstall), loss(&self.bpftrace));
+        let windows = |rates: &[f64]| rates.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(", ");
+        format!(
+            "{scenario}: datagrams/s, medians of {} rounds of {} s windows: {nothing:.0} with nothing on \
+             kfree_skb, {:.0} under kstall alone ({kstall:.1}% slower), {:.0} under bpftrace{} alone \
+             ({bpftrace:.1}% slower): kstall's loss less bpftrace's is {:+.1} points (goal: at most +3); \
+             each window: nothing {}; kstall {}; bpftrace {}",
+            self.nothing.len(),
+            self.secs,
+            median(&self.kstall),
+            median(&self.bpftrace),
+            self.by.trim_start_matches(", bpftrace"),
+            kstall - bpftrace,
+            windows(&self.nothing),
+            windows(&self.kstall),
+            windows(&self.bpftrace),
+        )
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
 }
 
 /// The discard port: well-known, so counted by number.
@@ -668,17 +769,31 @@ fn dropped_by_rule(ns: &NetNs) -> u64 {
         .unwrap_or_else(|| panic!("no DROP rule in:\n{listing}"))
 }
 
-/// The yardstick for the drop storm: bpftrace counting the kernel's `kfree_skb` drops whose
-/// reason is `NETFILTER_DROP` (its number on this kernel, read from the tracepoint's format).
+/// The yardstick for the drop storm: bpftrace counting the kernel's `kfree_skb` drops by what
+/// kstall keys them by — the packet's netns (its socket's, else its device's), reason, IP protocol
+/// and destination port — skipping the reasons kstall does not count: those up to `NOT_SPECIFIED`
+/// (`SKB_NOT_DROPPED_YET`, from 6.12 `SKB_CONSUMED`; its number on this kernel, from the
+/// tracepoint's format). The port is read as the packet holds it (big-endian): a key needs no byte
+/// order.
 pub fn drops_one_liner() -> OneLiner {
     let format = std::fs::read_to_string("/sys/kernel/tracing/events/skb/kfree_skb/format")
         .expect("the kfree_skb tracepoint's format (tracefs mounted)");
-    let value = format
+    let not_specified = format
         .split('{')
-        .find_map(|entry| entry.split_once(", \"NETFILTER_DROP\"").map(|(n, _)| n.trim().to_string()))
-        .expect("NETFILTER_DROP in kfree_skb's reasons");
-    let script = format!("tracepoint:skb:kfree_skb /args->reason == {value}/ {{ @drops = count(); }}");
-    OneLiner { by: "", script: Box::leak(script.into_boxed_str()), counted: |c| c.total("drops") }
+        .find_map(|entry| entry.split_once(", \"NOT_SPECIFIED\"").map(|(n, _)| n.trim().to_string()))
+        .expect("NOT_SPECIFIED in kfree_skb's reasons");
+    let script = format!(
+        "tracepoint:skb:kfree_skb /args->reason > {not_specified}/ {{ \
+         $skb = (struct sk_buff *)args->skbaddr; \
+         $netns = $skb->sk != 0 ? $skb->sk->__sk_common.skc_net.net->ns.inum : $skb->dev->nd_net.net->ns.inum; \
+         $ip = $skb->head + $skb->network_header; \
+         @drops[$netns, args->reason, *(uint8 *)($ip + 9), *(uint16 *)($ip + (*(uint8 *)$ip & 15) * 4 + 2)] = count(); }}"
+    );
+    OneLiner {
+        by: ", bpftrace counting by netns, reason, protocol and port",
+        script: Box::leak(script.into_boxed_str()),
+        counted: |c| c.total("drops"),
+    }
 }
 
 /// `tasks` writers in D at once, stuck in writeback on a frozen FUSE-backed disk, with the
@@ -859,6 +974,26 @@ mod tests {
 
     fn runs(id: u64, name: &str, run_time_ns: u64, runs: u64) -> ProgramRuns {
         ProgramRuns { id, name: name.into(), run_time_ns, runs }
+    }
+
+    #[test]
+    fn the_drop_loss_compares_medians_of_each_windows_rate() {
+        let loss = DropLoss {
+            secs: 5,
+            by: ", bpftrace counting by port",
+            nothing: vec![110.0, 90.0, 100.0],
+            kstall: vec![85.0, 80.0, 90.0],
+            bpftrace: vec![70.0, 75.0, 80.0, 60.0],
+        };
+        let line = loss.line("drop storm");
+        assert!(
+            line.starts_with(
+                "drop storm: datagrams/s, medians of 3 rounds of 5 s windows: 100 with nothing on kfree_skb, \
+                 85 under kstall alone (15.0% slower), 72 under bpftrace counting by port alone (27.5% slower): \
+                 kstall's loss less bpftrace's is -12.5 points (goal: at most +3); each window: nothing 110, 90, 100;"
+            ),
+            "{line}"
+        );
     }
 
     #[test]
