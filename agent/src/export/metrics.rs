@@ -28,6 +28,7 @@ use crate::{
 use kstall_common::metrics::{self as catalogue, Metric, POD_LABELS};
 
 use super::{
+    event_counters::EventCounters,
     histogram::CountedHistogramVec,
     series::{self, Admission, Family, FamilySeries, PodName, SeriesBook},
 };
@@ -53,7 +54,7 @@ pub struct Metrics {
     /// Every state `node_pods` has a series for.
     node_pod_states: std::sync::Mutex<std::collections::BTreeSet<PodState>>,
     /// Every series of the families about events: the cap, and a pod's series.
-    series: std::sync::Mutex<SeriesBook>,
+    series: std::sync::Arc<std::sync::Mutex<SeriesBook>>,
     series_dropped_total: IntCounterVec,
     incident_active: IntGaugeVec,
     alertmanager_posts_total: IntCounterVec,
@@ -64,21 +65,12 @@ pub struct Metrics {
     overcommit: prometheus::Gauge,
     incidents_total: IntCounterVec,
     incident_evictions_total: IntCounterVec,
-    tcp_resets_total: IntCounterVec,
     stuck_tasks: IntGaugeVec,
-    stuck_tasks_total: IntCounterVec,
     stuck_task_longest_blocked: IntGauge,
     stuck_task_blocked: prometheus::HistogramVec,
     stuck_untracked_total: prometheus::IntCounter,
     sweeps: Sweeps,
     attribution_queue_full_total: IntCounterVec,
-    cpu_lockups_total: IntCounterVec,
-    packet_drops_total: IntCounterVec,
-    oom_kills_total: IntCounterVec,
-    nfs_retransmits_total: IntCounterVec,
-    nfs_timeouts_total: IntCounterVec,
-    nfs_connect_errors_total: IntCounterVec,
-    nfs_state_manager_failures_total: IntCounterVec,
     nfs_server_responding: IntGaugeVec,
     nfs_rpc_duration: CountedHistogramVec,
     /// Read into `events_total` and `events_lost_total` when scraped.
@@ -151,6 +143,8 @@ impl Metrics {
             prometheus::Gauge::with_opts(opts(&catalogue::NODE_MEMORY_LIMIT_OVERCOMMIT))
                 .expect("valid metric"),
         );
+        let series = std::sync::Arc::new(std::sync::Mutex::new(SeriesBook::new(settings)));
+        register(&registry, EventCounters::new(series.clone()).expect("valid metrics"));
         let metrics = Self {
             probe_up: gauge_vec(&registry, &catalogue::PROBE_UP),
             stuck_tasks: gauge_vec(&registry, &catalogue::STUCK_TASKS),
@@ -184,18 +178,10 @@ impl Metrics {
             kubernetes_writes_total: counter_vec(&registry, &catalogue::KUBERNETES_WRITES),
             incidents_total: counter_vec(&registry, &catalogue::INCIDENTS),
             incident_evictions_total: counter_vec(&registry, &catalogue::INCIDENT_STATE_EVICTIONS),
-            series: std::sync::Mutex::new(SeriesBook::new(settings)),
+            series,
             series_dropped_total: counter_vec(&registry, &catalogue::METRIC_SERIES_DROPPED),
             node_pod_states: std::sync::Mutex::default(),
-            nfs_retransmits_total: counter_vec(&registry, Family::NfsRetransmits.metric()),
-            nfs_timeouts_total: counter_vec(&registry, Family::NfsTimeouts.metric()),
-            nfs_connect_errors_total: counter_vec(&registry, Family::NfsConnectErrors.metric()),
-            nfs_state_manager_failures_total: counter_vec(&registry, Family::NfsStateManager.metric()),
-            cpu_lockups_total: counter_vec(&registry, Family::CpuLockups.metric()),
-            packet_drops_total: counter_vec(&registry, Family::PacketDrops.metric()),
-            oom_kills_total: counter_vec(&registry, Family::OomKills.metric()),
             attribution_queue_full_total: counter_vec(&registry, &catalogue::ATTRIBUTION_QUEUE_FULL),
-            stuck_tasks_total: counter_vec(&registry, Family::StuckTasks.metric()),
             events_total: counter_vec(&registry, &catalogue::EVENTS),
             events_lost_total: counter_vec(&registry, &catalogue::EVENTS_LOST),
             own_cost: OwnCost::new(&registry),
@@ -205,7 +191,6 @@ impl Metrics {
             subscriber_drops_total: counter_vec(&registry, &catalogue::API_EVENTS_DROPPED),
             export_records_total: counter_vec(&registry, &catalogue::EXPORT_RECORDS),
             export_dropped_total: counter_vec(&registry, &catalogue::EXPORT_RECORDS_DROPPED),
-            tcp_resets_total: counter_vec(&registry, Family::TcpResets.metric()),
             registry,
             counts,
         };
@@ -305,16 +290,16 @@ impl Metrics {
         self.attribution_queue_full_total.with_label_values(&[queue]).inc();
     }
 
+    /// A counter's series lives in the book alone, which `EventCounters` exports.
     fn inc_by(&self, family: Family, labels: &[&str], who: &Attribution, n: u64) {
-        let Some(counter) = self.counter(family) else { return };
+        if !family.is_counter() {
+            return;
+        }
         let mut book = self.series.lock().expect("series book");
         match book.admit(family, labels, who) {
-            Admission::Series(slot) => {
-                counter.with_label_values(labels).inc_by(n);
-                book.update(slot, |v| *v += n as i64);
-            }
+            Admission::Series(slot) => book.update(slot, |v| *v = v.saturating_add(n as i64)),
             Admission::Overflow { first } => {
-                counter.with_label_values(&family.overflow_labels()).inc_by(n);
+                book.add_overflow(family, n);
                 self.dropped(family, first);
             }
         }
@@ -357,21 +342,6 @@ impl Metrics {
         }
     }
 
-    fn counter(&self, family: Family) -> Option<&IntCounterVec> {
-        Some(match family {
-            Family::TcpResets => &self.tcp_resets_total,
-            Family::StuckTasks => &self.stuck_tasks_total,
-            Family::CpuLockups => &self.cpu_lockups_total,
-            Family::PacketDrops => &self.packet_drops_total,
-            Family::OomKills => &self.oom_kills_total,
-            Family::NfsRetransmits => &self.nfs_retransmits_total,
-            Family::NfsTimeouts => &self.nfs_timeouts_total,
-            Family::NfsConnectErrors => &self.nfs_connect_errors_total,
-            Family::NfsStateManager => &self.nfs_state_manager_failures_total,
-            Family::NfsResponding | Family::NfsRpcDuration => return None,
-        })
-    }
-
     /// The series count, cap and refusals of each family about events (`kstall status`).
     pub fn families(&self) -> Vec<FamilySeries> {
         self.series.lock().expect("series book").families()
@@ -381,16 +351,15 @@ impl Metrics {
     /// time): a node's pods churn, its metric series must not grow with them forever.
     pub fn forget_pods_except(&self, named: &std::collections::HashSet<PodName>) {
         let gone = self.series.lock().expect("series book").take_except(named);
+        // A counter's series went with its entry.
         for series::Entry { family, labels, .. } in gone {
             let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
-            match (self.counter(family), family) {
-                (Some(counter), _) => {
-                    let _ = counter.remove_label_values(&labels);
-                }
-                (None, Family::NfsRpcDuration) => self.nfs_rpc_duration.remove(&labels),
-                (None, _) => {
+            match family {
+                Family::NfsRpcDuration => self.nfs_rpc_duration.remove(&labels),
+                Family::NfsResponding => {
                     let _ = self.nfs_server_responding.remove_label_values(&labels);
                 }
+                _ => {}
             }
         }
     }

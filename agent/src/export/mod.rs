@@ -1,4 +1,5 @@
 pub mod alertmanager;
+mod event_counters;
 pub mod histogram;
 pub mod json_lines;
 pub mod kubernetes;

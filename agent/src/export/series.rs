@@ -133,6 +133,11 @@ impl Family {
         labels
     }
 
+    /// Whether it is a counter (exported by `EventCounters` from the book).
+    pub fn is_counter(self) -> bool {
+        self.metric().kind == catalogue::Type::Counter
+    }
+
     fn index(self) -> usize {
         Family::ALL.iter().position(|&f| f == self).expect("every family is in ALL")
     }
@@ -184,6 +189,8 @@ pub struct SeriesBook {
     seen: HashMap<u64, usize>,
     live: [usize; Family::ALL.len()],
     dropped: [u64; Family::ALL.len()],
+    /// A counter family's overflow series, once an update went there.
+    overflow: [Option<u64>; Family::ALL.len()],
     refused: HashSet<u64>,
 }
 
@@ -197,6 +204,7 @@ impl SeriesBook {
             seen: HashMap::new(),
             live: [0; Family::ALL.len()],
             dropped: [0; Family::ALL.len()],
+            overflow: [None; Family::ALL.len()],
             refused: HashSet::new(),
         }
     }
@@ -248,6 +256,22 @@ impl SeriesBook {
         if let Some(entry) = &mut self.slots[slot] {
             update(&mut entry.value);
         }
+    }
+
+    /// Adds `n` to counter `family`'s overflow series (an update its cap refused).
+    pub fn add_overflow(&mut self, family: Family, n: u64) {
+        let total = self.overflow[family.index()].get_or_insert(0);
+        *total = total.saturating_add(n);
+    }
+
+    /// What counter `family`'s overflow series holds, once an update went there.
+    pub fn overflowed(&self, family: Family) -> Option<u64> {
+        self.overflow[family.index()]
+    }
+
+    /// Every series of `family`.
+    pub fn series_of(&self, family: Family) -> impl Iterator<Item = &Entry> {
+        self.slots.iter().flatten().filter(move |e| e.family == family)
     }
 
     /// Sets a gauge's value to what an event of time `at` says, unless a later event set it
