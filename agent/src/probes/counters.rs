@@ -5,7 +5,7 @@
 
 use aya::{
     Pod,
-    maps::{Array, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{Array, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap},
 };
 use kstall_common::{
     counter::Counter,
@@ -14,7 +14,10 @@ use kstall_common::{
     tcp_reset::ResetCountKey,
 };
 
-use super::probe::{Counting, Decoding, Drained};
+use super::{
+    map_batch,
+    probe::{Counting, Decoding, Drained},
+};
 
 /// How often the generation flips: counts reach the metrics within two of these.
 pub const INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
@@ -143,22 +146,33 @@ impl<K: CountKey, V: PerCpuSum> CounterMap<K, V> {
 
     /// Moves the keys of `generation` into `counted`, summed over the CPUs, and returns what
     /// each overflow slot gained since the last drain. A failure stops the drain and leaves the
-    /// rest for the next one.
+    /// rest for the next one. In batches: one lookup of every key, one delete of those drained.
     pub fn drain(&mut self, generation: u8, counted: &mut Vec<(K, V)>) -> Result<Vec<u64>, String> {
-        let keys: Vec<K> =
-            self.counts.keys().filter_map(Result::ok).filter(|key| key.generation() == generation).collect();
-        for key in keys {
-            // A key read is deleted before it is counted, so that a failed delete cannot count
-            // it twice.
-            let values = self.counts.get(&key, 0).map_err(|e| format!("reading {}: {e}", self.name))?;
-            // Saturating: the values are the kernel's, and a corrupt one must not wrap the sum.
-            let counter = values.iter().fold(V::default(), |mut sum, c| {
-                sum.add(c);
-                sum
-            });
-            self.counts.remove(&key).map_err(|e| format!("deleting from {}: {e}", self.name))?;
-            counted.push((key, counter));
-        }
+        let cpus = aya::util::nr_cpus().map_err(|(what, e)| format!("{what}: {e}"))?;
+        let fd = self.counts.map().fd();
+        let entries: Vec<(K, Vec<V>)> =
+            map_batch::lookup_all(fd, cpus).map_err(|e| format!("reading {}: {e}", self.name))?;
+        let (keys, sums): (Vec<K>, Vec<V>) = entries
+            .into_iter()
+            .filter(|(key, _)| key.generation() == generation)
+            .map(|(key, values)| {
+                // Saturating: the values are the kernel's, and a corrupt one must not wrap the sum.
+                let sum = values.iter().fold(V::default(), |mut sum, c| {
+                    sum.add(c);
+                    sum
+                });
+                (key, sum)
+            })
+            .unzip();
+        // A key is counted once deleted, so that a failed delete cannot count it twice.
+        let deleted = match map_batch::delete(fd, &keys) {
+            Ok(()) => keys.len(),
+            Err((deleted, e)) => {
+                counted.extend(keys.into_iter().zip(sums).take(deleted));
+                return Err(format!("deleting from {}: {e}", self.name));
+            }
+        };
+        counted.extend(keys.into_iter().zip(sums).take(deleted));
         let mut gained = Vec::with_capacity(self.overflow_read.len());
         for (slot, read) in self.overflow_read.iter_mut().enumerate() {
             let values = self

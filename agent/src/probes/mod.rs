@@ -9,6 +9,7 @@ pub mod error;
 pub mod flags;
 pub mod hung_task;
 pub mod kind;
+mod map_batch;
 pub mod nfs;
 pub mod oom;
 pub mod packet_drop;
