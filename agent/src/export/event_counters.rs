@@ -63,8 +63,19 @@ impl Collector for EventCounters {
     }
 }
 
-/// One series: its label pairs sorted by name, as the crate's own collectors write them.
+/// One series.
 fn counter<'a>(desc: &Desc, values: impl Iterator<Item = &'a str>, value: u64) -> proto::Metric {
+    let pairs = label_pairs(desc, values);
+    let mut counter = proto::Counter::default();
+    counter.set_value(value as f64);
+    let mut metric = proto::Metric::from_label(pairs);
+    metric.set_counter(counter);
+    metric
+}
+
+/// A series' label pairs: `desc`'s names with `values`, sorted by name, as the crate's own
+/// collectors write them.
+pub(super) fn label_pairs<'a>(desc: &Desc, values: impl Iterator<Item = &'a str>) -> Vec<proto::LabelPair> {
     let mut pairs: Vec<proto::LabelPair> = desc
         .variable_labels
         .iter()
@@ -77,11 +88,7 @@ fn counter<'a>(desc: &Desc, values: impl Iterator<Item = &'a str>, value: u64) -
         })
         .collect();
     pairs.sort_by(|a, b| a.name().cmp(b.name()));
-    let mut counter = proto::Counter::default();
-    counter.set_value(value as f64);
-    let mut metric = proto::Metric::from_label(pairs);
-    metric.set_counter(counter);
-    metric
+    pairs
 }
 
 #[cfg(test)]

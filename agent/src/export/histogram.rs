@@ -12,6 +12,8 @@ use prometheus::{
     proto,
 };
 
+use super::event_counters::label_pairs;
+
 #[derive(Clone)]
 pub struct CountedHistogramVec {
     desc: Desc,
@@ -67,20 +69,7 @@ impl Collector for CountedHistogramVec {
         let metrics = series
             .iter()
             .map(|(labels, s)| {
-                // Sorted by name, as the crate's own collectors write them.
-                let mut pairs: Vec<proto::LabelPair> = self
-                    .desc
-                    .variable_labels
-                    .iter()
-                    .zip(labels)
-                    .map(|(name, value)| {
-                        let mut pair = proto::LabelPair::default();
-                        pair.set_name(name.clone());
-                        pair.set_value(value.clone());
-                        pair
-                    })
-                    .collect();
-                pairs.sort_by(|a, b| a.name().cmp(b.name()));
+                let pairs = label_pairs(&self.desc, labels.iter().map(String::as_str));
                 let mut histogram = proto::Histogram::default();
                 let mut cumulative = 0u64;
                 let buckets = self
