@@ -150,6 +150,34 @@ impl Cluster {
         })
     }
 
+    /// The pod of DaemonSet `namespace/name` that runs its current template, once Ready: not a
+    /// pod of an earlier template, still Ready while its replacement starts (an apply returns
+    /// before the rollout begins). The DaemonSet's template generation is in its
+    /// `deprecated.daemonset.template.generation` annotation, and on its pods as the label
+    /// `pod-template-generation`.
+    pub fn current_daemon_pod(&self, namespace: &str, name: &str) -> Option<Value> {
+        wait_for(POD_READY_WITHIN, || {
+            let daemonset = self.json(&["-n", namespace, "get", "daemonset", name]);
+            let generation =
+                daemonset["metadata"]["annotations"]["deprecated.daemonset.template.generation"].as_str()?;
+            let selector: Vec<String> = daemonset["spec"]["selector"]["matchLabels"]
+                .as_object()?
+                .iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect();
+            let pods = self.json(&["-n", namespace, "get", "pods", "-l", &selector.join(",")]);
+            pods["items"]
+                .as_array()?
+                .iter()
+                .find(|p| {
+                    is_ready(p)
+                        && p["metadata"]["deletionTimestamp"].is_null()
+                        && p["metadata"]["labels"]["pod-template-generation"].as_str() == Some(generation)
+                })
+                .cloned()
+        })
+    }
+
     /// The pod `namespace/name` once `pred` holds of it.
     pub fn pod_when(&self, namespace: &str, name: &str, pred: impl Fn(&Value) -> bool) -> Option<Value> {
         wait_for(POD_READY_WITHIN, || {

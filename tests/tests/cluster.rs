@@ -43,7 +43,7 @@ const FIRES_WITHIN: Duration = Duration::from_secs(120);
 /// kstall installed and its pod Ready (applied once; the tests share it).
 fn deployed(cluster: &Cluster) -> Value {
     cluster.apply_overlay(OVERLAY);
-    let pod = cluster.ready_pod("kstall", "app.kubernetes.io/name=kstall");
+    let pod = cluster.current_daemon_pod("kstall", "kstall");
     let pod = pod.unwrap_or_else(|| {
         panic!(
             "the DaemonSet's pod is not Ready:\n{}\nthe node's events (its disk, its image GC):\n{}\n{}",
@@ -974,7 +974,7 @@ fn the_old_kernels_capability_is_a_start_error_where_the_runtime_cannot_grant_it
     let _restore = Overlay(&cluster, OVERLAY);
     let selector = "app.kubernetes.io/name=kstall";
     if grantable {
-        cluster.ready_pod("kstall", selector).expect("with SYS_RESOURCE grantable, the pod runs");
+        cluster.current_daemon_pod("kstall", "kstall").expect("with SYS_RESOURCE grantable, the pod runs");
         return;
     }
     let refused = wait_for(Duration::from_secs(120), || {
@@ -999,7 +999,7 @@ struct Overlay<'a>(&'a Cluster, &'a str);
 impl Drop for Overlay<'_> {
     fn drop(&mut self) {
         self.0.apply_overlay(self.1);
-        self.0.ready_pod("kstall", "app.kubernetes.io/name=kstall");
+        self.0.current_daemon_pod("kstall", "kstall");
     }
 }
 
