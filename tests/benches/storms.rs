@@ -12,9 +12,9 @@ use kstall_tests::{
     host::{Sysctl, run},
     kernel_tests_can_run,
     storms::{
-        Detail, RESETS_BY_PORTS_ONE_LINER, RESETS_ONE_LINER, Row, distinct_ports, drop_storm,
-        drops_one_liner, hung_tasks, idle, oom_storm, otlp_reset_storm, reset_storm, streamed_reset_storm,
-        table_with,
+        Detail, RESETS_BY_PORTS_ONE_LINER, RESETS_ONE_LINER, RESETS_PRINTED_ONE_LINER, Row, distinct_ports,
+        drop_storm, drops_one_liner, hung_tasks, idle, oom_storm, otlp_reset_storm, reset_storm,
+        streamed_reset_storm, table_with,
     },
 };
 
@@ -38,7 +38,7 @@ fn main() {
     if wanted("resets") {
         rows.push(reset_storm(secs, Detail::Sampled, Some(RESETS_ONE_LINER)));
         rows.push(reset_storm(secs, Detail::Sampled, Some(RESETS_BY_PORTS_ONE_LINER)));
-        rows.push(reset_storm(secs, Detail::Full, Some(RESETS_BY_PORTS_ONE_LINER)));
+        rows.push(reset_storm(secs, Detail::Full, Some(RESETS_PRINTED_ONE_LINER)));
         // The same with the JSON stream on: its cost per event beside the row above.
         rows.push(streamed_reset_storm(secs, Detail::Sampled, |_| false).0);
         rows.push(streamed_reset_storm(secs, Detail::Full, |_| false).0);

@@ -2,8 +2,8 @@
 //! yardstick the benchmarks measure kstall's programs against, in the same run.
 
 use std::{
-    io::{BufRead as _, BufReader, Read as _},
-    process::{Child, ChildStdout, Command, Stdio},
+    io::{BufRead, BufReader, Read as _},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -12,17 +12,19 @@ use crate::{
     bpf::{ProgramRuns, program_runs_of},
 };
 
-/// A running bpftrace; killed on drop if not stopped.
+/// A running bpftrace; killed on drop if not stopped. Its output is read as it comes, so that a
+/// script that prints per event never stalls on a full pipe.
 pub struct Bpftrace {
     child: Child,
-    stdout: BufReader<ChildStdout>,
+    output: Option<std::thread::JoinHandle<Counted>>,
 }
 
 /// What bpftrace counted when stopped: each map's name and its values, one per key (one in all
-/// for a map without keys).
+/// for a map without keys), and how many other lines it printed (a `printf` per event).
 #[derive(Debug, Default)]
 pub struct Counted {
     maps: Vec<(String, u64)>,
+    pub printed: u64,
 }
 
 impl Counted {
@@ -74,7 +76,8 @@ impl Bpftrace {
         if let Some(mut stderr) = child.stderr.take() {
             std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
         }
-        let trace = Bpftrace { child, stdout };
+        let output = std::thread::spawn(move || read_output(stdout));
+        let trace = Bpftrace { child, output: Some(output) };
         while trace.programs().len() < probes {
             assert!(Instant::now() < deadline, "bpftrace did not attach {probes} probes");
             std::thread::sleep(Duration::from_millis(100));
@@ -90,11 +93,26 @@ impl Bpftrace {
     pub fn stop(mut self) -> Counted {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let mut out = String::new();
-        self.stdout.read_to_string(&mut out).expect("bpftrace's maps");
+        let counted = self.output.take().expect("read once").join().expect("bpftrace's output");
         let _ = self.child.wait();
-        Counted { maps: out.lines().filter_map(map_line).collect() }
+        counted
     }
+}
+
+/// Its output to the end: the maps it prints on the way out, and a count of every other line
+/// after the first ("Attaching N probes...", read by `try_start`).
+fn read_output(mut stdout: impl BufRead) -> Counted {
+    let mut counted = Counted::default();
+    let mut line = String::new();
+    while stdout.read_line(&mut line).is_ok_and(|n| n > 0) {
+        match map_line(line.trim_end()) {
+            Some(map) => counted.maps.push(map),
+            None if !line.trim().is_empty() => counted.printed += 1,
+            None => {}
+        }
+        line.clear();
+    }
+    counted
 }
 
 impl Drop for Bpftrace {
@@ -142,11 +160,12 @@ mod tests {
 
     #[test]
     fn maps_with_and_without_keys_are_read() {
-        let out = "Attaching 2 probes...\n\n\n@stuck[4242]: 7\n@stuck[4243]: 1\n@sent: 30\nsomething else\n";
-        let counted = Counted { maps: out.lines().filter_map(map_line).collect() };
+        let out = "\n\n@stuck[4242]: 7\n@stuck[4243]: 1\n@sent: 30\nsomething else\n";
+        let counted = read_output(BufReader::new(out.as_bytes()));
         assert_eq!(counted.total("sent"), 30);
         assert_eq!(counted.keys("stuck"), 2);
         assert_eq!(counted.total("stuck"), 8);
         assert_eq!(counted.total("received"), 0);
+        assert_eq!(counted.printed, 1, "one line that is no map's");
     }
 }

@@ -393,6 +393,18 @@ pub const RESETS_BY_PORTS_ONE_LINER: OneLiner = OneLiner {
     counted: |c| c.total("sent") + c.total("received"),
 };
 
+/// The yardstick of the row where kstall sends every reset in full: bpftrace keyed as above and
+/// printing each reset as it goes (`printf`: a perf buffer record per reset, read by bpftrace and
+/// written out), the same two jobs. What it counted is what it printed.
+pub const RESETS_PRINTED_ONE_LINER: OneLiner = OneLiner {
+    by: ", bpftrace counting by direction, port and reason and printing each reset",
+    script: "tracepoint:tcp:tcp_send_reset { $port = (uint16)args->saddr[2] << 8 | args->saddr[3]; \
+             @sent[args->reason, $port] = count(); printf(\"sent %d %d %d\\n\", pid, args->reason, $port); } \
+             tracepoint:tcp:tcp_receive_reset { @received[args->dport] = count(); \
+             printf(\"received %d %d\\n\", pid, args->dport); }",
+    counted: |c| c.printed,
+};
+
 /// How often the agent reads the kernel's counters (`agent/src/probes/counters.rs`).
 const COUNTER_INTERVAL: Duration = Duration::from_secs(1);
 
