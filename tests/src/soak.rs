@@ -33,6 +33,11 @@ pub struct Held {
     pub fds: usize,
     /// Series of every event metric family (`kstall status`).
     pub series: u64,
+    /// Of those, the series naming a pod: what grows with the pods a node has seen unless the
+    /// agent forgets them. The others carry classes (reason, protocol, direction, port class) of
+    /// the host's own traffic or of namespaces already gone: their set follows what the host
+    /// does meanwhile, bounded by the classes, not by the pods churned.
+    pub pod_series: u64,
     /// The attribution index: pods known (running and deleted), cgroups, pod network namespaces.
     pub index: u64,
 }
@@ -40,7 +45,7 @@ pub struct Held {
 impl Held {
     fn of(agent: &Agent) -> Self {
         // A scrape first: it returns what it freed to the kernel, as every scrape does.
-        let _ = agent.metrics();
+        let pod_series = pod_series(&agent.metrics()).len() as u64;
         let status = agent.status();
         let a = &status["attribution"];
         let n = |v: &Value| v.as_u64().unwrap_or(0);
@@ -50,6 +55,7 @@ impl Held {
             rss_kib: memory_kib(agent.pid()).0,
             fds,
             series,
+            pod_series,
             index: n(&a["pods"]) + n(&a["cgroups"]) + n(&a["pod_namespaces"]),
         }
     }
@@ -59,9 +65,18 @@ impl Held {
             rss_kib: self.rss_kib.max(other.rss_kib),
             fds: self.fds.max(other.fds),
             series: self.series.max(other.series),
+            pod_series: self.pod_series.max(other.pod_series),
             index: self.index.max(other.index),
         }
     }
+}
+
+/// The samples of `metrics` about events that name a pod.
+fn pod_series(metrics: &str) -> Vec<&str> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains("host=\"") && !l.contains("pod=\"\""))
+        .collect()
 }
 
 #[derive(Debug)]
@@ -75,33 +90,33 @@ pub struct Report {
     pub after: Held,
     /// The agent's peak resident size (VmHWM), start-up's BTF parsing included.
     pub high_water_kib: u64,
+    /// The series naming a pod still exported after the churn: none, once every pod is forgotten.
+    pub pod_series_left: Vec<String>,
     /// The memory limit it was held to: the DaemonSet's.
     pub limit_bytes: u64,
 }
 
 impl Report {
-    /// Each figure after the churn within 10% of its baseline (and one unit: a baseline of 0).
+    /// Each figure after the churn within 10% of its baseline (and one unit: a baseline of 0);
+    /// no series naming a pod.
     pub fn returned(&self) -> Vec<String> {
         let (b, a) = (self.baseline, self.after);
-        [
-            ("RSS KiB", b.rss_kib, a.rss_kib),
-            ("fds", b.fds as u64, a.fds as u64),
-            ("series", b.series, a.series),
-            ("index", b.index, a.index),
-        ]
-        .into_iter()
-        .filter(|(_, base, after)| *after as f64 > *base as f64 * 1.1 + 1.0)
-        .map(|(what, base, after)| format!("{what}: {base} before, {after} after"))
-        .collect()
+        [("RSS KiB", b.rss_kib, a.rss_kib), ("fds", b.fds as u64, a.fds as u64), ("index", b.index, a.index)]
+            .into_iter()
+            .filter(|(_, base, after)| *after as f64 > *base as f64 * 1.1 + 1.0)
+            .map(|(what, base, after)| format!("{what}: {base} before, {after} after"))
+            .chain(self.pod_series_left.iter().map(|s| format!("a forgotten pod's series: {s}")))
+            .collect()
     }
 
     pub fn lines(&self) -> String {
         let row = |name: &str, h: &Held| {
             format!(
-                "  {name:<9} RSS {:>6.1} MiB  fds {:>4}  series {:>5}  index {:>5}\n",
+                "  {name:<9} RSS {:>6.1} MiB  fds {:>4}  series {:>5} (naming a pod {:>5})  index {:>5}\n",
                 h.rss_kib as f64 / 1024.0,
                 h.fds,
                 h.series,
+                h.pod_series,
                 h.index
             )
         };
@@ -174,6 +189,7 @@ pub fn soak(pods: usize, at_least: Duration) -> Report {
     let peak = peak.max(baseline);
     let churn = started.elapsed();
     let after = forgotten(&agent).unwrap_or_else(|| Held::of(&agent));
+    let pod_series_left = pod_series(&agent.metrics()).into_iter().map(String::from).collect();
     let high_water_kib = memory_kib(agent.pid()).1;
     assert_eq!(agent.oom_kills(), 0, "the agent was OOM-killed at its limit");
     assert!(
@@ -182,7 +198,18 @@ pub fn soak(pods: usize, at_least: Duration) -> Report {
         agent.log()
     );
     let limit_bytes = agent.limit_bytes();
-    Report { pods, resets, oom_kills, churn, baseline, peak, after, high_water_kib, limit_bytes }
+    Report {
+        pods,
+        resets,
+        oom_kills,
+        churn,
+        baseline,
+        peak,
+        after,
+        high_water_kib,
+        limit_bytes,
+        pod_series_left,
+    }
 }
 
 /// Pods `numbers` made and removed, `LIVE` at a time, paced over `at_least`: the resets and OOM
