@@ -19,7 +19,7 @@ use crate::{
     bpf::{ProgramRuns, program_runs_of},
     bpftrace::{Bpftrace, Counted},
     cgroup::{Cgroup, MemoryLimit, PodProcess},
-    host::{Sysctl, cpu_ticks, memory_kib, wait_for},
+    host::{Sysctl, memory_kib, wait_for},
     json_lines::{Followed, Follower},
     netns::{NetNs, refused_connects},
     oom::{OOM_LIMIT, oom_kill},
@@ -214,9 +214,11 @@ fn measure(
 ) -> Row {
     let (agent_env, agent_args) = agent;
     let agent = LimitedAgent::start_with_env("storm-agent", agent_env, agent_args);
+    // Start-up's own work (a third of a second of CPU reading kernel symbols) is not the storm's.
+    settle(&agent, &scenario);
     let before = Tally::of(&agent, counter);
     let programs_before = program_runs_of(agent.pid());
-    let cpu_before = cpu_ticks(agent.pid());
+    let cpu_before = agent.cpu_used();
     let side = bpftrace.map(|one| (Bpftrace::start(one.script), one.counted));
     let start = Instant::now();
     let driven = drive();
@@ -239,7 +241,7 @@ fn measure(
     let deadline = Instant::now() + counted_within;
     let (after, cpu_after, window) = loop {
         thread::sleep(COUNTER_INTERVAL);
-        let (cpu, window) = (cpu_ticks(agent.pid()), start.elapsed());
+        let (cpu, window) = (agent.cpu_used(), start.elapsed());
         let tally = Tally::of(&agent, counter);
         if complete(&tally) || Instant::now() >= deadline {
             break (tally, cpu, window);
@@ -255,8 +257,6 @@ fn measure(
         SideBySide { counted: read(&trace.stop()), programs }
     });
     let (rss_kib, peak_kib) = memory_kib(agent.pid());
-    // SAFETY: sysconf has no preconditions.
-    let ticks_per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     Row {
         scenario,
         unit,
@@ -267,7 +267,7 @@ fn measure(
         received: after.received - before.received,
         lost: after.lost - before.lost,
         suppressed: after.suppressed - before.suppressed,
-        agent_cpu_secs: (cpu_after - cpu_before) / ticks_per_sec,
+        agent_cpu_secs: (cpu_after - cpu_before).as_secs_f64(),
         rss_kib,
         peak_kib,
         limit_bytes: agent.limit_bytes(),
@@ -282,16 +282,21 @@ fn measure(
     }
 }
 
-/// The agent of a node where nothing happens: started as for the storms, settled (start-up done:
-/// kernel symbols loaded, the first stuck-task sweep), then left alone for `secs` — no traffic,
-/// no scrape. Its CPU (utime + stime) and its threads' wakeups over that time are the row; events
-/// the host itself caused meanwhile are counted in its notes.
-pub fn idle(secs: u64) -> Row {
-    let agent = LimitedAgent::start("idle-agent", &[]);
+/// Until `agent` is done starting: kernel symbols loaded, its first stuck-task sweep done.
+fn settle(agent: &Agent, scenario: &str) {
     let settled = agent.log_once_it_has("loaded kernel symbols", START_WITHIN).is_some()
         && wait_for(START_WITHIN, || (agent.metric("kstall_stuck_task_sweeps_total")? >= 1.0).then_some(()))
             .is_some();
-    assert!(settled, "idle: the agent did not finish starting:\n{}", agent.log());
+    assert!(settled, "{scenario}: the agent did not finish starting:\n{}", agent.log());
+}
+
+/// The agent of a node where nothing happens: started as for the storms, settled (start-up done:
+/// kernel symbols loaded, the first stuck-task sweep), then left alone for `secs` — no traffic,
+/// no scrape. Its CPU (its cgroup's) and its threads' wakeups over that time are the row; events
+/// the host itself caused meanwhile are counted in its notes.
+pub fn idle(secs: u64) -> Row {
+    let agent = LimitedAgent::start("idle-agent", &[]);
+    settle(&agent, "idle");
     let events = |agent: &Agent| {
         ["kstall_events_total", "kstall_events_lost_total", "kstall_events_suppressed_total"]
             .iter()
@@ -300,11 +305,11 @@ pub fn idle(secs: u64) -> Row {
     };
     let events_before = events(&agent);
     let programs_before = program_runs_of(agent.pid());
-    let (cpu_before, switches_before) = (cpu_ticks(agent.pid()), voluntary_switches(agent.pid()));
+    let (cpu_before, switches_before) = (agent.cpu_used(), voluntary_switches(agent.pid()));
     let start = Instant::now();
     // The measurement itself: nothing to await, the agent is left alone.
     thread::sleep(Duration::from_secs(secs));
-    let (cpu_after, switches_after) = (cpu_ticks(agent.pid()), voluntary_switches(agent.pid()));
+    let (cpu_after, switches_after) = (agent.cpu_used(), voluntary_switches(agent.pid()));
     let window = start.elapsed();
     let arrived = events(&agent) - events_before;
     let kstall = program_runs_of(agent.pid())
@@ -318,8 +323,6 @@ pub fn idle(secs: u64) -> Row {
         .iter()
         .map(|(tid, n)| n - switches_before.get(tid).copied().unwrap_or(0).min(*n))
         .sum();
-    // SAFETY: sysconf has no preconditions.
-    let ticks_per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let scenario = format!("idle (no events, {secs} s after start-up)");
     let mut notes = Vec::new();
     if arrived > 0.0 {
@@ -335,7 +338,7 @@ pub fn idle(secs: u64) -> Row {
         received: arrived,
         lost: 0.0,
         suppressed: 0.0,
-        agent_cpu_secs: (cpu_after - cpu_before) / ticks_per_sec,
+        agent_cpu_secs: (cpu_after - cpu_before).as_secs_f64(),
         rss_kib,
         peak_kib,
         limit_bytes: agent.limit_bytes(),
@@ -663,7 +666,7 @@ impl DropStorm<'_> {
 }
 
 /// The sender's rate with nothing on `kfree_skb`, under kstall alone (a fresh agent, started
-/// before its window and stopped after) and under `one_liner` alone, in each round.
+/// and settled before its window, stopped after) and under `one_liner` alone, in each round.
 fn drop_loss(
     storm: &DropStorm,
     agent_args: &[&str],
@@ -677,7 +680,9 @@ fn drop_loss(
             match (round + place) % 3 {
                 0 => loss.nothing.push(storm.rate(secs)),
                 1 => {
-                    let _agent = LimitedAgent::start("drop-loss-agent", agent_args);
+                    let agent = LimitedAgent::start("drop-loss-agent", agent_args);
+                    // As bpftrace's window starts once it has attached, not while it compiles.
+                    settle(&agent, "drop loss");
                     loss.kstall.push(storm.rate(secs));
                 }
                 _ => {
