@@ -107,8 +107,8 @@ fn machine() -> String {
          eBPF run time is the kernel's own (`kernel.bpf_stats_enabled`), per run of each program that \
          ran during the storm; bpftrace counts the same storm on the same hooks with one-liners \
          (`count()`; distinct pids for hung tasks). The ratio compares run time per run on the hooks \
-         both attach to. Agent CPU is its cgroup's `usage_usec` (`cpu.stat`: every thread, to the \
-         microsecond) over the storm, from an agent done starting (kernel symbols loaded, first sweep). The idle row \
+         both attach to. Agent CPU is its threads' run time (`/proc/<pid>/task/*/schedstat`, to the \
+         nanosecond) over the storm, from an agent done starting (kernel symbols loaded, first sweep). The idle row \
          is an agent started as for the storms and left alone once started (no events, no scrape); \
          its wakeups are its threads' voluntary context switches (`/proc/<pid>/task/*/status`). \
          The capture row is one TCP stream from a pod's network namespace over a veth to a server's, as \

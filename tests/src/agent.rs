@@ -289,7 +289,7 @@ pub struct LimitedAgent {
     agent: Agent,
     limit: MemoryLimit,
     limit_bytes: u64,
-    cgroup: Cgroup,
+    _cgroup: Cgroup,
 }
 
 impl LimitedAgent {
@@ -303,16 +303,11 @@ impl LimitedAgent {
         let cgroup = Cgroup::new(tag);
         let limit = MemoryLimit::new(&cgroup, limit_bytes);
         let agent = Agent::spawn(None, Some(limit.procs()), env, extra_args);
-        LimitedAgent { agent, limit, limit_bytes, cgroup }
+        LimitedAgent { agent, limit, limit_bytes, _cgroup: cgroup }
     }
 
     pub fn limit_bytes(&self) -> u64 {
         self.limit_bytes
-    }
-
-    /// CPU the agent used since it started, to the microsecond (its cgroup's).
-    pub fn cpu_used(&self) -> Duration {
-        self.cgroup.cpu_used()
     }
 
     /// Processes the OOM killer killed at the limit: the agent is the only one there.

@@ -68,17 +68,6 @@ impl Cgroup {
     pub fn procs(&self) -> PathBuf {
         self.path.join("cgroup.procs")
     }
-
-    /// CPU its processes used, every thread's (those gone included), to the microsecond:
-    /// `usage_usec` of its `cpu.stat`, which every cgroup v2 directory has.
-    pub fn cpu_used(&self) -> std::time::Duration {
-        let stat = std::fs::read_to_string(self.path.join("cpu.stat")).expect("cgroup cpu.stat");
-        let usec = stat
-            .lines()
-            .find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse().ok())
-            .expect("usage_usec in cpu.stat");
-        std::time::Duration::from_micros(usec)
-    }
 }
 
 impl Drop for Cgroup {

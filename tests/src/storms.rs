@@ -19,7 +19,7 @@ use crate::{
     bpf::{ProgramRuns, program_runs_of},
     bpftrace::{Bpftrace, Counted},
     cgroup::{Cgroup, MemoryLimit, PodProcess},
-    host::{Sysctl, memory_kib, wait_for},
+    host::{Sysctl, ThreadCpu, memory_kib, wait_for},
     json_lines::{Followed, Follower},
     netns::{NetNs, refused_connects},
     oom::{OOM_LIMIT, oom_kill},
@@ -218,7 +218,7 @@ fn measure(
     settle(&agent, &scenario);
     let before = Tally::of(&agent, counter);
     let programs_before = program_runs_of(agent.pid());
-    let cpu_before = agent.cpu_used();
+    let cpu_before = ThreadCpu::of(agent.pid());
     let side = bpftrace.map(|one| (Bpftrace::start(one.script), one.counted));
     let start = Instant::now();
     let driven = drive();
@@ -241,7 +241,7 @@ fn measure(
     let deadline = Instant::now() + counted_within;
     let (after, cpu_after, window) = loop {
         thread::sleep(COUNTER_INTERVAL);
-        let (cpu, window) = (agent.cpu_used(), start.elapsed());
+        let (cpu, window) = (ThreadCpu::of(agent.pid()), start.elapsed());
         let tally = Tally::of(&agent, counter);
         if complete(&tally) || Instant::now() >= deadline {
             break (tally, cpu, window);
@@ -267,7 +267,7 @@ fn measure(
         received: after.received - before.received,
         lost: after.lost - before.lost,
         suppressed: after.suppressed - before.suppressed,
-        agent_cpu_secs: (cpu_after - cpu_before).as_secs_f64(),
+        agent_cpu_secs: cpu_after.since(&cpu_before).as_secs_f64(),
         rss_kib,
         peak_kib,
         limit_bytes: agent.limit_bytes(),
@@ -292,7 +292,7 @@ fn settle(agent: &Agent, scenario: &str) {
 
 /// The agent of a node where nothing happens: started as for the storms, settled (start-up done:
 /// kernel symbols loaded, the first stuck-task sweep), then left alone for `secs` — no traffic,
-/// no scrape. Its CPU (its cgroup's) and its threads' wakeups over that time are the row; events
+/// no scrape. Its CPU (its threads') and its threads' wakeups over that time are the row; events
 /// the host itself caused meanwhile are counted in its notes.
 pub fn idle(secs: u64) -> Row {
     let agent = LimitedAgent::start("idle-agent", &[]);
@@ -305,11 +305,11 @@ pub fn idle(secs: u64) -> Row {
     };
     let events_before = events(&agent);
     let programs_before = program_runs_of(agent.pid());
-    let (cpu_before, switches_before) = (agent.cpu_used(), voluntary_switches(agent.pid()));
+    let (cpu_before, switches_before) = (ThreadCpu::of(agent.pid()), voluntary_switches(agent.pid()));
     let start = Instant::now();
     // The measurement itself: nothing to await, the agent is left alone.
     thread::sleep(Duration::from_secs(secs));
-    let (cpu_after, switches_after) = (agent.cpu_used(), voluntary_switches(agent.pid()));
+    let (cpu_after, switches_after) = (ThreadCpu::of(agent.pid()), voluntary_switches(agent.pid()));
     let window = start.elapsed();
     let arrived = events(&agent) - events_before;
     let kstall = program_runs_of(agent.pid())
@@ -338,7 +338,7 @@ pub fn idle(secs: u64) -> Row {
         received: arrived,
         lost: 0.0,
         suppressed: 0.0,
-        agent_cpu_secs: (cpu_after - cpu_before).as_secs_f64(),
+        agent_cpu_secs: cpu_after.since(&cpu_before).as_secs_f64(),
         rss_kib,
         peak_kib,
         limit_bytes: agent.limit_bytes(),
