@@ -408,6 +408,38 @@ pub const RESETS_PRINTED_ONE_LINER: OneLiner = OneLiner {
     counted: |c| c.printed,
 };
 
+/// Distinct tasks the kernel's hung-task detector reported.
+pub const HUNG_ONE_LINER: OneLiner = OneLiner {
+    by: "",
+    script: "tracepoint:sched:sched_process_hang { @stuck[args->pid] = count(); }",
+    counted: |c| c.keys("stuck"),
+};
+
+/// As [`HUNG_ONE_LINER`], walking a kernel stack at each report as kstall does (`kstack`:
+/// bpftrace's `bpf_get_stackid`, khungtaskd's own stack; kstall's is the hung task's), kept in a
+/// map cleared before it would print: what a stack walk costs on the hook, kstall's main cost.
+pub const HUNG_STACK_ONE_LINER: OneLiner = OneLiner {
+    by: ", bpftrace walking the kernel stack at each",
+    script: "tracepoint:sched:sched_process_hang { @stuck[args->pid] = count(); @stack[0] = kstack; } \
+             END { clear(@stack); }",
+    counted: |c| c.keys("stuck"),
+};
+
+/// Each memcg OOM kill.
+pub const OOM_ONE_LINER: OneLiner = OneLiner {
+    by: "",
+    script: "tracepoint:oom:mark_victim { @kills = count(); }",
+    counted: |c| c.total("kills"),
+};
+
+/// As [`OOM_ONE_LINER`], walking the kernel stack at each kill as kstall does (the OOM
+/// killer's call path, `kstack`), kept in a map cleared before it would print.
+pub const OOM_STACK_ONE_LINER: OneLiner = OneLiner {
+    by: ", bpftrace walking the kernel stack at each",
+    script: "tracepoint:oom:mark_victim { @kills = count(); @stack[0] = kstack; } END { clear(@stack); }",
+    counted: |c| c.total("kills"),
+};
+
 /// How often the agent reads the kernel's counters (`agent/src/probes/counters.rs`).
 const COUNTER_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -815,7 +847,7 @@ pub fn drops_one_liner() -> OneLiner {
 
 /// `tasks` writers in D at once, stuck in writeback on a frozen FUSE-backed disk, with the
 /// kernel's detector at 3 s (and its warnings off, both restored after). Each task counts once.
-pub fn hung_tasks(tasks: usize, side_by_side: bool) -> Row {
+pub fn hung_tasks(tasks: usize, bpftrace: Option<OneLiner>) -> Row {
     let _detector = Sysctl::set("kernel.hung_task_timeout_secs", "3");
     // The tracepoint fires whatever this says; only the console is spared 50 stack dumps.
     let _quiet = Sysctl::set("kernel.hung_task_warnings", "0");
@@ -825,7 +857,10 @@ pub fn hung_tasks(tasks: usize, side_by_side: bool) -> Row {
     let cgroup = Cgroup::kubepods_container("burstable", WRITERS_UID, WRITERS_CONTAINER);
     let mut disk = FreezableDisk::new("storm-hung");
     let row = measure(
-        format!("hung-task storm ({tasks} writers in D on a frozen FUSE disk)"),
+        format!(
+            "hung-task storm ({tasks} writers in D on a frozen FUSE disk){}",
+            bpftrace.map_or("", |b| b.by)
+        ),
         "stuck tasks",
         &STUCK_TASKS,
         (
@@ -839,12 +874,7 @@ pub fn hung_tasks(tasks: usize, side_by_side: bool) -> Row {
                 "3s",
             ],
         ),
-        // Distinct tasks the kernel's detector reported.
-        side_by_side.then_some(OneLiner {
-            by: "",
-            script: "tracepoint:sched:sched_process_hang { @stuck[args->pid] = count(); }",
-            counted: |c| c.keys("stuck"),
-        }),
+        bpftrace,
         // The sampler finds a task 3 s plus a sweep after it blocked, the detector 3-6 s.
         Duration::from_secs(30),
         || {
@@ -873,22 +903,22 @@ fn in_d(pid: u32) -> bool {
 
 /// `kills` processes, one after another, allocating past a 64 MiB memory cgroup's limit until the
 /// memcg OOM killer kills them.
-pub fn oom_storm(kills: usize, side_by_side: bool) -> Row {
+pub fn oom_storm(kills: usize, bpftrace: Option<OneLiner>) -> Row {
     let cgroup = Cgroup::new("storm-oom");
     let limit = MemoryLimit::new(&cgroup, OOM_LIMIT);
     // Both hierarchies on a hybrid host: attribution reads the v2 one, the limit is the v1 one.
     let v2 = cgroup.procs();
     let procs: [&Path; 2] = [&v2, limit.procs()];
     measure(
-        format!("memcg OOM storm ({kills} kills in a {} MiB cgroup)", OOM_LIMIT >> 20),
+        format!(
+            "memcg OOM storm ({kills} kills in a {} MiB cgroup){}",
+            OOM_LIMIT >> 20,
+            bpftrace.map_or("", |b| b.by)
+        ),
         "kills",
         &OOM_KILLS,
         (&[], &[]),
-        side_by_side.then_some(OneLiner {
-            by: "",
-            script: "tracepoint:oom:mark_victim { @kills = count(); }",
-            counted: |c| c.total("kills"),
-        }),
+        bpftrace,
         COUNTED_WITHIN,
         || {
             for _ in 0..kills {

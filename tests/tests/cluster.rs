@@ -131,7 +131,7 @@ fn sidecar_redirect_job(cluster: &Cluster, namespace: &str, name: &str) -> Value
     cluster.kubectl(&["create", "namespace", namespace]);
     let server = format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: nfs-server, namespace: {namespace}, labels: {{app: nfs-server}}}}\n\
-         spec:\n  containers:\n  - name: nfsd\n    image: kstall.test/busybox:1.35\n    imagePullPolicy: Never\n    \
+         spec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: nfsd\n    image: kstall.test/busybox:1.35\n    imagePullPolicy: Never\n    \
          command: [nc, -ll, -p, '2049', -e, cat]\n"
     );
     cluster.apply(&server);
@@ -156,6 +156,9 @@ fn sidecar_redirect_job(cluster: &Cluster, namespace: &str, name: &str) -> Value
             "metadata": {"labels": {"app": name}},
             "spec": {
                 "restartPolicy": "Never",
+                // A shell or nc as PID 1 ignores SIGTERM: without this each pod's deletion (the
+                // test's namespace's, at its end) waits out the default 30 s.
+                "terminationGracePeriodSeconds": 1,
                 "initContainers": [{
                     "name": "istio-init", "image": "kstall.test/iptables:1.8.9", "imagePullPolicy": "Never",
                     "command": ["sh", "/istio/istio-iptables.sh"],
@@ -812,7 +815,7 @@ fn containers_killed_as_they_start_keep_their_pod_and_their_loop_fires() {
         let pod = serde_json::json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"containers": [{
+            "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
                 "name": "hog", "image": "kstall.test/busybox:1.35", "imagePullPolicy": "Never",
                 // dd's one 64 MiB buffer, touched as it reads: past the limit at once.
                 "command": ["sh", "-c", format!("sleep {delay}; exec dd if=/dev/zero of=/dev/null bs=64M count=1")],

@@ -106,14 +106,14 @@ fn resets_to_distinct_ports_are_counted_exactly() {
 #[test]
 fn a_hung_task_storm_is_counted_once_per_task() {
     if kernel_tests_can_run("a_hung_task_storm_is_counted_once_per_task") {
-        assert_counted(&hung_tasks(5, false));
+        assert_counted(&hung_tasks(5, None));
     }
 }
 
 #[test]
 fn an_oom_storm_is_counted_exactly() {
     if kernel_tests_can_run("an_oom_storm_is_counted_exactly") {
-        assert_counted(&oom_storm(3, false));
+        assert_counted(&oom_storm(3, None));
     }
 }
 
