@@ -48,9 +48,12 @@ fn main() {
         rows.push(otlp_reset_storm(secs, Detail::Full));
     }
     if wanted("ports") {
-        rows.push(distinct_ports(3000, true));
+        rows.push(distinct_ports(3000, Some(RESETS_BY_PORTS_ONE_LINER)));
+        // Each reset a new series, which kstall sends in full: beside bpftrace keyed and printing
+        // each, the same two jobs.
+        rows.push(distinct_ports(3000, Some(RESETS_PRINTED_ONE_LINER)));
         // Two series a port: 10,000 live series.
-        rows.push(distinct_ports(5000, true));
+        rows.push(distinct_ports(5000, Some(RESETS_BY_PORTS_ONE_LINER)));
     }
     if wanted("drops") {
         rows.push(drop_storm(secs, 1, Some(drops_one_liner())));

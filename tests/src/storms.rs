@@ -598,10 +598,10 @@ fn connect_storm(ns: &NetNs, secs: u64) -> (u64, Duration) {
 
 /// One connect to each of `ports` distinct closed ports in a fresh network namespace (a port
 /// scan, a misconfigured client), every one kept by number: two series per port. Beside it,
-/// bpftrace keyed by port as kstall is: a new key (a map insert) per port on both sides.
-pub fn distinct_ports(ports: u16, side_by_side: bool) -> Row {
+/// `bpftrace` when given: keyed by port as kstall is, a new key (a map insert) per port on both
+/// sides.
+pub fn distinct_ports(ports: u16, bpftrace: Option<OneLiner>) -> Row {
     let ns = NetNs::new("ports");
-    let bpftrace = side_by_side.then_some(RESETS_BY_PORTS_ONE_LINER);
     measure(
         format!("resets to {ports} distinct ports{}", bpftrace.map_or("", |b| b.by)),
         "resets",

@@ -97,7 +97,7 @@ fn a_reset_storm_streamed_as_json_lines_reaches_a_follower_of_the_rotating_file_
 #[test]
 fn resets_to_distinct_ports_are_counted_exactly() {
     if kernel_tests_can_run("resets_to_distinct_ports_are_counted_exactly") {
-        let row = distinct_ports(300, false);
+        let row = distinct_ports(300, None);
         assert_counted(&row);
         assert_eq!(row.series, 600, "one series per port and direction");
     }
