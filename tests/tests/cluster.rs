@@ -664,15 +664,12 @@ fn kstall_node_pods_counts_what_kubectl_lists() {
         }}}}},
     });
     cluster.apply(&cronjob.to_string());
-    // A first run now, from the CronJob's template, as an operator does (not at the next
-    // minute); its pod goes from ErrImagePull to ImagePullBackOff and stays, and the CronJob's
-    // own Jobs join it each minute.
-    cluster.kubectl(&["-n", namespace, "create", "job", "report-now", "--from=cronjob/report"]);
+    // The first minute's Job; its pod goes from ErrImagePull to ImagePullBackOff and stays.
     wait_for(Duration::from_secs(150), || {
         let pods = cluster.json(&["-n", namespace, "get", "pods"]);
         pods["items"].as_array().filter(|p| !p.is_empty()).map(|_| ())
     })
-    .expect("the Job made no pod in 150 s");
+    .expect("the CronJob made no pod in 150 s");
     // Equal for every (phase, waiting reason), on a quiet moment: both read the same API.
     let compare = || -> Result<(), String> {
         let pods = cluster.json(&["get", "pods", "-A", "--field-selector", &format!("spec.nodeName={NODE}")]);
