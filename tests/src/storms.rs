@@ -416,12 +416,13 @@ pub const HUNG_ONE_LINER: OneLiner = OneLiner {
 };
 
 /// As [`HUNG_ONE_LINER`], walking a kernel stack at each report as kstall does (`kstack`:
-/// bpftrace's `bpf_get_stackid`, khungtaskd's own stack; kstall's is the hung task's), kept in a
-/// map cleared before it would print: what a stack walk costs on the hook, kstall's main cost.
+/// bpftrace's `bpf_get_stackid`, khungtaskd's own stack; kstall's is the hung task's), its map
+/// entry deleted at once (nothing to print; an `END` probe is no program bpftrace attaches): what
+/// a stack walk costs on the hook, kstall's main cost.
 pub const HUNG_STACK_ONE_LINER: OneLiner = OneLiner {
     by: ", bpftrace walking the kernel stack at each",
-    script: "tracepoint:sched:sched_process_hang { @stuck[args->pid] = count(); @stack[0] = kstack; } \
-             END { clear(@stack); }",
+    script: "tracepoint:sched:sched_process_hang { @stuck[args->pid] = count(); @stack[0] = kstack; \
+             delete(@stack[0]); }",
     counted: |c| c.keys("stuck"),
 };
 
@@ -433,10 +434,10 @@ pub const OOM_ONE_LINER: OneLiner = OneLiner {
 };
 
 /// As [`OOM_ONE_LINER`], walking the kernel stack at each kill as kstall does (the OOM
-/// killer's call path, `kstack`), kept in a map cleared before it would print.
+/// killer's call path, `kstack`), its map entry deleted at once.
 pub const OOM_STACK_ONE_LINER: OneLiner = OneLiner {
     by: ", bpftrace walking the kernel stack at each",
-    script: "tracepoint:oom:mark_victim { @kills = count(); @stack[0] = kstack; } END { clear(@stack); }",
+    script: "tracepoint:oom:mark_victim { @kills = count(); @stack[0] = kstack; delete(@stack[0]); }",
     counted: |c| c.total("kills"),
 };
 
