@@ -91,29 +91,39 @@ pub fn child_pids(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// CPU each thread of `pid` has used (by tid), to the nanosecond: `/proc/<pid>/task/*/schedstat`.
-/// Clock ticks (`/proc/<pid>/stat`) are 10 ms, a tenth of what a storm costs the agent.
+/// A count each thread of a process keeps (by tid), read from `/proc/<pid>/task/*/`: its run time
+/// in nanoseconds (`schedstat`; clock ticks in `/proc/<pid>/stat` are 10 ms, a tenth of what a
+/// storm costs the agent), or how often it went to sleep of its own accord (one wakeup each).
 #[derive(Debug, Clone, Default)]
-pub struct ThreadCpu(std::collections::BTreeMap<u32, u64>);
+pub struct PerThread(std::collections::BTreeMap<u32, u64>);
 
-impl ThreadCpu {
-    pub fn of(pid: u32) -> Self {
+impl PerThread {
+    pub fn cpu_ns(pid: u32) -> Self {
+        Self::read(pid, "schedstat", |text| text.split_whitespace().next()?.parse().ok())
+    }
+
+    pub fn voluntary_switches(pid: u32) -> Self {
+        Self::read(pid, "status", |text| {
+            text.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?.trim().parse().ok()
+        })
+    }
+
+    fn read(pid: u32, file: &str, value: impl Fn(&str) -> Option<u64>) -> Self {
         let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process's threads");
         let threads = tasks.filter_map(|task| {
             let task = task.ok()?;
             let tid = task.file_name().to_str()?.parse().ok()?;
             // A thread that ended between the listing and the read is not counted.
-            let schedstat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
-            Some((tid, schedstat.split_whitespace().next()?.parse().ok()?))
+            Some((tid, value(&std::fs::read_to_string(task.path().join(file)).ok()?)?))
         });
-        ThreadCpu(threads.collect())
+        PerThread(threads.collect())
     }
 
-    /// CPU used since `before`: threads started meanwhile from 0. A thread that ended meanwhile
-    /// is left out; the agent's threads end only after 10 s without work (tokio's blocking pool).
-    pub fn since(&self, before: &ThreadCpu) -> std::time::Duration {
-        let ns = self.0.iter().map(|(tid, ns)| ns - before.0.get(tid).copied().unwrap_or(0).min(*ns)).sum();
-        std::time::Duration::from_nanos(ns)
+    /// The count's growth since `before`: threads started meanwhile from 0. A thread that ended
+    /// meanwhile is left out; the agent's threads end only after 10 s without work (tokio's
+    /// blocking pool).
+    pub fn since(&self, before: &PerThread) -> u64 {
+        self.0.iter().map(|(tid, n)| n - before.0.get(tid).copied().unwrap_or(0).min(*n)).sum()
     }
 }
 

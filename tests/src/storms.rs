@@ -5,7 +5,6 @@
 //! from its first instruction, as the kubelet holds it.
 
 use std::{
-    collections::BTreeMap,
     net::{SocketAddr, TcpStream},
     path::Path,
     sync::atomic::{AtomicU64, Ordering},
@@ -19,7 +18,7 @@ use crate::{
     bpf::{ProgramRuns, program_runs_of},
     bpftrace::{Bpftrace, Counted},
     cgroup::{Cgroup, MemoryLimit, PodProcess},
-    host::{Sysctl, ThreadCpu, memory_kib, wait_for},
+    host::{PerThread, Sysctl, memory_kib, wait_for},
     json_lines::{Followed, Follower},
     netns::{NetNs, refused_connects},
     oom::{OOM_LIMIT, oom_kill},
@@ -218,7 +217,7 @@ fn measure(
     settle(&agent, &scenario);
     let before = Tally::of(&agent, counter);
     let programs_before = program_runs_of(agent.pid());
-    let cpu_before = ThreadCpu::of(agent.pid());
+    let cpu_before = PerThread::cpu_ns(agent.pid());
     let side = bpftrace.map(|one| (Bpftrace::start(one.script), one.counted));
     let start = Instant::now();
     let driven = drive();
@@ -241,7 +240,7 @@ fn measure(
     let deadline = Instant::now() + counted_within;
     let (after, cpu_after, window) = loop {
         thread::sleep(COUNTER_INTERVAL);
-        let (cpu, window) = (ThreadCpu::of(agent.pid()), start.elapsed());
+        let (cpu, window) = (PerThread::cpu_ns(agent.pid()), start.elapsed());
         let tally = Tally::of(&agent, counter);
         if complete(&tally) || Instant::now() >= deadline {
             break (tally, cpu, window);
@@ -267,7 +266,7 @@ fn measure(
         received: after.received - before.received,
         lost: after.lost - before.lost,
         suppressed: after.suppressed - before.suppressed,
-        agent_cpu_secs: cpu_after.since(&cpu_before).as_secs_f64(),
+        agent_cpu_secs: Duration::from_nanos(cpu_after.since(&cpu_before)).as_secs_f64(),
         rss_kib,
         peak_kib,
         limit_bytes: agent.limit_bytes(),
@@ -305,11 +304,13 @@ pub fn idle(secs: u64) -> Row {
     };
     let events_before = events(&agent);
     let programs_before = program_runs_of(agent.pid());
-    let (cpu_before, switches_before) = (ThreadCpu::of(agent.pid()), voluntary_switches(agent.pid()));
+    let (cpu_before, switches_before) =
+        (PerThread::cpu_ns(agent.pid()), PerThread::voluntary_switches(agent.pid()));
     let start = Instant::now();
     // The measurement itself: nothing to await, the agent is left alone.
     thread::sleep(Duration::from_secs(secs));
-    let (cpu_after, switches_after) = (ThreadCpu::of(agent.pid()), voluntary_switches(agent.pid()));
+    let (cpu_after, switches_after) =
+        (PerThread::cpu_ns(agent.pid()), PerThread::voluntary_switches(agent.pid()));
     let window = start.elapsed();
     let arrived = events(&agent) - events_before;
     let kstall = program_runs_of(agent.pid())
@@ -318,11 +319,7 @@ pub fn idle(secs: u64) -> Row {
         .filter(|p| p.runs > 0)
         .collect();
     let (rss_kib, peak_kib) = memory_kib(agent.pid());
-    // Threads that started meanwhile count from 0.
-    let wakeups: u64 = switches_after
-        .iter()
-        .map(|(tid, n)| n - switches_before.get(tid).copied().unwrap_or(0).min(*n))
-        .sum();
+    let wakeups = switches_after.since(&switches_before);
     let scenario = format!("idle (no events, {secs} s after start-up)");
     let mut notes = Vec::new();
     if arrived > 0.0 {
@@ -338,7 +335,7 @@ pub fn idle(secs: u64) -> Row {
         received: arrived,
         lost: 0.0,
         suppressed: 0.0,
-        agent_cpu_secs: cpu_after.since(&cpu_before).as_secs_f64(),
+        agent_cpu_secs: Duration::from_nanos(cpu_after.since(&cpu_before)).as_secs_f64(),
         rss_kib,
         peak_kib,
         limit_bytes: agent.limit_bytes(),
@@ -351,21 +348,6 @@ pub fn idle(secs: u64) -> Row {
         notes,
         wakeups_per_sec: Some(wakeups as f64 / window.as_secs_f64()),
     }
-}
-
-/// Each thread of `pid` (by tid) and how often it has gone to sleep voluntarily: one wakeup each.
-fn voluntary_switches(pid: u32) -> BTreeMap<u32, u64> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the agent's threads");
-    tasks
-        .filter_map(|task| {
-            let task = task.ok()?;
-            let tid = task.file_name().to_str()?.parse().ok()?;
-            // A thread that ended between the listing and the read is not counted.
-            let status = std::fs::read_to_string(task.path().join("status")).ok()?;
-            let switches = status.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?;
-            Some((tid, switches.trim().parse().ok()?))
-        })
-        .collect()
 }
 
 /// A bpftrace one-liner counting a storm on kstall's hooks, and how to read its count.
