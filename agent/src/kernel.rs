@@ -176,18 +176,25 @@ fn parse_port_range(text: &str) -> Option<RangeInclusive<u16>> {
 
 /// `MemTotal` from `<proc>/meminfo`, in bytes (`proc` is `/proc` but for tests).
 pub fn mem_total_bytes(proc: &std::path::Path) -> Option<u64> {
-    meminfo_bytes(proc, "MemTotal:")
+    meminfo_bytes(&std::fs::read_to_string(proc.join("meminfo")).ok()?, "MemTotal:")
 }
 
-/// The memory the node could give without swapping (`MemAvailable`).
-pub fn mem_available_bytes(proc: &std::path::Path) -> Option<u64> {
-    meminfo_bytes(proc, "MemAvailable:")
-}
-
-fn meminfo_bytes(proc: &std::path::Path, field: &str) -> Option<u64> {
+/// The memory the node could give without swapping (`MemAvailable`) and its total, from one read
+/// (the kernel sums every zone to write the file).
+pub fn mem_available_and_total_bytes(proc: &std::path::Path) -> Option<(u64, u64)> {
     let text = std::fs::read_to_string(proc.join("meminfo")).ok()?;
-    let kib: u64 =
-        text.lines().find_map(|l| l.strip_prefix(field))?.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    meminfo_bytes(&text, "MemAvailable:").zip(meminfo_bytes(&text, "MemTotal:"))
+}
+
+fn meminfo_bytes(meminfo: &str, field: &str) -> Option<u64> {
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix(field))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
     Some(kib * 1024)
 }
 

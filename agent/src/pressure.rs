@@ -190,8 +190,7 @@ fn sample(settings: &Settings, index: &Index, n: u64, before: &Sample) -> Sample
             memory_bytes: bytes(dir, "memory.current"),
         });
     }
-    let node_memory =
-        kernel::mem_available_bytes(&settings.proc).zip(kernel::mem_total_bytes(&settings.proc));
+    let node_memory = kernel::mem_available_and_total_bytes(&settings.proc);
     Sample { sample: n, at_unix_ns, node, node_memory, pods, pods_readable: settings.cgroup_v2 }
 }
 

@@ -34,6 +34,13 @@ pub static WAKEUP: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 pub static GENERATION: Array<u32> = Array::with_max_entries(1, 0);
 
+/// Counter keys inserted, per CPU (slot 0): the agent walks a counter map only when it held keys
+/// at its last walk or this moved since. An idle node's maps are empty, and a walk of an empty map
+/// still visits every bucket (the idle agent's largest cost, profiled); a key is inserted once per
+/// interval, so the count costs nothing on the path every event takes.
+#[map]
+pub static COUNTER_INSERTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 /// Events of one counter key sent in full per CPU per interval (`--sample-events`); `u32::MAX`:
 /// every event, nothing counted (a standalone capture, which exports no counters).
 #[unsafe(no_mangle)]
@@ -187,7 +194,10 @@ pub fn count<K>(counts: &PerCpuHashMap<K, Counter>, overflow: &PerCpuArray<u64>,
         }
         let first = Counter { events: 1, emitted: u64::from(budget > 0) };
         match counts.insert(key, first, BPF_NOEXIST) {
-            Ok(()) => return budget > 0,
+            Ok(()) => {
+                note_insert();
+                return budget > 0;
+            }
             Err(e) if e == -EEXIST => continue,
             Err(_) => break,
         }
@@ -196,6 +206,15 @@ pub fn count<K>(counts: &PerCpuHashMap<K, Counter>, overflow: &PerCpuArray<u64>,
         unsafe { *n += 1 };
     }
     false
+}
+
+/// Counts a key inserted into a counter map (see [`COUNTER_INSERTS`]): after the insert.
+#[inline(always)]
+pub fn note_insert() {
+    if let Some(n) = COUNTER_INSERTS.get_ptr_mut(0) {
+        // Per-CPU slot: no other writer races the increment.
+        unsafe { *n += 1 };
+    }
 }
 
 pub const BPF_NOEXIST: u64 = 1;

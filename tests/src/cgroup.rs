@@ -12,6 +12,8 @@ use crate::{host::wait_for, netns::NetNs, oom::OOM_LIMIT};
 /// removed on drop with every parent directory the test created for it.
 pub struct Cgroup {
     pub path: PathBuf,
+    /// The hierarchy's root: where processes still inside go before the directories are removed.
+    root: PathBuf,
     created: Vec<PathBuf>,
 }
 
@@ -48,7 +50,7 @@ impl Cgroup {
     }
 
     fn under(root: PathBuf, relative: &str) -> Self {
-        let mut path = root;
+        let mut path = root.clone();
         let mut created = Vec::new();
         for part in relative.split('/').filter(|p| !p.is_empty()) {
             path.push(part);
@@ -57,7 +59,7 @@ impl Cgroup {
                 created.push(path.clone());
             }
         }
-        Cgroup { path, created }
+        Cgroup { path, root, created }
     }
 
     /// What kstall reports as `cgroup_id`: the directory's inode.
@@ -72,10 +74,11 @@ impl Cgroup {
 
 impl Drop for Cgroup {
     fn drop(&mut self) {
-        // Processes still inside go back to the root first, or rmdir fails.
-        if let (Ok(procs), Some(parent)) = (std::fs::read_to_string(self.procs()), self.path.parent()) {
+        // Processes still inside go back to the root first, or rmdir fails: not to the parent,
+        // which may be a directory this test made too (a pod's slice), left behind then.
+        if let Ok(procs) = std::fs::read_to_string(self.procs()) {
             for pid in procs.lines() {
-                let _ = std::fs::write(parent.join("cgroup.procs"), pid);
+                let _ = std::fs::write(self.root.join("cgroup.procs"), pid);
             }
         }
         for dir in self.created.iter().rev() {

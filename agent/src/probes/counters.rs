@@ -27,14 +27,30 @@ pub struct Counters {
     generation: Array<MapData, u32>,
     /// The generation the programs count in now.
     current: u32,
+    /// Keys the programs inserted, per CPU (`COUNTER_INSERTS`), and its sum at the last drain.
+    inserts: PerCpuArray<MapData, u64>,
+    inserts_read: Option<u64>,
     counting: Vec<Box<dyn Counting>>,
+}
+
+/// One drain of one counter map.
+#[derive(Debug, Clone, Copy)]
+pub struct Turn {
+    /// The generation to read and delete.
+    pub generation: u8,
+    /// Whether the programs inserted a key since the last drain (or it is unknown): if not, a map
+    /// empty at its last walk is still empty.
+    pub inserted: bool,
 }
 
 impl Counters {
     pub fn take(ebpf: &mut aya::Ebpf, counting: Vec<Box<dyn Counting>>) -> Result<Self, String> {
         let generation = ebpf.take_map("GENERATION").ok_or("map GENERATION missing from the eBPF object")?;
         let generation = Array::try_from(generation).map_err(|e| e.to_string())?;
-        Ok(Self { generation, current: 0, counting })
+        let inserts =
+            ebpf.take_map("COUNTER_INSERTS").ok_or("map COUNTER_INSERTS missing from the eBPF object")?;
+        let inserts = PerCpuArray::try_from(inserts).map_err(|e| e.to_string())?;
+        Ok(Self { generation, current: 0, inserts, inserts_read: None, counting })
     }
 
     /// Reads and deletes the keys of the generation idle for an interval, then flips: call once
@@ -42,8 +58,15 @@ impl Counters {
     pub fn drain(&mut self, decoding: &Decoding) -> Drained {
         let idle = (self.current + 1) % kstall_common::counter::GENERATIONS;
         let mut drained = Drained::default();
+        // Read before the maps: a key inserted after this read moves it for the next drain.
+        let inserts =
+            self.inserts.get(&0, 0).map(|per_cpu| per_cpu.iter().fold(0u64, |s, n| s.wrapping_add(*n)));
+        let inserts = inserts.ok();
+        let turn =
+            Turn { generation: idle as u8, inserted: inserts.is_none() || inserts != self.inserts_read };
+        self.inserts_read = inserts;
         for counting in &mut self.counting {
-            if let Err(e) = counting.drain(idle as u8, decoding, &mut drained) {
+            if let Err(e) = counting.drain(turn, decoding, &mut drained) {
                 drained.failure = Some(e);
             }
         }
@@ -124,6 +147,8 @@ pub struct CounterMap<K: CountKey, V: PerCpuSum = Counter> {
     overflow: PerCpuArray<MapData, u64>,
     /// What of `overflow` was already read, by slot.
     overflow_read: Vec<u64>,
+    /// Whether the last walk found keys (or failed): then the next walks it whatever was inserted.
+    held_keys: bool,
 }
 
 impl<K: CountKey, V: PerCpuSum> CounterMap<K, V> {
@@ -141,17 +166,38 @@ impl<K: CountKey, V: PerCpuSum> CounterMap<K, V> {
             counts: PerCpuHashMap::try_from(map(name)?).map_err(|e| e.to_string())?,
             overflow: PerCpuArray::try_from(map(overflow)?).map_err(|e| e.to_string())?,
             overflow_read: vec![0; slots],
+            held_keys: true,
         })
     }
 
-    /// Moves the keys of `generation` into `counted`, summed over the CPUs, and returns what
-    /// each overflow slot gained since the last drain. A failure stops the drain and leaves the
-    /// rest for the next one. In batches: one lookup of every key, one delete of those drained.
-    pub fn drain(&mut self, generation: u8, counted: &mut Vec<(K, V)>) -> Result<Vec<u64>, String> {
+    /// Moves the keys of the turn's generation into `counted`, summed over the CPUs, and returns
+    /// what each overflow slot gained since the last drain. A failure stops the drain and leaves
+    /// the rest for the next one. In batches: one lookup of every key, one delete of those
+    /// drained; none when the map was empty and nothing was inserted since.
+    pub fn drain(&mut self, turn: Turn, counted: &mut Vec<(K, V)>) -> Result<Vec<u64>, String> {
+        if self.held_keys || turn.inserted {
+            self.walk(turn.generation, counted)?;
+        }
+        let mut gained = Vec::with_capacity(self.overflow_read.len());
+        for (slot, read) in self.overflow_read.iter_mut().enumerate() {
+            let values = self
+                .overflow
+                .get(&(slot as u32), 0)
+                .map_err(|e| format!("reading {} overflow: {e}", self.name))?;
+            let total = values.iter().fold(0u64, |sum, v| sum.saturating_add(*v));
+            gained.push(total.saturating_sub(*read));
+            *read = total;
+        }
+        Ok(gained)
+    }
+
+    fn walk(&mut self, generation: u8, counted: &mut Vec<(K, V)>) -> Result<(), String> {
         let cpus = aya::util::nr_cpus().map_err(|(what, e)| format!("{what}: {e}"))?;
         let fd = self.counts.map().fd();
+        self.held_keys = true;
         let entries: Vec<(K, Vec<V>)> =
             map_batch::lookup_all(fd, cpus).map_err(|e| format!("reading {}: {e}", self.name))?;
+        self.held_keys = !entries.is_empty();
         let (keys, sums): (Vec<K>, Vec<V>) = entries
             .into_iter()
             .filter(|(key, _)| key.generation() == generation)
@@ -173,16 +219,6 @@ impl<K: CountKey, V: PerCpuSum> CounterMap<K, V> {
             }
         };
         counted.extend(keys.into_iter().zip(sums).take(deleted));
-        let mut gained = Vec::with_capacity(self.overflow_read.len());
-        for (slot, read) in self.overflow_read.iter_mut().enumerate() {
-            let values = self
-                .overflow
-                .get(&(slot as u32), 0)
-                .map_err(|e| format!("reading {} overflow: {e}", self.name))?;
-            let total = values.iter().fold(0u64, |sum, v| sum.saturating_add(*v));
-            gained.push(total.saturating_sub(*read));
-            *read = total;
-        }
-        Ok(gained)
+        Ok(())
     }
 }

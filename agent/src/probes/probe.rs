@@ -15,6 +15,7 @@ use aya::Ebpf;
 use kstall_common::EventHeader;
 
 use super::{
+    counters::Turn,
     error::ProbeError,
     kind::EventKind,
     payload::Payload,
@@ -146,9 +147,9 @@ pub struct Sweep {
 /// A probe's counters in the kernel, read back once per interval (`probes::counters` flips the
 /// generation they count in).
 pub trait Counting: Send {
-    /// Reads and deletes its keys of `generation` into `drained`, with what its overflow
+    /// Reads and deletes its keys of the turn's generation into `drained`, with what its overflow
     /// counters gained since the last drain; stops at a failure, leaving the rest for the next.
-    fn drain(&mut self, generation: u8, decoding: &Decoding, drained: &mut Drained) -> Result<(), String>;
+    fn drain(&mut self, turn: Turn, decoding: &Decoding, drained: &mut Drained) -> Result<(), String>;
 }
 
 /// One interval's counts of every probe.

@@ -289,11 +289,10 @@ pub fn nfs_rpc_stats_latency(ctx: RawTracePointContext) -> i32 {
             }
             return 0;
         }
-        if NFS_LATENCY
-            .insert(key, NfsLatency::default(), maps::BPF_NOEXIST)
-            .is_err_and(|e| e != -maps::EEXIST)
-        {
-            break;
+        match NFS_LATENCY.insert(key, NfsLatency::default(), maps::BPF_NOEXIST) {
+            Ok(()) => maps::note_insert(),
+            Err(e) if e == -maps::EEXIST => {}
+            Err(_) => break,
         }
     }
     if let Some(n) = NFS_LATENCY_OVERFLOW.get_ptr_mut(0) {

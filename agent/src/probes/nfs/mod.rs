@@ -25,7 +25,7 @@ use kstall_common::{
 };
 
 use super::{
-    counters::CounterMap,
+    counters::{CounterMap, Turn},
     error::ProbeError,
     kind::EventKind,
     payload::Payload,
@@ -513,9 +513,9 @@ struct RpcCounts {
 }
 
 impl Counting for RpcCounts {
-    fn drain(&mut self, generation: u8, _: &Decoding, drained: &mut Drained) -> Result<(), String> {
+    fn drain(&mut self, turn: Turn, _: &Decoding, drained: &mut Drained) -> Result<(), String> {
         let mut timed = Vec::new();
-        let latency_result = self.latency.drain(generation, &mut timed);
+        let latency_result = self.latency.drain(turn, &mut timed);
         for (key, latency) in timed {
             drained.counts.push(Counted {
                 probe: NAME,
@@ -534,7 +534,7 @@ impl Counting for RpcCounts {
             tracing::warn!(untimed, "NFS RPCs not timed: the kernel's latency map is full (warned once)");
         }
         let mut counted = Vec::new();
-        let result = self.events.drain(generation, &mut counted);
+        let result = self.events.drain(turn, &mut counted);
         for (key, counter) in counted {
             match decode_count(&key, &counter) {
                 Ok(count) => drained.counts.push(Counted {

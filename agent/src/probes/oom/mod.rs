@@ -25,7 +25,7 @@ use kstall_common::{
 use aya::Ebpf;
 
 use super::{
-    counters::CounterMap,
+    counters::{CounterMap, Turn},
     error::ProbeError,
     kind::EventKind,
     payload::Payload,
@@ -214,9 +214,9 @@ impl CountedKills {
 struct KillCounts(CounterMap<OomCountKey>);
 
 impl Counting for KillCounts {
-    fn drain(&mut self, generation: u8, decoding: &Decoding, drained: &mut Drained) -> Result<(), String> {
+    fn drain(&mut self, turn: Turn, decoding: &Decoding, drained: &mut Drained) -> Result<(), String> {
         let mut counted = Vec::new();
-        let result = self.0.drain(generation, &mut counted);
+        let result = self.0.drain(turn, &mut counted);
         drained
             .counts
             .extend(counted.iter().map(|(key, counter)| decode_count(key, counter).counted(decoding)));

@@ -31,7 +31,7 @@ use kstall_common::{
 };
 
 use super::{
-    counters::{CountKey, CounterMap},
+    counters::{CountKey, CounterMap, Turn},
     error::ProbeError,
     kind::EventKind,
     payload::Payload,
@@ -252,9 +252,9 @@ impl CountKey for DropCountKey {
 struct DropCounts(CounterMap<DropCountKey>);
 
 impl Counting for DropCounts {
-    fn drain(&mut self, generation: u8, decoding: &Decoding, drained: &mut Drained) -> Result<(), String> {
+    fn drain(&mut self, turn: Turn, decoding: &Decoding, drained: &mut Drained) -> Result<(), String> {
         let mut counted = Vec::new();
-        let result = self.0.drain(generation, &mut counted);
+        let result = self.0.drain(turn, &mut counted);
         for (key, counter) in counted {
             match decode_count(&key, &counter, &decoding.enums) {
                 Ok(count) => drained.counts.push(by_netns(key.netns_ino, count)),

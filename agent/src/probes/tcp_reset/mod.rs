@@ -32,7 +32,7 @@ use aya::{Ebpf, maps::Array};
 
 pub use super::settings::Hook;
 use super::{
-    counters::CounterMap,
+    counters::{CounterMap, Turn},
     error::ProbeError,
     kind::EventKind,
     payload::Payload,
@@ -462,9 +462,9 @@ impl Probe for TcpResetProbe {
 struct ResetCounts(CounterMap<ResetCountKey>);
 
 impl Counting for ResetCounts {
-    fn drain(&mut self, generation: u8, decoding: &Decoding, drained: &mut Drained) -> Result<(), String> {
+    fn drain(&mut self, turn: Turn, decoding: &Decoding, drained: &mut Drained) -> Result<(), String> {
         let mut counted = Vec::new();
-        let result = self.0.drain(generation, &mut counted);
+        let result = self.0.drain(turn, &mut counted);
         for (key, counter) in counted {
             match decode_count(&key, &counter, &decoding.enums) {
                 Ok(count) => drained.counts.push(by_netns(key.netns_ino, count)),
