@@ -1,21 +1,30 @@
 //! Cgroups made for a test, pod processes inside them, and memory limits.
 
 use std::{
+    collections::BTreeMap,
     path::{Path, PathBuf},
     process::{Child, Command},
+    sync::{Mutex, PoisonError},
     time::Duration,
 };
 
 use crate::{host::wait_for, netns::NetNs, oom::OOM_LIMIT};
 
 /// A cgroup v2 directory made for a test (on the unified hierarchy, wherever it is mounted),
-/// removed on drop with every parent directory the test created for it.
+/// removed on drop with every parent directory the tests made for it once no other test cgroup
+/// lies below it.
 pub struct Cgroup {
     pub path: PathBuf,
     /// The hierarchy's root: where processes still inside go before the directories are removed.
     root: PathBuf,
-    created: Vec<PathBuf>,
+    /// The directories on its path that tests of this process made (see [`MADE`]).
+    made: Vec<PathBuf>,
 }
+
+/// Directories the tests of this process made, with how many live [`Cgroup`]s lie at or below
+/// each: the last one dropped removes it, in whatever order they go (a `Vec` of pods drops its
+/// first first, whose pod-slice parents the second still holds).
+static MADE: Mutex<BTreeMap<PathBuf, usize>> = Mutex::new(BTreeMap::new());
 
 impl Cgroup {
     pub fn new(tag: &str) -> Self {
@@ -50,16 +59,21 @@ impl Cgroup {
     }
 
     fn under(root: PathBuf, relative: &str) -> Self {
+        let mut made_by_tests = MADE.lock().unwrap_or_else(PoisonError::into_inner);
         let mut path = root.clone();
-        let mut created = Vec::new();
+        let mut made = Vec::new();
         for part in relative.split('/').filter(|p| !p.is_empty()) {
             path.push(part);
             if !path.exists() {
                 std::fs::create_dir(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                created.push(path.clone());
+                made_by_tests.insert(path.clone(), 0);
+            }
+            if let Some(holders) = made_by_tests.get_mut(&path) {
+                *holders += 1;
+                made.push(path.clone());
             }
         }
-        Cgroup { path, root, created }
+        Cgroup { path, root, made }
     }
 
     /// What kstall reports as `cgroup_id`: the directory's inode.
@@ -75,14 +89,20 @@ impl Cgroup {
 impl Drop for Cgroup {
     fn drop(&mut self) {
         // Processes still inside go back to the root first, or rmdir fails: not to the parent,
-        // which may be a directory this test made too (a pod's slice), left behind then.
+        // which may be a directory a test made too.
         if let Ok(procs) = std::fs::read_to_string(self.procs()) {
             for pid in procs.lines() {
                 let _ = std::fs::write(self.root.join("cgroup.procs"), pid);
             }
         }
-        for dir in self.created.iter().rev() {
-            let _ = std::fs::remove_dir(dir);
+        let mut made_by_tests = MADE.lock().unwrap_or_else(PoisonError::into_inner);
+        for dir in self.made.iter().rev() {
+            let Some(holders) = made_by_tests.get_mut(dir) else { continue };
+            *holders -= 1;
+            if *holders == 0 {
+                made_by_tests.remove(dir);
+                let _ = std::fs::remove_dir(dir);
+            }
         }
     }
 }
