@@ -12,7 +12,7 @@ use kstall_tests::{
     host::{Sysctl, run},
     kernel_tests_can_run,
     storms::{
-        Detail, HUNG_ONE_LINER, HUNG_STACK_ONE_LINER, OOM_ONE_LINER, OOM_STACK_ONE_LINER,
+        Detail, HUNG_ONE_LINER, HUNG_STACK_PRINTED_ONE_LINER, OOM_ONE_LINER, OOM_STACK_PRINTED_ONE_LINER,
         RESETS_BY_PORTS_ONE_LINER, RESETS_ONE_LINER, RESETS_PRINTED_ONE_LINER, Row, distinct_ports,
         drop_storm, drops_one_liner, hung_tasks, idle, oom_storm, otlp_reset_storm, reset_storm,
         streamed_reset_storm, table_with,
@@ -61,11 +61,11 @@ fn main() {
     }
     if wanted("hung") {
         rows.push(hung_tasks(50, Some(HUNG_ONE_LINER)));
-        rows.push(hung_tasks(50, Some(HUNG_STACK_ONE_LINER)));
+        rows.push(hung_tasks(50, Some(HUNG_STACK_PRINTED_ONE_LINER)));
     }
     if wanted("oom") {
         rows.push(oom_storm(20, Some(OOM_ONE_LINER)));
-        rows.push(oom_storm(20, Some(OOM_STACK_ONE_LINER)));
+        rows.push(oom_storm(20, Some(OOM_STACK_PRINTED_ONE_LINER)));
     }
     let mut more = Vec::new();
     if wanted("capture") {
