@@ -16,7 +16,7 @@ use kstall_common::{
 
 use super::{
     map_batch,
-    probe::{Counting, Decoding, Drained},
+    probe::{Counting, Decoding, Drained, Turn},
 };
 
 /// How often the generation flips: counts reach the metrics within two of these.
@@ -31,16 +31,6 @@ pub struct Counters {
     inserts: PerCpuArray<MapData, u64>,
     inserts_read: Option<u64>,
     counting: Vec<Box<dyn Counting>>,
-}
-
-/// One drain of one counter map.
-#[derive(Debug, Clone, Copy)]
-pub struct Turn {
-    /// The generation to read and delete.
-    pub generation: u8,
-    /// Whether the programs inserted a key since the last drain (or it is unknown): if not, a map
-    /// empty at its last walk is still empty.
-    pub inserted: bool,
 }
 
 impl Counters {

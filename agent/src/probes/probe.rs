@@ -15,7 +15,6 @@ use aya::Ebpf;
 use kstall_common::EventHeader;
 
 use super::{
-    counters::Turn,
     error::ProbeError,
     kind::EventKind,
     payload::Payload,
@@ -142,6 +141,16 @@ pub struct Sweep {
     /// (tgid, tid) of every task asleep uninterruptibly (idle kernel threads and frozen tasks
     /// aside), stuck for the threshold or not: a stuck task not among them ran or exited.
     pub asleep: Vec<(u32, u32)>,
+}
+
+/// One drain of one counter map.
+#[derive(Debug, Clone, Copy)]
+pub struct Turn {
+    /// The generation to read and delete.
+    pub generation: u8,
+    /// Whether the programs inserted a key since the last drain (or it is unknown): if not, a map
+    /// empty at its last walk is still empty.
+    pub inserted: bool,
 }
 
 /// A probe's counters in the kernel, read back once per interval (`probes::counters` flips the

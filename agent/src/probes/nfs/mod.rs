@@ -25,12 +25,12 @@ use kstall_common::{
 };
 
 use super::{
-    counters::{CounterMap, Turn},
+    counters::CounterMap,
     error::ProbeError,
     kind::EventKind,
     payload::Payload,
     plan::{ProbeStatus, Unavailable},
-    probe::{Clock, Completion, Counted, Counting, Decoding, Drained, Planned, Probe},
+    probe::{Clock, Completion, Counted, Counting, Decoding, Drained, Planned, Probe, Turn},
     settings::Settings,
 };
 use crate::{

@@ -25,12 +25,12 @@ use kstall_common::{
 use aya::Ebpf;
 
 use super::{
-    counters::{CounterMap, Turn},
+    counters::CounterMap,
     error::ProbeError,
     kind::EventKind,
     payload::Payload,
     plan::{Fallback, Plan, ProgramSpec, Unavailable},
-    probe::{Counted, Counting, Decoding, Drained, Planned, Probe},
+    probe::{Counted, Counting, Decoding, Drained, Planned, Probe, Turn},
     settings::Settings,
 };
 use crate::{

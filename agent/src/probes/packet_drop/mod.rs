@@ -31,13 +31,13 @@ use kstall_common::{
 };
 
 use super::{
-    counters::{CountKey, CounterMap, Turn},
+    counters::{CountKey, CounterMap},
     error::ProbeError,
     kind::EventKind,
     payload::Payload,
     plan::{Plan, ProgramSpec, Unavailable},
     ports::CountedPort,
-    probe::{Counted, Counting, Decoding, Drained, EnumNames, Planned, Probe},
+    probe::{Counted, Counting, Decoding, Drained, EnumNames, Planned, Probe, Turn},
     settings::Settings,
 };
 use crate::{

@@ -32,13 +32,13 @@ use aya::{Ebpf, maps::Array};
 
 pub use super::settings::Hook;
 use super::{
-    counters::{CounterMap, Turn},
+    counters::CounterMap,
     error::ProbeError,
     kind::EventKind,
     payload::Payload,
     plan::{Fallback, Plan, ProbeStatus, ProgramSpec, Unavailable},
     ports::CountedPort,
-    probe::{Completion, Counted, Counting, Decoding, Drained, EnumNames, Planned, Probe},
+    probe::{Completion, Counted, Counting, Decoding, Drained, EnumNames, Planned, Probe, Turn},
     settings::Settings,
 };
 use crate::{
