@@ -97,6 +97,11 @@ impl KernelBtf {
         Ok(offset)
     }
 
+    /// Size in bytes of `struct struct_name`.
+    pub fn struct_size(&self, struct_name: &str) -> Result<u32, BtfError> {
+        Ok(self.size_of(&self.named_struct(struct_name)?)? as u32)
+    }
+
     /// Whether `struct struct_name` has a member at `path`.
     pub fn has_field(&self, struct_name: &str, path: &str) -> bool {
         self.offset_of(struct_name, path).is_ok()

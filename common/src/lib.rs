@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod nfs;
 pub mod oom;
 pub mod packet_drop;
+pub mod span;
 pub mod stuck_task;
 pub mod task;
 pub mod tcp_reset;

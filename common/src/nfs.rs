@@ -90,6 +90,9 @@ pub struct NfsConfig {
     pub sb_dev: u32,
     /// `rpc_task.tk_flags` (`RPC_TASK_ASYNC`: rpciod will run it, not its caller).
     pub task_flags: u32,
+    /// Where the latency program's span (`crate::span`) of an `rpc_task` starts: its procedure,
+    /// client, transport and flags.
+    pub task_span: u32,
 }
 
 /// `RPC_TASK_ASYNC` (include/linux/sunrpc/sched.h, the same from 5.10 to 7.3).
@@ -152,31 +155,53 @@ pub const LATENCY_BUCKETS: usize = LATENCY_BOUNDS_NS.len() + 1;
 
 /// A key of the in-kernel RPC latency histograms (`NFS_LATENCY`): who started the RPCs (the
 /// cgroup of the task that ran `rpc_execute`, also for an RPC that rpciod completes), the
-/// server, and the procedure.
+/// transport, the procedure and the RPC client. Every NFS RPC builds one, so it holds what the
+/// task points at, not what those point to: the transport's server and namespace
+/// (`NFS_TRANSPORTS`) and the procedure's name (`NFS_PROCEDURES`) are read when a key is first
+/// counted in an interval, the client's superblock is learnt from its reads and writes
+/// (`NFS_CLIENT_DEV`), and the agent looks the three up as it drains the key.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct NfsLatencyKey {
     pub cgroup_id: u64,
-    pub server_addr: [u8; 16],
-    pub server_family: u16,
+    /// `struct rpc_xprt *`: a key of `NFS_TRANSPORTS`.
+    pub transport: u64,
+    /// `const struct rpc_procinfo *`: a key of `NFS_PROCEDURES`.
+    pub procedure: u64,
+    /// `struct rpc_clnt *`: a key of `NFS_CLIENT_DEV`.
+    pub client: u64,
     /// See `crate::counter`.
     pub generation: u8,
+    // Padding as integers: an array of zeros is a call to memset in the program.
     pub _pad: u8,
-    /// The NFS superblock's device (`s_dev`, the kernel's MKDEV: major << 20 | minor) the RPC
-    /// client serves, once a read, write or commit of it completed; 0 before. For an RPC that
-    /// a kernel thread started (writeback), the mount's pod is the one to blame.
-    pub dev: u32,
-    /// The transport's network namespace: the pod's own when it mounted for itself, whose RPCs
-    /// a kernel thread sends (state renewal, commits) are still that pod's.
-    pub netns_ino: u32,
-    pub _pad2: u32,
-    /// The procedure's name (`READ`, `WRITE`, `GETATTR`, ...), NUL-padded.
-    pub operation: [u8; OPERATION_LEN],
+    pub _pad2: u16,
+    pub _pad3: u32,
 }
+
+const _: () = assert!(size_of::<NfsLatencyKey>() == 40);
+
+/// A transport's server and network namespace (`NFS_TRANSPORTS`, by `struct rpc_xprt *`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NfsTransport {
+    pub server_addr: [u8; 16],
+    pub server_family: u16,
+    pub _pad: u16,
+    /// The pod's own when it mounted for itself, whose RPCs a kernel thread sends (state renewal,
+    /// commits) are still that pod's.
+    pub netns_ino: u32,
+}
+
+/// A procedure's name (`READ`, `WRITE`, `GETATTR`, ...), NUL-padded (`NFS_PROCEDURES`, by
+/// `const struct rpc_procinfo *`).
+pub type Operation = [u8; OPERATION_LEN];
 
 pub const OPERATION_LEN: usize = 24;
 
-const _: () = assert!(size_of::<NfsLatencyKey>() == 8 + 16 + 16 + OPERATION_LEN);
+/// Entries of `NFS_TRANSPORTS` and `NFS_PROCEDURES` (LRU: a key's entry is written again each
+/// interval it is counted in).
+pub const TRANSPORTS: u32 = 4096;
+pub const PROCEDURES: u32 = 1024;
 
 /// One key's RPCs in an interval, per CPU: how many, their summed execute time (queued, sent,
 /// answered: what the caller waited), and how many fell in each bucket.
@@ -194,9 +219,10 @@ pub const LATENCY_KEYS: u32 = 4096;
 
 #[cfg(feature = "user")]
 mod user {
+    // SAFETY: repr(C), integers only, no implicit padding (the padding is written out).
     unsafe impl aya::Pod for super::NfsLatencyKey {}
     unsafe impl aya::Pod for super::NfsLatency {}
-    // SAFETY: repr(C), integers only, no implicit padding (the padding is written out).
+    unsafe impl aya::Pod for super::NfsTransport {}
     unsafe impl aya::Pod for super::NfsCountKey {}
     unsafe impl aya::Pod for super::NfsConfig {}
     unsafe impl aya::Pod for super::NfsEvent {}

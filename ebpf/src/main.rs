@@ -2,6 +2,10 @@
 //! shared maps, the panic handler and the license.
 #![no_std]
 #![no_main]
+// `core::sync::atomic` has no read-modify-write for BPF (no compare-and-swap before v3): an
+// atomic add whose result is unused goes through the intrinsic, as BPF's XADD.
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 mod clock;
 mod maps;

@@ -9,6 +9,7 @@ use aya_ebpf::{
     cty::c_void,
     helpers::{bpf_probe_read_kernel, generated},
 };
+use kstall_common::span::{NO_SPAN, SPAN_LEN};
 
 /// Reads a `T` at `base + offset`. Fails (instead of reading garbage) on a NULL base.
 #[inline(always)]
@@ -68,5 +69,55 @@ pub fn string<const N: usize>(src: *const u8, dst: &mut [u8; N]) {
             N as u32,
             src.cast::<c_void>(),
         );
+    }
+}
+
+/// A copy of `SPAN_LEN` bytes of a kernel struct, where a program needs several of its fields on
+/// a hot path: one `bpf_probe_read_kernel` for all of them, each field then a load from the copy
+/// (under emulation a helper call costs far more than the bytes it copies). The agent places the
+/// span (`start`, 8-aligned, inside the struct); a field outside it is read on its own.
+pub struct Span {
+    base: *const u8,
+    start: u32,
+    copy: Option<*const SpanBytes>,
+}
+
+/// Where a [`Span`] is copied to: a per-CPU map slot (the stack is the event's).
+#[repr(C, align(8))]
+pub struct SpanBytes([u8; SPAN_LEN as usize]);
+
+impl Span {
+    /// Copies the span of `base` starting at `start` into `slot`; with no slot or `NO_SPAN`,
+    /// copies nothing.
+    #[inline(always)]
+    pub fn read(slot: Option<*mut SpanBytes>, base: *const u8, start: u32) -> Self {
+        let copy = slot.filter(|_| start != NO_SPAN).map(|slot| {
+            unsafe {
+                // Read or zeroed by the helper.
+                generated::bpf_probe_read_kernel(
+                    slot.cast::<c_void>(),
+                    SPAN_LEN,
+                    base.wrapping_add(start as usize).cast::<c_void>(),
+                );
+            }
+            slot.cast_const()
+        });
+        Self { base, start, copy }
+    }
+
+    /// The `T` at `offset` in the struct, as [`field`] reads it.
+    #[inline(always)]
+    pub fn field<T: Plain>(&self, offset: u32) -> T {
+        // 64-bit arithmetic on what were u32s: the register compared is the one added to the
+        // slot's address (a 32-bit difference is zero-extended twice, the verifier then sees
+        // the bound on one copy and the load through the other).
+        let within = (offset as u64).wrapping_sub(self.start as u64) as usize;
+        match self.copy {
+            // The bound is a constant, for the verifier to check the load against the slot.
+            Some(copy) if within <= SPAN_LEN as usize - core::mem::size_of::<T>() => unsafe {
+                core::ptr::read_volatile(copy.cast::<u8>().wrapping_add(within).cast::<T>())
+            },
+            _ => field(self.base, offset),
+        }
     }
 }

@@ -5,7 +5,7 @@
 
 use aya::{
     Pod,
-    maps::{Array, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{Array, Map, MapData, PerCpuArray},
 };
 use kstall_common::{
     counter::Counter,
@@ -130,10 +130,15 @@ impl PerCpuSum for NfsLatency {
     }
 }
 
-/// One probe's per-CPU counter map and its overflow counters (cumulative, one per slot).
+/// One probe's counter map and its overflow counters (cumulative, one per slot). The counters
+/// are per CPU; a map the program adds to atomically (where a per-CPU lookup would be a helper
+/// call on the hot path of older kernels) has one value per key.
 pub struct CounterMap<K: CountKey, V: PerCpuSum = Counter> {
     name: &'static str,
-    counts: PerCpuHashMap<MapData, K, V>,
+    counts: MapData,
+    /// Whether `counts` is a per-CPU hash (else a hash).
+    per_cpu: bool,
+    kinds: std::marker::PhantomData<(K, V)>,
     overflow: PerCpuArray<MapData, u64>,
     /// What of `overflow` was already read, by slot.
     overflow_read: Vec<u64>,
@@ -151,9 +156,20 @@ impl<K: CountKey, V: PerCpuSum> CounterMap<K, V> {
         let mut map = |name: &str| {
             ebpf.take_map(name).ok_or_else(|| format!("map {name} missing from the eBPF object"))
         };
+        let (counts, per_cpu) = match map(name)? {
+            Map::PerCpuHashMap(data) => (data, true),
+            Map::HashMap(data) => (data, false),
+            _ => return Err(format!("map {name} is neither a hash nor a per-CPU hash")),
+        };
+        // A hash's values are packed at their size, a per-CPU hash's at 8 bytes (`map_batch`).
+        if !size_of::<V>().is_multiple_of(8) {
+            return Err(format!("map {name}: a value of {} bytes, not a multiple of 8", size_of::<V>()));
+        }
         Ok(Self {
             name,
-            counts: PerCpuHashMap::try_from(map(name)?).map_err(|e| e.to_string())?,
+            counts,
+            per_cpu,
+            kinds: std::marker::PhantomData,
             overflow: PerCpuArray::try_from(map(overflow)?).map_err(|e| e.to_string())?,
             overflow_read: vec![0; slots],
             held_keys: true,
@@ -182,8 +198,9 @@ impl<K: CountKey, V: PerCpuSum> CounterMap<K, V> {
     }
 
     fn walk(&mut self, generation: u8, counted: &mut Vec<(K, V)>) -> Result<(), String> {
-        let cpus = aya::util::nr_cpus().map_err(|(what, e)| format!("{what}: {e}"))?;
-        let fd = self.counts.map().fd();
+        let cpus =
+            if self.per_cpu { aya::util::nr_cpus().map_err(|(what, e)| format!("{what}: {e}"))? } else { 1 };
+        let fd = self.counts.fd();
         self.held_keys = true;
         let entries: Vec<(K, Vec<V>)> =
             map_batch::lookup_all(fd, cpus).map_err(|e| format!("reading {}: {e}", self.name))?;

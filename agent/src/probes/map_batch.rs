@@ -30,7 +30,8 @@ struct BatchAttr {
 /// Entries asked for per lookup; a bucket larger than this (hash collisions) doubles it.
 const FIRST_CHUNK: u32 = 256;
 
-/// Every key of the per-CPU hash map `map` with its values, one per possible CPU (`cpus`).
+/// Every key of the per-CPU hash map `map` with its values, one per possible CPU (`cpus`); with
+/// `cpus` 1, of a hash map whose values are a multiple of 8 bytes.
 pub fn lookup_all<K: Pod, V: Pod>(map: impl AsFd, cpus: usize) -> io::Result<Vec<(K, Vec<V>)>> {
     let map_fd = map.as_fd().as_raw_fd() as u32;
     // The kernel lays each CPU's value out at an 8-byte stride.

@@ -8,6 +8,7 @@
 //! (the kernel holds a reference for them).
 
 pub mod event;
+mod latency;
 
 pub use event::*;
 
@@ -22,7 +23,10 @@ use kstall_common::{
         NAME_LEN, NfsConfig, NfsCountKey, NfsEvent, NfsLatencyKey, WHAT_RETRANSMIT, WHAT_SERVER_RESPONDING,
         WHAT_SOCKET_CONNECT, WHAT_SOCKET_ERROR, WHAT_SOCKET_RESET, WHAT_STATE_MGR_FAILED, WHAT_TIMEOUT,
     },
+    span::{NO_SPAN, SPAN_LEN},
 };
+
+use latency::{LatencyNames, decode_latency};
 
 use super::{
     counters::CounterMap,
@@ -105,6 +109,11 @@ pub fn resolve(
         net_ns_inum: sunrpc.offset_of("net", "ns.inum")?,
         ..NfsConfig::default()
     };
+    cfg.task_span = span(
+        sunrpc,
+        "rpc_task",
+        &[(cfg.task_proc, 8), (cfg.task_client, 8), (cfg.task_xprt, 8), (cfg.task_flags, 2)],
+    )?;
     if let Some(nfs) = nfs {
         cfg.pgio_inode = nfs.offset_of("nfs_pgio_header", "inode")?;
         cfg.commit_inode = nfs.offset_of("nfs_commit_data", "inode")?;
@@ -118,6 +127,17 @@ pub fn resolve(
     }
     cfg.valid = 1;
     Ok(cfg)
+}
+
+/// Where one read of `SPAN_LEN` bytes of `struct_name` covers `fields` (offset, size) without
+/// passing the struct's end (a KFENCE object ends at a guard page), 8-aligned so that each field
+/// loads aligned from the copy; `NO_SPAN` where none does.
+fn span(btf: &KernelBtf, struct_name: &str, fields: &[(u32, u32)]) -> Result<u32, BtfError> {
+    let size = btf.struct_size(struct_name)?;
+    let first = fields.iter().map(|(offset, _)| *offset).min().unwrap_or(0);
+    let end = fields.iter().map(|(offset, size)| offset + size).max().unwrap_or(0);
+    let start = end.saturating_sub(SPAN_LEN).next_multiple_of(8);
+    Ok(if start <= first && start + SPAN_LEN <= size { start } else { NO_SPAN })
 }
 
 /// What the NFS probe has attached so far; sunrpc and nfsv4 load one after the other, so a
@@ -332,22 +352,6 @@ fn is_not_found(e: &aya::programs::ProgramError) -> bool {
     false
 }
 
-/// A latency key's interval: its series and what its RPCs took.
-pub fn decode_latency(key: &NfsLatencyKey, latency: &kstall_common::nfs::NfsLatency) -> NfsLatency {
-    NfsLatency {
-        server_addr: server_addr(key.server_family, &key.server_addr),
-        // A procedure without a name is the NULL one (a ping), as the kernel's rpc_proc_name says.
-        operation: Some(crate::decode::comm_string(&key.operation))
-            .filter(|name| !name.is_empty())
-            .unwrap_or_else(|| "NULL".into()),
-        // The kernel's MKDEV: 12 bits of major, 20 of minor.
-        device: (key.dev != 0).then(|| format!("{}:{}", key.dev >> 20, key.dev & 0xf_ffff)),
-        rpcs: latency.rpcs,
-        seconds_sum: latency.sum_ns as f64 / 1e9,
-        buckets: latency.buckets.to_vec(),
-    }
-}
-
 pub fn decode_count(key: &NfsCountKey, counter: &Counter) -> Result<NfsCount, DecodeError> {
     let server_addr = server_addr(key.server_family, &key.server_addr);
     let section = name(&key.section);
@@ -473,6 +477,7 @@ impl Probe for NfsProbe {
         Ok(Some(Box::new(RpcCounts {
             events: CounterMap::take(ebpf, "NFS_COUNTS", "NFS_OVERFLOW", 1)?,
             latency: CounterMap::take(ebpf, "NFS_LATENCY", "NFS_LATENCY_OVERFLOW", 1)?,
+            names: LatencyNames::take(ebpf)?,
             warned_untimed: false,
         })))
     }
@@ -509,6 +514,7 @@ impl Probe for NfsProbe {
 struct RpcCounts {
     events: CounterMap<NfsCountKey>,
     latency: CounterMap<NfsLatencyKey, kstall_common::nfs::NfsLatency>,
+    names: LatencyNames,
     warned_untimed: bool,
 }
 
@@ -516,15 +522,17 @@ impl Counting for RpcCounts {
     fn drain(&mut self, turn: Turn, _: &Decoding, drained: &mut Drained) -> Result<(), String> {
         let mut timed = Vec::new();
         let latency_result = self.latency.drain(turn, &mut timed);
+        self.names.new_drain();
         for (key, latency) in timed {
+            let series = self.names.series(&key);
             drained.counts.push(Counted {
                 probe: NAME,
                 // Attributed by the caller's cgroup; the transport's namespace names the pod when
                 // the caller was a kernel thread (`attribution::Index::resolve`).
-                netns: key.netns_ino,
+                netns: series.transport.netns_ino,
                 cgroup_id: key.cgroup_id,
                 comm: String::new(),
-                payload: Payload::NfsLatency(decode_latency(&key, &latency)),
+                payload: Payload::NfsLatency(decode_latency(&series, &latency)),
             });
         }
         // RPCs the full map could not time are no events: they are warned of, not counted.
@@ -609,6 +617,15 @@ pub(crate) mod tests {
             let nfsv4 = vmlinux.module_from_bytes(&testdata(k, "nfsv4")).unwrap();
             let cfg = resolve(&sunrpc, Some(&nfs), Some(&nfsv4)).unwrap_or_else(|e| panic!("{k}: {e}"));
             assert!(cfg.valid == 1 && cfg.nfs_client == 1 && cfg.nfs_module == 1, "{k}");
+            // The latency program's one read of the task covers what it reads of it.
+            let within =
+                |start: u32, offset: u32, size: u32| start <= offset && offset + size <= start + SPAN_LEN;
+            assert!(
+                [(cfg.task_proc, 8), (cfg.task_client, 8), (cfg.task_xprt, 8), (cfg.task_flags, 2)]
+                    .iter()
+                    .all(|(offset, size)| within(cfg.task_span, *offset, *size)),
+                "{k}: {cfg:?}"
+            );
             for (module, btf) in [("sunrpc", &sunrpc), ("nfs", &nfs), ("nfsv4", &nfsv4)] {
                 for tracepoint in PROGRAMS.iter().filter(|p| p.2 == module).map(|p| p.1) {
                     btf.tracepoint_arg_count(tracepoint).unwrap_or_else(|e| panic!("{k}: {tracepoint}: {e}"));
@@ -619,6 +636,23 @@ pub(crate) mod tests {
         assert_ne!(seen[0], seen[1], "6.1 and 6.12 lay the RPC structs out differently");
         // 6.18 here has no sunrpc: its vmlinux alone cannot resolve them.
         assert!(resolve(&kernel("6.18"), None, None).is_err());
+    }
+
+    /// A span must cover every field it is for and end inside the struct; where none can, the
+    /// program reads the fields one by one.
+    #[test]
+    fn a_span_that_cannot_cover_its_fields_inside_the_struct_is_none() {
+        let vmlinux = kernel("6.1");
+        let sunrpc = vmlinux.module_from_bytes(&testdata("6.1", "sunrpc")).unwrap();
+        let size = sunrpc.struct_size("rpc_task").unwrap();
+        // The end of the struct: the span ends there, not past it.
+        assert_eq!(
+            span(&sunrpc, "rpc_task", &[(size - 8, 8)]).unwrap(),
+            (size - SPAN_LEN).next_multiple_of(8)
+        );
+        assert_eq!(span(&sunrpc, "rpc_task", &[(0, 8), (SPAN_LEN, 8)]).unwrap(), NO_SPAN, "too far apart");
+        assert_eq!(span(&vmlinux, "list_head", &[(0, 8)]).unwrap(), NO_SPAN, "smaller than a span");
+        assert!(span(&sunrpc, "no_such_struct", &[(0, 8)]).is_err());
     }
 
     /// 5.10 has no module BTF: the offsets come from vmlinux's, which describes the RPC and NFS
@@ -660,14 +694,11 @@ pub(crate) mod tests {
 
     /// 10 WRITEs to 10.55.0.1 by cgroup 4242: 8 within 1 ms, 2 of 0.8 s.
     pub(crate) fn slow_writes() -> NfsLatency {
-        let mut key = NfsLatencyKey { cgroup_id: 4242, server_family: 2, ..Default::default() };
-        key.server_addr[..4].copy_from_slice(&[10, 55, 0, 1]);
-        key.operation[..5].copy_from_slice(b"WRITE");
         let mut latency = kstall_common::nfs::NfsLatency { rpcs: 10, ..Default::default() };
         latency.buckets[1] = 8;
         latency.buckets[10] = 2;
         latency.sum_ns = 8 * 700_000 + 2 * 800_000_000;
-        decode_latency(&key, &latency)
+        decode_latency(&latency::series_of([10, 55, 0, 1], "WRITE", 0), &latency)
     }
 
     #[test]
