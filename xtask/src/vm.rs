@@ -322,8 +322,10 @@ pub fn matrix(
         tally.record(started.elapsed(), passed, failed);
         if every_kernel && every_scenario {
             let results = build::workspace_root().join("bench/results.md");
-            generated::write(&results, "time-to-name", &time_to_name_table(&times_to_name))?;
-            generated::write(&results, "nfs-rpc-cost", &nfs_rpc_cost_table(&benches))?;
+            // Read once: the first section written leaves the checkout modified.
+            let revision = build::revision();
+            generated::write(&results, "time-to-name", &time_to_name_table(&times_to_name, &revision))?;
+            generated::write(&results, "nfs-rpc-cost", &nfs_rpc_cost_table(&benches, &revision))?;
             println!("vm-test: the times to name and the NFS RPC cost are in {}", results.display());
         }
         // The table is the probes' (each kernel's first boot), whichever scenarios ran.
@@ -396,7 +398,7 @@ fn time_to_name_summary(times: &TimesToName) -> String {
 }
 
 /// `bench/results.md`'s time-to-name section: a row per incident, a column per kernel.
-fn time_to_name_table(times: &TimesToName) -> String {
+fn time_to_name_table(times: &TimesToName, revision: &str) -> String {
     let mut out = format!(
         "## Time to name\n\n\
          Written by `cargo xtask vm-test` after a full run that passed; every figure is from that run.\n\n\
@@ -407,7 +409,7 @@ fn time_to_name_table(times: &TimesToName) -> String {
          scenarios (`tests/tests/vm_scenarios.rs`; one-CPU guests under software emulation). Goal: under \
          {TIME_TO_NAME_GOAL_SECS:.0} s.\n\n| incident |",
         utc_now(),
-        build::revision(),
+        revision,
     );
     for (version, _) in times {
         out.push_str(&format!(" {version} |"));
@@ -445,7 +447,7 @@ fn utc_now() -> String {
 
 /// `bench/results.md`'s NFS RPC cost section: a row per kernel, from its `vm-bench nfs-rpc` line
 /// (cells as the scenario printed them).
-fn nfs_rpc_cost_table(benches: &[(String, Vec<(String, String)>)]) -> String {
+fn nfs_rpc_cost_table(benches: &[(String, Vec<(String, String)>)], revision: &str) -> String {
     let mut out = format!(
         "## NFS RPC timing cost\n\n\
          Written by `cargo xtask vm-test` after a full run that passed; every figure is from that run \
@@ -465,7 +467,7 @@ fn nfs_rpc_cost_table(benches: &[(String, Vec<(String, String)>)]) -> String {
          | kernel | RPCs | rate | kstall eBPF per RPC (begin + latency) | bpftrace per RPC | kstall ÷ bpftrace | agent CPU (idle) | agent CPU above idle, per 10,000 RPCs/s |\n\
          |---|---|---|---|---|---|---|---|\n",
         utc_now(),
-        build::revision(),
+        revision,
     );
     for (version, runs) in benches {
         for (_, figures) in runs.iter().filter(|(bench, _)| bench == "nfs-rpc") {
@@ -1017,7 +1019,7 @@ mod tests {
 
     #[test]
     fn a_row_per_incident_a_column_per_kernel_and_what_missed_the_goal() {
-        let table = time_to_name_table(&times());
+        let table = time_to_name_table(&times(), "abc1234");
         let rows: Vec<&str> = table.lines().filter(|l| l.starts_with('|')).collect();
         assert_eq!(
             rows,

@@ -1,6 +1,6 @@
 //! What nfs says: an RPC transport's event, and a series' count of them.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use kstall_common::metrics;
 use serde::Serialize;
@@ -262,5 +262,14 @@ impl EventData for NfsLatency {
 
     fn filter_fields(&self) -> FilterFields {
         FilterFields { ports: vec![], addrs: self.server_addr.iter().map(|a| a.to_string()).collect() }
+    }
+}
+
+/// A transport's server address: `AF_INET` or `AF_INET6`, else none (a local transport).
+pub(super) fn server_addr(family: u16, addr: &[u8; 16]) -> Option<IpAddr> {
+    match family {
+        2 => Some(IpAddr::V4(Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3]))),
+        10 => Some(IpAddr::V6(Ipv6Addr::from(*addr))),
+        _ => None,
     }
 }

@@ -10,7 +10,7 @@ use aya::{
 };
 use kstall_common::nfs::{self as common, NfsLatencyKey, NfsTransport, Operation};
 
-use super::{NfsLatency, server_addr};
+use super::event::{NfsLatency, server_addr};
 
 /// What a latency key's transport, procedure and client are.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

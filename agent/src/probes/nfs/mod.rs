@@ -12,8 +12,6 @@ mod latency;
 
 pub use event::*;
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-
 use aya::{Ebpf, maps::Array, programs::RawTracePoint};
 use kstall_common::{
     EventHeader,
@@ -386,15 +384,6 @@ fn what(raw: u32) -> Result<What, DecodeError> {
         WHAT_STATE_MGR_FAILED => What::StateManagerFailed,
         other => return Err(DecodeError::BadField { field: "nfs.what", value: other.into() }),
     })
-}
-
-/// A transport's server address: `AF_INET` or `AF_INET6`, else none (a local transport).
-fn server_addr(family: u16, addr: &[u8; 16]) -> Option<IpAddr> {
-    match family {
-        2 => Some(IpAddr::V4(Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3]))),
-        10 => Some(IpAddr::V6(Ipv6Addr::from(*addr))),
-        _ => None,
-    }
 }
 
 pub fn decode(ev: &NfsEvent, clock: Clock) -> Result<Nfs, DecodeError> {
@@ -848,7 +837,7 @@ pub(crate) mod tests {
             ]
             .map(count);
             assert_eq!(seen, counts, "{kernel}");
-            let server: IpAddr = "10.55.0.1".parse().unwrap();
+            let server: std::net::IpAddr = "10.55.0.1".parse().unwrap();
             for e in events.iter().filter(|e| matches!(e.what, What::Timeout | What::Retransmit)) {
                 assert_eq!((e.server_addr, e.server_port), (Some(server), Some(2049)), "{kernel}: {e:?}");
                 assert_eq!(e.program.as_deref(), Some("nfs"), "{kernel}: {e:?}");
