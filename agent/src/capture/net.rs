@@ -29,7 +29,11 @@ use crate::enter;
 
 /// Events kept, at most: the rest is counted.
 const MAX_EVENTS: usize = 100_000;
-const EVENTS_RCVBUF: libc::c_int = 1 << 20;
+/// A burst of refused reconnects is hundreds of NEW and DESTROY events a second, each near 1 KiB
+/// of buffer: `rmem_max` (208 KiB by default) overflowed under load, losing the very events the
+/// capture is for. Forced past `rmem_max` (the capture has `CAP_NET_ADMIN`), as the packet
+/// sockets' buffers are.
+const EVENTS_RCVBUF: libc::c_int = 4 << 20;
 /// How often the event reader looks whether the capture ended.
 const TICK: Duration = Duration::from_millis(100);
 const TIMEOUT: Duration = Duration::from_secs(1);
@@ -270,15 +274,22 @@ impl Events {
     /// Reads `fd` (bound to the NEW and DESTROY groups) on a thread until stopped: each event a
     /// line, prefixed by its time of arrival.
     fn start(fd: OwnedFd) -> Events {
-        // SAFETY: setsockopt with an int of its size; a smaller buffer only loses more under load.
-        unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                (&EVENTS_RCVBUF as *const libc::c_int).cast(),
-                size_of::<libc::c_int>() as _,
-            );
+        let set = |option| {
+            // SAFETY: setsockopt with an int of its size.
+            unsafe {
+                libc::setsockopt(
+                    std::os::fd::AsRawFd::as_raw_fd(&fd),
+                    libc::SOL_SOCKET,
+                    option,
+                    (&EVENTS_RCVBUF as *const libc::c_int).cast(),
+                    size_of::<libc::c_int>() as _,
+                ) == 0
+            }
+        };
+        // Without the capability, as much as `rmem_max` allows: a smaller buffer only loses more
+        // under load, and the lines say how often it did.
+        if !set(libc::SO_RCVBUFFORCE) {
+            set(libc::SO_RCVBUF);
         }
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
