@@ -203,7 +203,7 @@ pub const OPERATION_LEN: usize = 24;
 pub const TRANSPORTS: u32 = 4096;
 pub const PROCEDURES: u32 = 1024;
 
-/// One key's RPCs in an interval, per CPU: how many, their summed execute time (queued, sent,
+/// One key's RPCs in an interval: how many, their summed execute time (queued, sent,
 /// answered: what the caller waited), and how many fell in each bucket.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -243,16 +243,17 @@ pub fn nfs_rpc_task_begin(ctx: RawTracePointContext) -> i32 {
     let Some(cfg) = config() else { return 0 };
     let task: *const u8 = ctx.arg(0);
     // A synchronous RPC ends in its caller, whose cgroup the latency program reads then.
-    if is_async(&cfg, task) {
+    if is_async(field(task, cfg.task_flags)) {
         let _ = NFS_CALLER.insert(task as u64, unsafe { bpf_get_current_cgroup_id() }, 0);
     }
     0
 }
 
-/// Whether rpciod runs `task` to its end (every READ, WRITE and COMMIT), not its caller.
+/// Whether rpciod runs a task of these `tk_flags` to its end (every READ, WRITE and COMMIT), not
+/// its caller.
 #[inline(always)]
-fn is_async(cfg: &NfsConfig, task: *const u8) -> bool {
-    field::<u16>(task, cfg.task_flags) & RPC_TASK_ASYNC != 0
+fn is_async(flags: u16) -> bool {
+    flags & RPC_TASK_ASYNC != 0
 }
 
 #[raw_tracepoint(tracepoint = "rpc_stats_latency")]
@@ -268,7 +269,7 @@ pub fn nfs_rpc_stats_latency(ctx: RawTracePointContext) -> i32 {
     if field::<u32>(clnt, cfg.clnt_prog) != NFS_PROGRAM {
         return 0;
     }
-    let caller = if fields.field::<u16>(cfg.task_flags) & RPC_TASK_ASYNC != 0 {
+    let caller = if is_async(fields.field(cfg.task_flags)) {
         unsafe { NFS_CALLER.get(task as u64) }.copied()
     } else {
         None
@@ -335,7 +336,7 @@ fn describe(cfg: &NfsConfig, key: &NfsLatencyKey) {
         server_addr: server.addr,
         server_family: server.family,
         _pad: 0,
-        netns_ino: field(field(xprt, cfg.xprt_net), cfg.net_ns_inum),
+        netns_ino: netns_of(cfg, xprt),
     };
     let _ = NFS_TRANSPORTS.insert(key.transport, transport, 0);
     let mut operation = [0; OPERATION_LEN];
@@ -452,7 +453,13 @@ fn fill_task(cfg: &NfsConfig, ev: &mut NfsEvent, task: *const u8) -> *const u8 {
 #[inline(always)]
 fn fill_xprt(cfg: &NfsConfig, ev: &mut NfsEvent, xprt: *const u8) {
     fill_sockaddr(ev, xprt, cfg.xprt_addr);
-    ev.header.netns_ino = field(field(xprt, cfg.xprt_net), cfg.net_ns_inum);
+    ev.header.netns_ino = netns_of(cfg, xprt);
+}
+
+/// A transport's network namespace (its inode number).
+#[inline(always)]
+fn netns_of(cfg: &NfsConfig, xprt: *const u8) -> u32 {
+    field(field(xprt, cfg.xprt_net), cfg.net_ns_inum)
 }
 
 #[inline(always)]
