@@ -454,17 +454,23 @@ fn nfs_rpc_cost_table(benches: &[(String, Vec<(String, String)>)], revision: &st
          (`nfs_rpc_timing_costs_beside_bpftrace` in `tests/tests/vm_scenarios.rs`).\n\n\
          - When: {}\n- kstall: {}\n\n\
          A pod `stat()`s a file on a `noac` NFS mount for 20 s (a GETATTR RPC each), while kstall times \
-         every RPC and, on the same hook, bpftrace runs `tracepoint:sunrpc:rpc_stats_latency \
-         {{ @us[args->client_id] = hist(args->execute); @rpcs = count(); }}`. eBPF run time is the \
-         kernel's own (`kernel.bpf_stats_enabled`) per run; kstall's is its two programs' (the caller at \
-         `rpc_task_begin`, the histogram at `rpc_stats_latency`). Runs missed are the kernel's \
+         every RPC and, on the same two hooks, bpftrace does what kstall does there: \
+         `tracepoint:sunrpc:rpc_task_begin /args->flags & 1/ {{ @caller[args->task_id] = cgroup; }}` \
+         keeps an asynchronous RPC's caller (a `stat()` waits for its GETATTR: in this storm only the \
+         flags are tested, as in kstall's program) and `tracepoint:sunrpc:rpc_stats_latency \
+         {{ @us[args->client_id] = hist(args->execute); @rpcs = count(); }}` is the classic one-liner. \
+         eBPF run time is the kernel's own (`kernel.bpf_stats_enabled`) per run, on each hook (begin + \
+         latency); the ratio is for both, then per hook. bpftrace's classic tracepoints run after the \
+         kernel has copied the event's fields (the program and procedure names as strings, the times \
+         converted to µs), which is outside their run time; kstall's raw tracepoints read what they use \
+         inside theirs. Runs missed are the kernel's \
          `recursion_misses` (a program preempted on a CPU, as 7.3 allows): RPCs kstall could not time. Agent \
          CPU is utime + stime over the storm, beside the agent's pace over 6 s with the mount idle just \
          before; what the storm added above that pace, scaled to 10,000 RPCs/s, is the last column (the \
          agent's work is per series and interval, not per RPC). One-CPU guests under \
          software emulation (two at a time on the host): the figures compare kstall with bpftrace \
          on each kernel; on hardware every figure is many times smaller.\n\n\
-         | kernel | RPCs | rate | kstall eBPF per RPC (begin + latency) | bpftrace per RPC | kstall ÷ bpftrace | agent CPU (idle) | agent CPU above idle, per 10,000 RPCs/s |\n\
+         | kernel | RPCs | rate | kstall eBPF per RPC (begin + latency) | bpftrace per RPC (begin + latency) | kstall ÷ bpftrace (begin, latency) | agent CPU (idle) | agent CPU above idle, per 10,000 RPCs/s |\n\
          |---|---|---|---|---|---|---|---|\n",
         utc_now(),
         revision,
