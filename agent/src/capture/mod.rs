@@ -35,6 +35,7 @@ mod rules;
 pub mod runner;
 pub mod service;
 pub mod sockets;
+mod sockopt;
 pub mod store;
 pub mod target;
 pub mod tasks;

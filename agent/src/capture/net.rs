@@ -24,6 +24,7 @@ use super::{
     ct,
     netlink::{self, NETLINK_NETFILTER, NETLINK_ROUTE, NETLINK_SOCK_DIAG, NlError},
     rtnl, rules, sockets,
+    sockopt::force_receive_buffer,
 };
 use crate::enter;
 
@@ -274,23 +275,9 @@ impl Events {
     /// Reads `fd` (bound to the NEW and DESTROY groups) on a thread until stopped: each event a
     /// line, prefixed by its time of arrival.
     fn start(fd: OwnedFd) -> Events {
-        let set = |option| {
-            // SAFETY: setsockopt with an int of its size.
-            unsafe {
-                libc::setsockopt(
-                    std::os::fd::AsRawFd::as_raw_fd(&fd),
-                    libc::SOL_SOCKET,
-                    option,
-                    (&EVENTS_RCVBUF as *const libc::c_int).cast(),
-                    size_of::<libc::c_int>() as _,
-                ) == 0
-            }
-        };
         // Without the capability, as much as `rmem_max` allows: a smaller buffer only loses more
         // under load, and the lines say how often it did.
-        if !set(libc::SO_RCVBUFFORCE) {
-            set(libc::SO_RCVBUF);
-        }
+        let _ = force_receive_buffer(&fd, EVENTS_RCVBUF);
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         let reader = std::thread::Builder::new()

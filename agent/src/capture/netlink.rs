@@ -11,6 +11,8 @@ use std::{
     time::Duration,
 };
 
+use super::sockopt::setsockopt;
+
 pub const NETLINK_ROUTE: libc::c_int = 0;
 pub const NETLINK_SOCK_DIAG: libc::c_int = 4;
 pub const NETLINK_NETFILTER: libc::c_int = 12;
@@ -62,19 +64,7 @@ pub fn open(protocol: libc::c_int, groups: u32, timeout: Duration) -> io::Result
     // SAFETY: a descriptor just made and owned by no one else.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     let tv = libc::timeval { tv_sec: timeout.as_secs() as _, tv_usec: timeout.subsec_micros() as _ };
-    // SAFETY: setsockopt with a timeval of the size given.
-    if unsafe {
-        libc::setsockopt(
-            raw,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as _,
-        )
-    } != 0
-    {
-        return Err(io::Error::last_os_error());
-    }
+    setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
     // SAFETY: zeroed sockaddr_nl is valid; family and groups set before bind.
     let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
     addr.nl_family = libc::AF_NETLINK as _;

@@ -20,6 +20,7 @@ use super::{
     GRANTED_BY,
     filter::{self, FilterError, Link, Snaplen},
     pcapng::{self, Idb, Isb, Writer},
+    sockopt::{force_receive_buffer, setsockopt},
 };
 use crate::enter;
 
@@ -181,20 +182,6 @@ fn interfaces() -> Result<Vec<Interface>, String> {
     Ok(list)
 }
 
-fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, value: &T) -> std::io::Result<()> {
-    // SAFETY: `value` is the option's type, passed with its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (value as *const T).cast(),
-            size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
-}
-
 /// A packet socket on `interface`, its filter attached before it is bound (protocol 0 until
 /// then: nothing is queued unfiltered).
 fn socket(
@@ -228,10 +215,7 @@ fn socket(
         .map_err(|e| format!("{name}: PACKET_AUXDATA: {e}"))?;
     setsockopt(&fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, &on)
         .map_err(|e| format!("{name}: SO_TIMESTAMPNS: {e}"))?;
-    if setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &RCVBUF).is_err() {
-        setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF)
-            .map_err(|e| format!("{name}: SO_RCVBUF: {e}"))?;
-    }
+    force_receive_buffer(&fd, RCVBUF).map_err(|e| format!("{name}: SO_RCVBUF: {e}"))?;
     if loopback {
         setsockopt(&fd, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &on)
             .map_err(|e| format!("{name}: PACKET_IGNORE_OUTGOING: {e}"))?;
